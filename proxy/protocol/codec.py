@@ -1,0 +1,238 @@
+"""Request/response headers and bodies, encoded and decoded with kio's generated schemas.
+
+Only what the proxy (or the dev broker) must understand is decoded; everything
+else stays opaque bytes.  The request header's first eight bytes (api key,
+version, correlation id) are readable for *any* request, which is all that
+pass-through needs.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from .errors import DecodeError, ProtocolError
+
+API_VERSIONS_KEY = 18
+CONTROLLED_SHUTDOWN_KEY = 7
+
+_PREFIX = struct.Struct(">hhi")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+@cache
+def request_schema(api_key: int, version: int) -> Any | None:
+    """The kio request class for (api_key, version), or None if kio does not know it."""
+    try:
+        return load_request_schema(api_key, version)
+    except (UnknownAPIKey, UnknownEntity):
+        return None
+
+
+@cache
+def response_schema(api_key: int, version: int) -> Any | None:
+    try:
+        return load_response_schema(api_key, version)
+    except (UnknownAPIKey, UnknownEntity):
+        return None
+
+
+def request_header_version(api_key: int, version: int) -> int | None:
+    """0, 1 or 2; None when the (api_key, version) pair is unknown to us."""
+    if api_key == CONTROLLED_SHUTDOWN_KEY and version == 0:
+        return 0
+    schema = request_schema(api_key, version)
+    if schema is None:
+        return None
+    return 2 if schema.__flexible__ else 1
+
+
+def response_header_version(api_key: int, version: int) -> int | None:
+    """0 or 1.  ApiVersions responses always use v0 so that any client can read them."""
+    if api_key == API_VERSIONS_KEY:
+        return 0
+    schema = response_schema(api_key, version)
+    if schema is None:
+        return None
+    return 1 if schema.__flexible__ else 0
+
+
+def _read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    value = 0
+    shift = 0
+    while True:
+        if pos >= len(buf):
+            raise DecodeError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise DecodeError("varint too long")
+
+
+def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
+    count, pos = _read_uvarint(buf, pos)
+    for _ in range(count):
+        _tag, pos = _read_uvarint(buf, pos)
+        size, pos = _read_uvarint(buf, pos)
+        pos += size
+        if pos > len(buf):
+            raise DecodeError("truncated tagged field")
+    return pos
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    header_version: int | None
+    """None when the API/version is unknown to kio (the body is then opaque)."""
+    body_offset: int | None
+    """Where the body starts in the frame; None when header_version is None."""
+
+
+def parse_request_header(frame: bytes) -> RequestHeader:
+    """Parse the request header of a frame body (the bytes after the length prefix)."""
+    if len(frame) < _PREFIX.size:
+        raise ProtocolError(f"request frame of {len(frame)} bytes is too short for a header")
+    api_key, api_version, correlation_id = _PREFIX.unpack_from(frame, 0)
+    hv = request_header_version(api_key, api_version)
+    pos = _PREFIX.size
+    client_id: str | None = None
+    if hv != 0:
+        # v1 and v2 both carry a nullable non-compact client_id; read it even for
+        # unknown APIs (every header version but v0 has it at this position).
+        if len(frame) < pos + 2:
+            if hv is None:
+                return RequestHeader(api_key, api_version, correlation_id, None, None, None)
+            raise ProtocolError("request header truncated in client_id")
+        (n,) = _I16.unpack_from(frame, pos)
+        pos += 2
+        if n >= 0:
+            if len(frame) < pos + n:
+                if hv is None:
+                    return RequestHeader(api_key, api_version, correlation_id, None, None, None)
+                raise ProtocolError("request header truncated in client_id")
+            client_id = frame[pos : pos + n].decode("utf-8", errors="replace")
+            pos += n
+        elif n != -1:
+            raise ProtocolError(f"invalid client_id length {n}")
+    if hv == 2:
+        pos = skip_tagged_fields(frame, pos)
+    if hv is None:
+        return RequestHeader(api_key, api_version, correlation_id, client_id, None, None)
+    return RequestHeader(api_key, api_version, correlation_id, client_id, hv, pos)
+
+
+def encode_request_header(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None
+) -> bytes:
+    hv = request_header_version(api_key, api_version)
+    if hv is None:
+        raise ProtocolError(f"unknown request api_key={api_key} version={api_version}")
+    out = bytearray(_PREFIX.pack(api_key, api_version, correlation_id))
+    if hv >= 1:
+        if client_id is None:
+            out += _I16.pack(-1)
+        else:
+            raw = client_id.encode()
+            out += _I16.pack(len(raw)) + raw
+    if hv == 2:
+        out.append(0)
+    return bytes(out)
+
+
+def encode_response_header(correlation_id: int, header_version: int) -> bytes:
+    return _I32.pack(correlation_id) + (b"\x00" if header_version == 1 else b"")
+
+
+def response_body_offset(frame: bytes | memoryview, header_version: int) -> int:
+    if len(frame) < 4:
+        raise ProtocolError("response frame too short for a correlation id")
+    return skip_tagged_fields(frame, 4) if header_version == 1 else 4
+
+
+def peek_correlation_id(frame: bytes | memoryview) -> int:
+    if len(frame) < 4:
+        raise ProtocolError("response frame too short for a correlation id")
+    (cid,) = _I32.unpack_from(frame, 0)
+    return int(cid)
+
+
+def _decode(schema: Any, frame: bytes | memoryview, offset: int) -> Any:
+    try:
+        obj, size = entity_reader(schema)(frame, offset)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # kio raises KeyError/ValueError/BufferUnderflow/...
+        raise DecodeError(
+            f"cannot decode {schema.__name__} v{schema.__version__}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if offset + size != len(frame):
+        raise DecodeError(
+            f"{schema.__name__} v{schema.__version__}: {len(frame) - offset - size}"
+            " trailing bytes after body"
+        )
+    return obj
+
+
+def decode_request(frame: bytes) -> tuple[RequestHeader, Any]:
+    """Decode header and body; DecodeError if kio does not know this API/version."""
+    header = parse_request_header(frame)
+    schema = request_schema(header.api_key, header.api_version)
+    if schema is None or header.body_offset is None:
+        raise DecodeError(
+            f"unsupported request api_key={header.api_key} version={header.api_version}"
+        )
+    return header, _decode(schema, frame, header.body_offset)
+
+
+def decode_request_body(header: RequestHeader, frame: bytes) -> Any:
+    schema = request_schema(header.api_key, header.api_version)
+    if schema is None or header.body_offset is None:
+        raise DecodeError(
+            f"unsupported request api_key={header.api_key} version={header.api_version}"
+        )
+    return _decode(schema, frame, header.body_offset)
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Any]:
+    """Decode a response frame (header and body); returns (correlation_id, body)."""
+    schema = response_schema(api_key, api_version)
+    hv = response_header_version(api_key, api_version)
+    if schema is None or hv is None:
+        raise DecodeError(f"unsupported response api_key={api_key} version={api_version}")
+    return peek_correlation_id(frame), _decode(schema, frame, response_body_offset(frame, hv))
+
+
+def encode_body(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    entity_writer(type(obj))(buf, obj)
+    return buf.getvalue()
+
+
+def encode_request(obj: Any, correlation_id: int, client_id: str | None) -> bytes:
+    """Header + body of a request (frame body, without the length prefix)."""
+    header = encode_request_header(
+        int(obj.__api_key__), int(obj.__version__), correlation_id, client_id
+    )
+    return header + encode_body(obj)
+
+
+def encode_response(obj: Any, correlation_id: int) -> bytes:
+    """Header + body of a response (frame body, without the length prefix)."""
+    hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
+    assert hv is not None
+    return encode_response_header(correlation_id, hv) + encode_body(obj)

@@ -1,0 +1,67 @@
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.protocol.errors import FrameTooLarge, ProtocolError, TruncatedFrame
+from proxy.protocol.framing import FrameDecoder, encode_frame
+
+frames = st.lists(st.binary(max_size=300), max_size=8)
+
+
+@given(frames)
+def test_whole_stream_roundtrip(payloads: list[bytes]) -> None:
+    dec = FrameDecoder(1024)
+    dec.feed(b"".join(encode_frame(p) for p in payloads))
+    assert dec.frames() == payloads
+    dec.close()
+
+
+@given(frames)
+def test_byte_by_byte_roundtrip(payloads: list[bytes]) -> None:
+    dec = FrameDecoder(1024)
+    stream = b"".join(encode_frame(p) for p in payloads)
+    out = []
+    for i in range(len(stream)):
+        dec.feed(stream[i : i + 1])
+        out += dec.frames()
+    assert out == payloads
+    dec.close()
+
+
+def test_oversized_frame_rejected_before_buffering_body() -> None:
+    dec = FrameDecoder(100)
+    dec.feed(struct.pack(">i", 101))
+    with pytest.raises(FrameTooLarge) as info:
+        dec.next_frame()
+    assert info.value.size == 101
+    assert dec.buffered == 4  # the body was never waited for
+
+
+def test_negative_size_is_a_protocol_error() -> None:
+    dec = FrameDecoder(100)
+    dec.feed(struct.pack(">i", -1))
+    with pytest.raises(ProtocolError):
+        dec.next_frame()
+
+
+@pytest.mark.parametrize("cut", [1, 3, 4, 7])
+def test_truncated_stream_detected_on_close(cut: int) -> None:
+    dec = FrameDecoder(100)
+    dec.feed(encode_frame(b"abcd")[:cut])
+    assert dec.next_frame() is None
+    with pytest.raises(TruncatedFrame):
+        dec.close()
+
+
+@given(st.binary(max_size=200))
+def test_garbage_raises_only_protocol_errors(data: bytes) -> None:
+    dec = FrameDecoder(64)
+    try:
+        for i in range(len(data)):
+            dec.feed(data[i : i + 1])
+            dec.frames()
+        dec.close()
+    except ProtocolError:
+        pass
