@@ -1,0 +1,532 @@
+"""Every Prometheus metric the proxy exports, in one place.
+
+Conventions (house style, after Kroxylicious):
+
+- one prefix, ``kafka_fetch_proxy_``;
+- names say the leg of traffic they measure: ``client_to_proxy`` (requests from
+  the application's client), ``proxy_to_broker`` (requests the proxy sends
+  upstream), ``broker_to_proxy`` (upstream responses), ``proxy_to_client``
+  (responses the client receives);
+- ``_total`` for counters, ``_bytes`` and ``_seconds`` for units;
+- labels only from small sets, bounded by construction (see :mod:`.labels`):
+  ``api`` (a fixed table of Kafka API names, ``unknown`` for the rest), ``node``
+  (the first ``node_label_cap`` node ids seen, then ``other``), ``limit``,
+  ``cause``, ``reason``, ``side``, ``policy`` (the first ``policy_label_cap``
+  names, then ``other``).  Topic-partitions and client addresses are never
+  labels; a ``client_id`` label exists only when enabled with a cap.
+
+A :class:`Metrics` object is created per proxy instance on a
+``CollectorRegistry`` the caller owns (tests pass a fresh one and read values
+with ``registry.get_sample_value``).  The relay, session and shaping layers call
+its small typed methods and never touch prometheus_client themselves.
+
+:data:`CATALOGUE` lists every metric with its type, labels and help text; the
+README's table and the Grafana dashboard test are checked against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .. import __version__
+from .labels import (
+    UNKNOWN,
+    BoundedLabel,
+    CloseCause,
+    DecisionOutcome,
+    Direction,
+    LimitKind,
+    ResetReason,
+    Side,
+    api_name,
+    enum_label,
+)
+
+PREFIX = "kafka_fetch_proxy_"
+
+SIZE_BUCKETS = (
+    64.0,
+    256.0,
+    1024.0,
+    4096.0,
+    16384.0,
+    65536.0,
+    262144.0,
+    1048576.0,
+    4194304.0,
+    16777216.0,
+    67108864.0,
+)
+# Fetch requests long-poll up to the client's max_wait_ms (500 ms by default in
+# the Java client), so the top buckets matter as much as the bottom ones.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+STARVATION_BUCKETS = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0, 144.0)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str  # full exposition name; counters include "_total"
+    kind: str  # "counter", "gauge" or "histogram"
+    labels: tuple[str, ...]
+    help: str
+
+    def series_names(self) -> tuple[str, ...]:
+        """Names of the sample series Prometheus stores for this metric."""
+        if self.kind == "histogram":
+            return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
+        return (self.name,)
+
+
+def _spec(name: str, kind: str, labels: Iterable[str], help: str) -> MetricSpec:
+    return MetricSpec(PREFIX + name, kind, tuple(labels), help)
+
+
+_D = Direction
+CATALOGUE: tuple[MetricSpec, ...] = (
+    _spec("build_info", "gauge", ["version"], "Always 1; the proxy's version as a label."),
+    # connections
+    _spec("client_connections_open", "gauge", [], "Client connections currently open."),
+    _spec("client_connections_accepted_total", "counter", [], "Client connections accepted."),
+    _spec(
+        "client_connections_closed_total",
+        "counter",
+        ["cause"],
+        "Client connections closed, by cause.",
+    ),
+    _spec("broker_connections_open", "gauge", ["node"], "Connections to brokers currently open."),
+    _spec("broker_connections_opened_total", "counter", ["node"], "Connections to brokers opened."),
+    _spec(
+        "broker_connections_closed_total",
+        "counter",
+        ["node", "cause"],
+        "Connections to brokers closed, by cause.",
+    ),
+    _spec(
+        "broker_connect_failures_total",
+        "counter",
+        ["node"],
+        "Failed attempts to connect to a broker.",
+    ),
+    _spec(
+        "upstream_brokers_reachable", "gauge", [], "Upstream brokers the proxy can currently reach."
+    ),
+    # requests and responses, per leg
+    *(
+        spec
+        for d, what in (
+            (_D.CLIENT_TO_PROXY, "request"),
+            (_D.PROXY_TO_BROKER, "request"),
+            (_D.BROKER_TO_PROXY, "response"),
+            (_D.PROXY_TO_CLIENT, "response"),
+        )
+        for spec in (
+            _spec(f"{d}_{what}s_total", "counter", ["api"], f"{what.title()}s {d}, by API."),
+            _spec(
+                f"{d}_{what}_size_bytes",
+                "histogram",
+                ["api"],
+                f"Size of {what}s {d} (whole frame), by API.",
+            ),
+        )
+    ),
+    _spec("proxy_to_broker_bytes_total", "counter", ["node"], "Bytes sent to each broker."),
+    _spec("broker_to_proxy_bytes_total", "counter", ["node"], "Bytes received from each broker."),
+    _spec(
+        "client_request_duration_seconds",
+        "histogram",
+        ["api"],
+        "Time from a client request's arrival to its response being sent, by API.",
+    ),
+    _spec(
+        "broker_request_duration_seconds",
+        "histogram",
+        ["api"],
+        "Round trip of requests the proxy sent to brokers, by API.",
+    ),
+    # fetch data, upstream vs delivered
+    _spec(
+        "broker_to_proxy_fetch_records_total",
+        "counter",
+        ["node"],
+        "Records in Fetch responses received from brokers (from batch headers).",
+    ),
+    _spec(
+        "broker_to_proxy_fetch_record_bytes_total",
+        "counter",
+        ["node"],
+        "Record-batch bytes in Fetch responses received from brokers.",
+    ),
+    _spec(
+        "proxy_to_client_fetch_records_total",
+        "counter",
+        [],
+        "Records delivered to clients in Fetch responses.",
+    ),
+    _spec(
+        "proxy_to_client_fetch_record_bytes_total",
+        "counter",
+        [],
+        "Record-batch bytes delivered to clients in Fetch responses.",
+    ),
+    _spec(
+        "incremental_fetch_saved_bytes_total",
+        "counter",
+        ["kind"],
+        "Bytes not sent between proxy and brokers thanks to incremental fetch sessions "
+        "(kind=request|response), against the full fetches clients asked for.",
+    ),
+    # fetch sessions (Kafka: NumIncrementalFetchSessions, NumIncrementalFetchPartitionsCached,
+    # IncrementalFetchSessionEvictionsPerSec)
+    _spec("fetch_sessions_active", "gauge", ["side"], "Incremental fetch sessions in the cache."),
+    _spec(
+        "fetch_session_partitions_cached",
+        "gauge",
+        ["side"],
+        "Partitions across all cached incremental fetch sessions.",
+    ),
+    _spec(
+        "fetch_session_evictions_total",
+        "counter",
+        ["side"],
+        "Incremental fetch sessions evicted from the cache to make room.",
+    ),
+    _spec(
+        "fetch_session_resets_total",
+        "counter",
+        ["side", "reason"],
+        "Incremental fetch sessions dropped (a full fetch follows), by reason.",
+    ),
+    # shaping
+    _spec(
+        "shaped_responses_total",
+        "counter",
+        ["policy"],
+        "Fetch responses the proxy trimmed or rotated before delivery.",
+    ),
+    _spec(
+        "limit_applied_total",
+        "counter",
+        ["limit", "policy"],
+        "Fetch responses in which a limit held back data.",
+    ),
+    _spec(
+        "trimmed_records_total",
+        "counter",
+        ["limit", "policy"],
+        "Records held back from a response by each limit.",
+    ),
+    _spec(
+        "trimmed_bytes_total",
+        "counter",
+        ["limit", "policy"],
+        "Record-batch bytes held back from a response by each limit.",
+    ),
+    _spec(
+        "buffered_reuse_hits_total",
+        "counter",
+        [],
+        "Partitions served from the reuse buffer instead of being fetched again.",
+    ),
+    _spec(
+        "buffered_reuse_bytes_total",
+        "counter",
+        [],
+        "Record-batch bytes served from the reuse buffer.",
+    ),
+    _spec(
+        "memory_budget_used_bytes",
+        "gauge",
+        [],
+        "Response data currently held by the proxy against the memory budget.",
+    ),
+    _spec("memory_budget_limit_bytes", "gauge", [], "The configured memory budget."),
+    _spec(
+        "memory_budget_waits_total",
+        "counter",
+        [],
+        "Fetch requests that had to wait for memory budget.",
+    ),
+    _spec(
+        "partition_starvation_rounds",
+        "histogram",
+        [],
+        "Fetch rounds since a partition with data was last served, observed when it is served.",
+    ),
+    # operations
+    _spec("config_reloads_total", "counter", [], "Successful configuration reloads."),
+    _spec(
+        "config_reload_failures_total",
+        "counter",
+        [],
+        "Configuration reloads refused (the previous configuration stays).",
+    ),
+    _spec(
+        "decision_log_events_total",
+        "counter",
+        ["outcome"],
+        "Decision-log events, by outcome (written, sampled_out, dropped).",
+    ),
+)
+
+# Only registered when Metrics(client_id_label_cap=N) with N > 0.
+CLIENT_ID_SPEC = _spec(
+    "proxy_to_client_fetch_record_bytes_by_client_total",
+    "counter",
+    ["client_id"],
+    "Record-batch bytes delivered, by client id (opt-in; capped, then 'other').",
+)
+
+_BY_NAME = {spec.name: spec for spec in (*CATALOGUE, CLIENT_ID_SPEC)}
+
+
+def spec(name: str) -> MetricSpec:
+    """The catalogue entry for a full metric name."""
+    return _BY_NAME[name]
+
+
+def _node_key(node: int | None) -> str:
+    return UNKNOWN if node is None else str(node)
+
+
+class Metrics:
+    """The proxy's metrics on one registry, with one method per thing that happens."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        node_label_cap: int = 64,
+        policy_label_cap: int = 32,
+        client_id_label_cap: int = 0,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._node = BoundedLabel(node_label_cap)
+        self._policy = BoundedLabel(policy_label_cap)
+        self._client_id = BoundedLabel(client_id_label_cap, max_length=128)
+        self._counters: dict[str, Counter] = {}
+        self._gauges: dict[str, Gauge] = {}
+        self._histograms: dict[str, Histogram] = {}
+        specs = list(CATALOGUE)
+        if client_id_label_cap > 0:
+            specs.append(CLIENT_ID_SPEC)
+        for s in specs:
+            self._register(s)
+        self._preset()
+
+    # -- construction --------------------------------------------------------------
+
+    def _register(self, s: MetricSpec) -> None:
+        short = s.name.removeprefix(PREFIX)
+        if s.kind == "counter":
+            self._counters[short] = Counter(
+                s.name.removesuffix("_total"), s.help, s.labels, registry=self.registry
+            )
+        elif s.kind == "gauge":
+            self._gauges[short] = Gauge(s.name, s.help, s.labels, registry=self.registry)
+        else:
+            buckets = {
+                "partition_starvation_rounds": STARVATION_BUCKETS,
+            }.get(short, LATENCY_BUCKETS if short.endswith("_seconds") else SIZE_BUCKETS)
+            self._histograms[short] = Histogram(
+                s.name, s.help, s.labels, buckets=buckets, registry=self.registry
+            )
+
+    def _preset(self) -> None:
+        """Create the series of fixed label sets at zero, so rate() works from the first scrape."""
+        self._gauges["build_info"].labels(version=__version__).set(1)
+        for cause in CloseCause:
+            self._counters["client_connections_closed_total"].labels(cause=cause.value)
+        for side in Side:
+            self._gauges["fetch_sessions_active"].labels(side=side.value)
+            self._gauges["fetch_session_partitions_cached"].labels(side=side.value)
+            self._counters["fetch_session_evictions_total"].labels(side=side.value)
+        for kind in ("request", "response"):
+            self._counters["incremental_fetch_saved_bytes_total"].labels(kind=kind)
+        for outcome in DecisionOutcome:
+            self._counters["decision_log_events_total"].labels(outcome=outcome.value)
+
+    def label_value_counts(self) -> dict[str, int]:
+        """Distinct label sets per metric family (what a cardinality test looks at)."""
+        counts: dict[str, int] = {}
+        for family in self.registry.collect():
+            keys = {
+                tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+                for s in family.samples
+            }
+            counts[family.name] = len(keys)
+        return counts
+
+    # -- connections -----------------------------------------------------------------
+
+    def connection_accepted(self) -> None:
+        self._counters["client_connections_accepted_total"].inc()
+        self._gauges["client_connections_open"].inc()
+
+    def connection_closed(self, cause: CloseCause | str) -> None:
+        label = enum_label(CloseCause, str(cause), CloseCause.OTHER)
+        self._counters["client_connections_closed_total"].labels(cause=label).inc()
+        self._gauges["client_connections_open"].dec()
+
+    def broker_connection_opened(self, node: int | None) -> None:
+        n = self._node(_node_key(node))
+        self._counters["broker_connections_opened_total"].labels(node=n).inc()
+        self._gauges["broker_connections_open"].labels(node=n).inc()
+
+    def broker_connection_closed(self, node: int | None, cause: CloseCause | str) -> None:
+        n = self._node(_node_key(node))
+        label = enum_label(CloseCause, str(cause), CloseCause.OTHER)
+        self._counters["broker_connections_closed_total"].labels(node=n, cause=label).inc()
+        self._gauges["broker_connections_open"].labels(node=n).dec()
+
+    def broker_connect_failed(self, node: int | None) -> None:
+        self._counters["broker_connect_failures_total"].labels(
+            node=self._node(_node_key(node))
+        ).inc()
+
+    def set_brokers_reachable(self, count: int) -> None:
+        self._gauges["upstream_brokers_reachable"].set(count)
+
+    # -- requests and responses ------------------------------------------------------
+
+    def request(
+        self, api_key: int, direction: Direction, size: int, *, node: int | None = None
+    ) -> None:
+        """A request frame of ``size`` bytes crossed ``direction`` (client_to_proxy or proxy_to_broker)."""
+        if direction is Direction.CLIENT_TO_PROXY:
+            self._message("client_to_proxy_request", api_key, size)
+        elif direction is Direction.PROXY_TO_BROKER:
+            self._message("proxy_to_broker_request", api_key, size)
+            self._counters["proxy_to_broker_bytes_total"].labels(
+                node=self._node(_node_key(node))
+            ).inc(size)
+        else:
+            raise ValueError(f"{direction} is not a request direction")
+
+    def response(
+        self, api_key: int, direction: Direction, size: int, *, node: int | None = None
+    ) -> None:
+        """A response frame of ``size`` bytes crossed ``direction`` (broker_to_proxy or proxy_to_client)."""
+        if direction is Direction.BROKER_TO_PROXY:
+            self._message("broker_to_proxy_response", api_key, size)
+            self._counters["broker_to_proxy_bytes_total"].labels(
+                node=self._node(_node_key(node))
+            ).inc(size)
+        elif direction is Direction.PROXY_TO_CLIENT:
+            self._message("proxy_to_client_response", api_key, size)
+        else:
+            raise ValueError(f"{direction} is not a response direction")
+
+    def _message(self, stem: str, api_key: int, size: int) -> None:
+        api = api_name(api_key)
+        self._counters[f"{stem}s_total"].labels(api=api).inc()
+        self._histograms[f"{stem}_size_bytes"].labels(api=api).observe(size)
+
+    def client_request_duration(self, api_key: int, seconds: float) -> None:
+        self._histograms["client_request_duration_seconds"].labels(api=api_name(api_key)).observe(
+            seconds
+        )
+
+    def broker_request_duration(self, api_key: int, seconds: float) -> None:
+        self._histograms["broker_request_duration_seconds"].labels(api=api_name(api_key)).observe(
+            seconds
+        )
+
+    # -- fetch data ------------------------------------------------------------------
+
+    def upstream_fetch_data(self, node: int | None, records: int, record_bytes: int) -> None:
+        """Record batches that arrived from a broker in a Fetch response."""
+        n = self._node(_node_key(node))
+        self._counters["broker_to_proxy_fetch_records_total"].labels(node=n).inc(records)
+        self._counters["broker_to_proxy_fetch_record_bytes_total"].labels(node=n).inc(record_bytes)
+
+    def delivered_fetch_data(
+        self, records: int, record_bytes: int, *, client_id: str | None = None
+    ) -> None:
+        """Record batches delivered to a client in a Fetch response."""
+        self._counters["proxy_to_client_fetch_records_total"].inc(records)
+        self._counters["proxy_to_client_fetch_record_bytes_total"].inc(record_bytes)
+        by_client = self._counters.get("proxy_to_client_fetch_record_bytes_by_client_total")
+        if by_client is not None:
+            by_client.labels(client_id=self._client_id(client_id or "")).inc(record_bytes)
+
+    def fetch_session_saved(self, *, request_bytes: int = 0, response_bytes: int = 0) -> None:
+        """Bytes an incremental session saved against the full fetch the client asked for."""
+        saved = self._counters["incremental_fetch_saved_bytes_total"]
+        if request_bytes > 0:
+            saved.labels(kind="request").inc(request_bytes)
+        if response_bytes > 0:
+            saved.labels(kind="response").inc(response_bytes)
+
+    # -- fetch sessions --------------------------------------------------------------
+
+    def set_fetch_sessions(self, side: Side, *, active: int, partitions: int) -> None:
+        """The session cache's current size (set after every change; cheap)."""
+        self._gauges["fetch_sessions_active"].labels(side=side.value).set(active)
+        self._gauges["fetch_session_partitions_cached"].labels(side=side.value).set(partitions)
+
+    def fetch_session_evicted(self, side: Side) -> None:
+        self._counters["fetch_session_evictions_total"].labels(side=side.value).inc()
+
+    def fetch_session_reset(self, side: Side, reason: ResetReason | str) -> None:
+        label = enum_label(ResetReason, str(reason), ResetReason.OTHER)
+        self._counters["fetch_session_resets_total"].labels(side=side.value, reason=label).inc()
+
+    # -- shaping ---------------------------------------------------------------------
+
+    def shaped_response(self, policy: str) -> None:
+        self._counters["shaped_responses_total"].labels(policy=self._policy(policy)).inc()
+
+    def trimmed(
+        self, limit: LimitKind | str, *, records: int, record_bytes: int, policy: str
+    ) -> None:
+        """``limit`` held back ``records`` records (``record_bytes`` bytes) from one response."""
+        labels = {
+            "limit": enum_label(LimitKind, str(limit), LimitKind.OTHER),
+            "policy": self._policy(policy),
+        }
+        self._counters["limit_applied_total"].labels(**labels).inc()
+        self._counters["trimmed_records_total"].labels(**labels).inc(records)
+        self._counters["trimmed_bytes_total"].labels(**labels).inc(record_bytes)
+
+    def buffered_reuse_hit(self, record_bytes: int) -> None:
+        self._counters["buffered_reuse_hits_total"].inc()
+        self._counters["buffered_reuse_bytes_total"].inc(record_bytes)
+
+    def set_memory_budget(self, *, used: int, limit: int | None = None) -> None:
+        self._gauges["memory_budget_used_bytes"].set(used)
+        if limit is not None:
+            self._gauges["memory_budget_limit_bytes"].set(limit)
+
+    def memory_budget_wait(self) -> None:
+        self._counters["memory_budget_waits_total"].inc()
+
+    def starvation(self, rounds: int) -> None:
+        """A partition with data was served ``rounds`` fetch rounds after it was last served."""
+        self._histograms["partition_starvation_rounds"].observe(rounds)
+
+    # -- operations ------------------------------------------------------------------
+
+    def config_reloaded(self, *, ok: bool) -> None:
+        self._counters["config_reloads_total" if ok else "config_reload_failures_total"].inc()
+
+    def decision_logged(self, outcome: DecisionOutcome) -> None:
+        self._counters["decision_log_events_total"].labels(outcome=outcome.value).inc()
