@@ -1,0 +1,1 @@
+"""Sans-I/O relay logic: address rewriting, ApiVersions intersection, pipelining."""

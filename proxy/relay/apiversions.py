@@ -1,0 +1,133 @@
+"""ApiVersions: tell clients only versions the proxy can read.
+
+The proxy answers a client's ApiVersions with the upstream broker's answer,
+intersected with what the proxy can decode: for every API the proxy decodes or
+rewrites (``DECODED_APIS``) the range is capped at the versions kio's generated
+schemas know; every other API passes through opaque, so upstream's range is
+kept.  An API whose intersection is empty is removed from the list.  All other
+content (features, throttle time, unknown tagged fields) is kept byte for byte.
+
+A client that asks with an ApiVersions version newer than the proxy knows gets
+what Kafka's broker answers in that case: a v0 response with
+UNSUPPORTED_VERSION listing the ApiVersions range the proxy supports, so the
+client retries with an older version.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from functools import cache
+
+from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16
+
+from ..protocol import codec
+from ..protocol.errors import DecodeError
+from . import walk
+from .rewrite import FETCH, PRODUCE, REWRITTEN_APIS
+
+API_VERSIONS = 18
+DECODED_APIS = frozenset(REWRITTEN_APIS | {PRODUCE, FETCH, API_VERSIONS})
+"""APIs whose requests or responses the proxy parses beyond the header prefix."""
+
+_I16 = struct.Struct(">h")
+_MAX_PROBE = 64
+
+
+@cache
+def kio_range(api_key: int) -> tuple[int, int] | None:
+    """The contiguous range of versions (ending at the newest) kio has both schemas for."""
+    known = [
+        v
+        for v in range(_MAX_PROBE)
+        if codec.request_schema(api_key, v) is not None
+        and codec.response_schema(api_key, v) is not None
+    ]
+    if not known:
+        return None
+    top = known[-1]
+    low = top
+    while low - 1 in known:
+        low -= 1
+    return low, top
+
+
+def proxy_range(api_key: int, upstream: tuple[int, int]) -> tuple[int, int] | None:
+    """What the proxy advertises for ``api_key`` when upstream supports ``upstream``."""
+    if api_key not in DECODED_APIS:
+        return upstream
+    ours = kio_range(api_key)
+    if ours is None:
+        return None
+    low, high = max(upstream[0], ours[0]), min(upstream[1], ours[1])
+    return (low, high) if low <= high else None
+
+
+@dataclass(slots=True)
+class _Hook:
+    changed: int = 0
+
+    def wants(self, cls: type) -> bool:
+        return cls.__name__ == "ApiVersion"
+
+    def __call__(
+        self, cls: type, buf: bytes, spans: dict[str, walk.Span], start: int, end: int
+    ) -> bytes | None:
+        api_key = walk.read_i16(buf, spans["api_key"])
+        upstream = (
+            walk.read_i16(buf, spans["min_version"]),
+            walk.read_i16(buf, spans["max_version"]),
+        )
+        ours = proxy_range(api_key, upstream)
+        if ours == upstream:
+            return None
+        self.changed += 1
+        if ours is None:
+            return b""
+        lo0, lo1 = spans["min_version"]
+        hi0, hi1 = spans["max_version"]
+        return b"".join(
+            (buf[start:lo0], _I16.pack(ours[0]), buf[lo1:hi0], _I16.pack(ours[1]), buf[hi1:end])
+        )
+
+
+def rewrite_api_versions(api_version: int, frame: bytes) -> bytes:
+    """Intersect an upstream ApiVersions response frame (header v0 + body) with our ranges.
+
+    Like Kafka's clients, falls back to reading the body as v0 when it does not
+    parse at the requested version (brokers answer UNSUPPORTED_VERSION in v0).
+    """
+    hook = _Hook()
+    offset = codec.response_body_offset(frame, 0)
+    schema = codec.response_schema(API_VERSIONS, api_version)
+    if schema is not None:
+        try:
+            return walk.rewrite(schema, frame, offset, hook)
+        except DecodeError:
+            if api_version == 0:
+                raise
+    return walk.rewrite(ApiVersionsResponseV0, frame, offset, _Hook())
+
+
+def supports_request_version(api_version: int) -> bool:
+    """Can the proxy read an ApiVersions response at this version?"""
+    rng = kio_range(API_VERSIONS)
+    return rng is not None and rng[0] <= api_version <= rng[1]
+
+
+def unsupported_version_response(correlation_id: int) -> bytes:
+    """Kafka's answer to an ApiVersions request at a version it does not know (header v0 + v0 body)."""
+    rng = kio_range(API_VERSIONS)
+    assert rng is not None
+    resp = ApiVersionsResponseV0(
+        error_code=ErrorCode.unsupported_version,
+        api_keys=(
+            ApiVersionV0(
+                api_key=i16(API_VERSIONS), min_version=i16(rng[0]), max_version=i16(rng[1])
+            ),
+        ),
+    )
+    return codec.encode_response_header(correlation_id, 0) + codec.encode_body(resp)

@@ -1,0 +1,307 @@
+"""Per-connection relay state: the client's pipelined requests, our upstream correlation ids.
+
+One ``Relay`` serves one client connection and its one upstream connection.  It
+is sans-I/O: the trio edge feeds it whole frames (``client_frame``,
+``upstream_frame``) and sends what it hands back (``take_upstream``,
+``take_client``); nothing here touches a socket.
+
+Correlation
+    Every request sent upstream gets the relay's *own* correlation id; a FIFO
+    of pending upstream entries maps each response back to its handler.  Kafka
+    brokers answer one connection's requests in order, so a response whose id
+    is not the oldest pending one is a protocol violation and closes the
+    connection (Kafka's clients do the same).
+Ordering
+    Each client request that expects a response takes a *slot* in a client-order
+    queue; responses leave in slot order with the client's own correlation id,
+    whatever order their handlers complete in.  Produce with acks=0 has no
+    response, takes no slot and never stalls the queue.
+Bounds
+    At most ``max_in_flight`` client requests are awaiting a response; the edge
+    stops reading from the client while ``can_accept`` is False.
+
+Plug-in point for Fetch (issues 4 and 5)
+    Fetch requests go to a ``FetchHandler``, one per client connection, created
+    by the factory given to the relay.  It receives each Fetch as a
+    ``ClientRequest`` and an ``Upstream`` port, and may
+
+    (a) send upstream a *different* request instead of the client's
+        (``upstream.send(frame, api_key=, api_version=, on_response=)``; the frame
+        is any encoded request, its correlation id is replaced by the relay's);
+    (b) answer the client with a *different* response (``request.reply(frame)``;
+        any correlation id, the relay writes the client's), at any later time,
+        e.g. from the ``on_response`` callback of an upstream request;
+    (c) send proxy-originated requests upstream (e.g. Metadata for topic ids)
+        whose responses go to its callback and never to the client.
+
+    ``observe(api_key, api_version, frame)`` sees every upstream response the
+    relay forwards for other APIs (e.g. Metadata, to learn topic ids).  The
+    default, ``PassThroughFetch``, forwards the Fetch unchanged and rewrites
+    only NodeEndpoints in the response.  Handlers raise ProtocolError to close
+    the connection.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..protocol import codec
+from ..protocol.errors import ProtocolError
+from . import apiversions, rewrite, walk
+
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_CID_MAX = 2**31 - 1
+
+ResponseCallback = Callable[[bytes], None]
+
+
+class Upstream(Protocol):
+    """What a FetchHandler may do with the upstream connection."""
+
+    def send(
+        self,
+        frame: bytes,
+        *,
+        api_key: int,
+        api_version: int,
+        on_response: ResponseCallback | None,
+    ) -> None:
+        """Queue ``frame`` (request header + body) upstream; ``on_response(frame)`` gets the answer.
+
+        ``on_response=None`` means the request has no response (acks=0 Produce).
+        """
+
+    def rewrite_addresses(self, api_key: int, api_version: int, frame: bytes) -> bytes:
+        """The response frame with broker endpoints pointing at the proxy."""
+
+
+class FetchHandler(Protocol):
+    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None: ...
+
+    def observe(self, api_key: int, api_version: int, frame: bytes) -> None: ...
+
+
+FetchHandlerFactory = Callable[[], FetchHandler]
+
+
+class PassThroughFetch:
+    """The default FetchHandler: Fetch goes through unchanged, NodeEndpoints are rewritten."""
+
+    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
+        h = request.header
+
+        def on_response(frame: bytes) -> None:
+            request.reply(upstream.rewrite_addresses(h.api_key, h.api_version, frame))
+
+        upstream.send(
+            request.frame, api_key=h.api_key, api_version=h.api_version, on_response=on_response
+        )
+
+    def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
+        return None
+
+
+@dataclass(slots=True, eq=False)
+class _Slot:
+    correlation_id: int
+    response: bytes | None = None
+
+
+@dataclass(slots=True, eq=False)
+class ClientRequest:
+    """A client's request as a handler sees it; ``reply`` answers it (exactly once)."""
+
+    header: codec.RequestHeader
+    frame: bytes
+    _relay: Relay = field(repr=False)
+    _slot: _Slot | None = field(repr=False)
+
+    @property
+    def expects_response(self) -> bool:
+        return self._slot is not None
+
+    def reply(self, frame: bytes) -> None:
+        slot = self._slot
+        if slot is None:
+            raise ProtocolError("reply to a request that has no response")
+        if slot.response is not None:
+            raise ProtocolError("request answered twice")
+        if len(frame) < 4:
+            raise ProtocolError("response frame too short for a correlation id")
+        slot.response = _I32.pack(slot.correlation_id) + frame[4:]
+        self._relay._flush_slots()
+
+
+@dataclass(slots=True)
+class _Pending:
+    correlation_id: int
+    api_key: int
+    api_version: int
+    on_response: ResponseCallback
+
+
+def produce_acks(header: codec.RequestHeader, frame: bytes) -> int | None:
+    """The acks field of a Produce request (None if the version is unknown to us)."""
+    pos = header.body_offset
+    if pos is None or header.api_version < 3:
+        return None
+    try:
+        if header.header_version == 2:  # flexible: compact nullable transactional_id
+            n, pos = walk.read_uvarint(frame, pos)
+            pos += max(n - 1, 0)
+        else:
+            (n,) = _I16.unpack_from(frame, pos)
+            pos += 2 + max(n, 0)
+        (acks,) = _I16.unpack_from(frame, pos)
+    except (struct.error, ProtocolError) as exc:
+        raise ProtocolError(f"malformed Produce request: {exc}") from exc
+    return int(acks)
+
+
+class Relay:
+    """The sans-I/O relay for one client connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        resolve: rewrite.Resolver,
+        *,
+        fetch_handler: FetchHandler | None = None,
+        max_in_flight: int = 512,
+    ) -> None:
+        if max_in_flight <= 0:
+            raise ValueError("max_in_flight must be positive")
+        self._resolve = resolve
+        self.fetch_handler: FetchHandler = fetch_handler or PassThroughFetch()
+        self.max_in_flight = max_in_flight
+        self._slots: deque[_Slot] = deque()
+        self._pending: deque[_Pending] = deque()
+        self._to_upstream: list[bytes] = []
+        self._to_client: list[bytes] = []
+        self._next_cid = 0
+        self.last_header: codec.RequestHeader | None = None
+        """The header of the latest client request (for log context)."""
+
+    # --- state the edge reads ------------------------------------------------------------
+
+    @property
+    def can_accept(self) -> bool:
+        return len(self._slots) < self.max_in_flight
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._slots)
+
+    @property
+    def pending_upstream(self) -> int:
+        return len(self._pending)
+
+    def take_upstream(self) -> list[bytes]:
+        out, self._to_upstream = self._to_upstream, []
+        return out
+
+    def take_client(self) -> list[bytes]:
+        out, self._to_client = self._to_client, []
+        return out
+
+    # --- inputs --------------------------------------------------------------------------
+
+    def client_frame(self, frame: bytes) -> codec.RequestHeader:
+        """A whole request frame from the client."""
+        if not self.can_accept:
+            raise ProtocolError(f"more than {self.max_in_flight} requests in flight")
+        header = codec.parse_request_header(frame)
+        self.last_header = header
+        expects = not (header.api_key == rewrite.PRODUCE and produce_acks(header, frame) == 0)
+        slot = _Slot(header.correlation_id) if expects else None
+        if slot is not None:
+            self._slots.append(slot)
+        request = ClientRequest(header, frame, self, slot)
+        key = header.api_key
+        if key == rewrite.FETCH:
+            self.fetch_handler.handle_fetch(request, self._port)
+        elif key == apiversions.API_VERSIONS and not apiversions.supports_request_version(
+            header.api_version
+        ):
+            request.reply(apiversions.unsupported_version_response(header.correlation_id))
+        else:
+            self._forward(request)
+        return header
+
+    def upstream_frame(self, frame: bytes) -> None:
+        """A whole response frame from upstream."""
+        cid = codec.peek_correlation_id(frame)
+        if not self._pending:
+            raise ProtocolError(f"upstream sent correlation id {cid} with no request pending")
+        entry = self._pending[0]
+        if entry.correlation_id != cid:
+            raise ProtocolError(
+                f"upstream correlation id {cid} does not match the oldest request"
+                f" ({entry.correlation_id})"
+            )
+        self._pending.popleft()
+        entry.on_response(frame)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _forward(self, request: ClientRequest) -> None:
+        h = request.header
+        if not request.expects_response:
+            self._send(request.frame, h.api_key, h.api_version, None)
+            return
+
+        def on_response(frame: bytes) -> None:
+            if h.api_key == apiversions.API_VERSIONS:
+                frame = apiversions.rewrite_api_versions(h.api_version, frame)
+            elif rewrite.needs_rewrite(h.api_key, h.api_version):
+                frame = rewrite.rewrite_response(h.api_key, h.api_version, frame, self._resolve)
+            self.fetch_handler.observe(h.api_key, h.api_version, frame)
+            request.reply(frame)
+
+        self._send(request.frame, h.api_key, h.api_version, on_response)
+
+    def _send(
+        self, frame: bytes, api_key: int, api_version: int, on_response: ResponseCallback | None
+    ) -> None:
+        if len(frame) < 8:
+            raise ProtocolError("request frame too short for a header")
+        cid = self._next_cid
+        self._next_cid = 0 if cid == _CID_MAX else cid + 1
+        self._to_upstream.append(frame[:4] + _I32.pack(cid) + frame[8:])
+        if on_response is not None:
+            self._pending.append(_Pending(cid, api_key, api_version, on_response))
+
+    def _flush_slots(self) -> None:
+        slots = self._slots
+        while slots and slots[0].response is not None:
+            response = slots.popleft().response
+            assert response is not None
+            self._to_client.append(response)
+
+    @property
+    def _port(self) -> Upstream:
+        return _Port(self)
+
+
+class _Port:
+    __slots__ = ("_relay",)
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+
+    def send(
+        self,
+        frame: bytes,
+        *,
+        api_key: int,
+        api_version: int,
+        on_response: ResponseCallback | None,
+    ) -> None:
+        self._relay._send(frame, api_key, api_version, on_response)
+
+    def rewrite_addresses(self, api_key: int, api_version: int, frame: bytes) -> bytes:
+        return rewrite.rewrite_response(api_key, api_version, frame, self._relay._resolve)

@@ -1,0 +1,132 @@
+"""Address rewriting: every broker address a client sees points at the proxy.
+
+Responses that carry broker endpoints (host, port) are rewritten so the client
+connects back through the proxy; node ids stay the real ones, so leader ids in
+partition metadata and Fetch/Produce ``CurrentLeader`` fields keep matching the
+brokers the client knows.  The APIs and versions concerned:
+
+==================  ==========  =======================================================
+API (key)           versions    entity rewritten
+==================  ==========  =======================================================
+Produce (0)         v10+        NodeEndpoints (tagged field 0 of the response)
+Fetch (1)           v16+        NodeEndpoints (tagged field 0 of the response)
+Metadata (3)        all         brokers[]
+FindCoordinator     v0-v3       the response itself (node_id, host, port)
+(10)                v4+         coordinators[]
+DescribeCluster     all         brokers[] (broker_id, host, port)
+(60)
+ShareFetch (78),    all         NodeEndpoints
+ShareAcknowledge
+(79)
+==================  ==========  =======================================================
+
+An entry with a negative node id (e.g. FindCoordinator's "no coordinator"
+answer, node -1 with an empty host) is left alone.  Everything else in the
+response, unknown tagged fields included, is preserved byte for byte (see
+``walk.py``); when no endpoint is present the very same bytes object is returned.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import fields
+
+from ..protocol import codec
+from ..protocol.errors import DecodeError
+from . import walk
+
+PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 1, 3, 10, 60
+SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79
+
+_MIN_VERSION = {
+    PRODUCE: 10,
+    FETCH: 16,
+    METADATA: 0,
+    FIND_COORDINATOR: 0,
+    DESCRIBE_CLUSTER: 0,
+    SHARE_FETCH: 0,
+    SHARE_ACKNOWLEDGE: 0,
+}
+REWRITTEN_APIS = frozenset(_MIN_VERSION)
+"""APIs whose responses may carry broker addresses (at some versions)."""
+
+_I32 = struct.Struct(">i")
+
+Resolver = Callable[[int, str, int], tuple[str, int] | None]
+"""(node_id, upstream host, upstream port) -> (advertised host, advertised port), or None to keep."""
+
+
+def needs_rewrite(api_key: int, api_version: int) -> bool:
+    minimum = _MIN_VERSION.get(api_key)
+    return minimum is not None and api_version >= minimum
+
+
+def _is_endpoint(cls: type) -> bool:
+    names = {f.name for f in fields(cls)}
+    return {"host", "port"} <= names and bool(names & {"node_id", "broker_id"})
+
+
+class _EndpointHook:
+    __slots__ = ("resolve",)
+
+    def __init__(self, resolve: Resolver) -> None:
+        self.resolve = resolve
+
+    def wants(self, cls: type) -> bool:
+        return _is_endpoint(cls)
+
+    def __call__(
+        self, cls: type, buf: bytes, spans: dict[str, walk.Span], start: int, end: int
+    ) -> bytes | None:
+        flexible = bool(cls.__flexible__)  # type: ignore[attr-defined]
+        node_id = walk.read_i32(buf, spans.get("node_id") or spans["broker_id"])
+        if node_id < 0:
+            return None
+        host = walk.decode_string(buf, spans["host"], flexible) or ""
+        port = walk.read_i32(buf, spans["port"])
+        advertised = self.resolve(node_id, host, port)
+        if advertised is None or advertised == (host, port):
+            return None
+        new_host, new_port = advertised
+        h0, h1 = spans["host"]
+        p0, p1 = spans["port"]
+        if not h1 <= p0:  # every Kafka schema lists host before port
+            raise DecodeError(f"{cls.__name__}: port precedes host")
+        return b"".join(
+            (
+                buf[start:h0],
+                walk.encode_string(new_host, flexible),
+                buf[h1:p0],
+                _I32.pack(new_port),
+                buf[p1:end],
+            )
+        )
+
+
+def rewrite_response(api_key: int, api_version: int, frame: bytes, resolve: Resolver) -> bytes:
+    """Rewrite the broker endpoints in a response frame (header + body).
+
+    Returns ``frame`` itself when the API/version carries no endpoints or none
+    changed.  Raises DecodeError (a ProtocolError) on a malformed response.
+    """
+    if not needs_rewrite(api_key, api_version):
+        return frame
+    schema = codec.response_schema(api_key, api_version)
+    hv = codec.response_header_version(api_key, api_version)
+    if schema is None or hv is None:
+        raise DecodeError(f"cannot rewrite api_key={api_key} v{api_version}: unknown schema")
+    offset = codec.response_body_offset(frame, hv)
+    return walk.rewrite(schema, frame, offset, _EndpointHook(resolve))
+
+
+def collect_endpoints(api_key: int, api_version: int, frame: bytes) -> dict[int, tuple[str, int]]:
+    """The (upstream) endpoints a response announces, by node id; nothing is changed."""
+    found: dict[int, tuple[str, int]] = {}
+
+    def record(node_id: int, host: str, port: int) -> tuple[str, int] | None:
+        found[node_id] = (host, port)
+        return None
+
+    rewrite_response(api_key, api_version, frame, record)
+    return found
