@@ -1,0 +1,636 @@
+"""Fetch (v4+) for one dev-cluster node, as Apache Kafka's broker answers it.
+
+Sans-I/O.  The trio edge calls :meth:`NodeFetcher.begin` with a decoded kio
+FetchRequest, then :meth:`PendingFetch.poll` when the request arrives and each
+time cluster state changes (a produce), and :meth:`PendingFetch.complete` once
+poll returned True or ``max_wait_ms`` has passed.  The three steps follow
+Kafka's broker:
+
+- ``begin`` is ``KafkaApis.handleFetchRequest`` up to the read: the request's
+  partitions are resolved (names for < v13, topic ids for v13+), the session
+  context is made (``FetchManager.newContext``: session table, epoch checks,
+  session update, see :mod:`proxy.sessions.broker`), and partitions that are
+  unknown are set aside with UNKNOWN_TOPIC_ID / UNKNOWN_TOPIC_OR_PARTITION.
+- ``poll`` is ``ReplicaManager.fetchMessages`` (first call: read the logs and
+  answer at once when max_wait <= 0, nothing is readable, min_bytes are
+  available, a partition has an error or a diverging epoch) and then
+  ``DelayedFetch.tryComplete`` (later calls: bytes available per partition,
+  capped by its max_bytes, against min_bytes; leadership / epoch changes).
+- ``complete`` re-reads the logs if the fetch waited
+  (``DelayedFetch.onComplete``), lets the session context pick the partitions
+  to send (``updateAndGenerateResponseData``) and builds the response.
+
+Reads (``ReplicaManager.readFromLog``) go through the partitions in request
+order (full fetch) or session order (incremental fetch), with the request's
+max_bytes (capped at the broker's fetch.max.bytes) shrinking by what each
+partition returned.  KIP-74: until a partition has returned data, the first
+batch is returned whole even if larger than the limits (minOneMessage); after
+that reads are byte-limited and may end in a partial trailing batch, but a
+partition whose first batch does not fit returns nothing (Kafka replaces an
+incomplete first entry with an empty record set for v3+).
+"""
+
+from __future__ import annotations
+
+import importlib
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from types import ModuleType
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from ..protocol import records
+from ..sessions.broker import (
+    FetchContext,
+    FetchSessionCache,
+    PartitionOutcome,
+    PartitionRequest,
+    TopicIdPartition,
+)
+from .log import OffsetOutOfRange
+from .state import ClusterState, PartitionState
+
+DEFAULT_FETCH_MAX_BYTES = 55 * 1024 * 1024  # broker fetch.max.bytes
+CONSUMER_REPLICA_ID = -1
+FUTURE_LOCAL_REPLICA_ID = -3
+
+NONE = 0
+UNKNOWN_SERVER_ERROR = -1
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 75
+UNKNOWN_TOPIC_ID = 100
+INCONSISTENT_TOPIC_ID = 103
+
+# Isolation (Kafka's FetchIsolation).
+LOG_END = 0
+HIGH_WATERMARK = 1
+TXN_COMMITTED = 2
+
+_ONE_MS = timedelta(milliseconds=1)
+
+
+def _schema(version: int) -> ModuleType:
+    return importlib.import_module(f"kio.schema.fetch.v{version}.response")
+
+
+def _make(cls: Any, **fields: Any) -> Any:
+    """Build a kio entity from the fields this version has (others are dropped)."""
+    names = cls.__dataclass_fields__
+    return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+@dataclass(slots=True)
+class PartitionResult:
+    """One partition of the response before it becomes a kio PartitionData."""
+
+    error: int
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    records: bytes | None = None
+    """None: the records field is null (partitions Kafka rejects before reading)."""
+    aborted_transactions: tuple[Any, ...] | None = None
+    diverging_epoch: tuple[int, int] | None = None
+    """(epoch, end_offset) when the fetch offset diverges from this log (KIP-320/595)."""
+    current_leader: tuple[int, int] = (-1, -1)
+
+    @property
+    def records_size(self) -> int:
+        return 0 if self.records is None else len(self.records)
+
+    def outcome(self) -> PartitionOutcome:
+        return PartitionOutcome(
+            error_code=self.error,
+            high_watermark=self.high_watermark,
+            log_start_offset=self.log_start_offset,
+            records_size=self.records_size,
+            diverging_epoch=-1 if self.diverging_epoch is None else self.diverging_epoch[0],
+        )
+
+
+def _error_result(error: int, *, records: bytes | None = b"") -> PartitionResult:
+    # A read that failed reports unknown offsets and an empty (not null) record set.
+    return PartitionResult(error, records=records)
+
+
+def _partition_outcome(result: PartitionResult) -> PartitionOutcome:
+    return result.outcome()
+
+
+def _epoch_entries(part: PartitionState) -> list[tuple[int, int]]:
+    """The leader epoch cache (epoch, start offset), rebuilt from the batch headers.
+
+    Like Kafka's LeaderEpochFileCache: an epoch is recorded when the first
+    batch written in it is appended, the current leader epoch starts at the
+    log end offset if nothing was written in it yet, and entries below the log
+    start offset are folded into one starting at the log start offset.
+    """
+    log = part.log
+    entries: list[tuple[int, int]] = []
+    for h in records.iter_batches(log.data):
+        if not entries or h.partition_leader_epoch > entries[-1][0]:
+            entries.append((h.partition_leader_epoch, h.base_offset))
+    if not entries or part.leader_epoch > entries[-1][0]:
+        entries.append((part.leader_epoch, log.log_end_offset))
+    below = [i for i, (_e, start) in enumerate(entries) if start < log.log_start_offset]
+    if below:
+        last = below[-1]
+        entries = [(entries[last][0], log.log_start_offset), *entries[last + 1 :]]
+    return entries
+
+
+def end_offset_for_epoch(part: PartitionState, epoch: int) -> tuple[int, int] | None:
+    """(epoch, end offset) for a requested leader epoch, or None when undefined."""
+    entries = _epoch_entries(part)
+    if epoch < 0:
+        return None
+    if entries[-1][0] == epoch:
+        return (epoch, part.log.log_end_offset)
+    higher = next((e for e in entries if e[0] > epoch), None)
+    if higher is None:
+        return None
+    floor = [e for e in entries if e[0] <= epoch]
+    if not floor:
+        return (epoch, higher[1])
+    return (floor[-1][0], higher[1])
+
+
+@dataclass(frozen=True, slots=True)
+class _Params:
+    version: int
+    replica_id: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    isolation: int
+
+    @property
+    def is_from_follower(self) -> bool:
+        return self.replica_id >= 0
+
+
+class NodeFetcher:
+    """Answers Fetch requests for one node of the dev cluster."""
+
+    def __init__(
+        self,
+        node_id: int,
+        state: ClusterState,
+        sessions: FetchSessionCache,
+        endpoints: Callable[[], Mapping[int, tuple[str, int]]] | None = None,
+        *,
+        fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+    ) -> None:
+        self.node_id = node_id
+        self.state = state
+        self.sessions = sessions
+        self.endpoints = endpoints
+        self.fetch_max_bytes = fetch_max_bytes
+
+    def begin(self, request: Any, api_version: int) -> PendingFetch:
+        version = int(api_version)
+        topic_names: dict[uuid.UUID, str] = {}
+        if version >= 13:
+            topic_names = {tid: t.name for tid, t in self.state.topics_by_id.items()}
+        fetch_data: dict[TopicIdPartition, PartitionRequest] = {}
+        for topic in request.topics:
+            if version >= 13:
+                tid = topic.topic_id
+                name = topic_names.get(tid) if tid is not None else None
+            else:
+                tid, name = None, topic.topic
+            for p in topic.partitions:
+                fetch_data[TopicIdPartition(tid, name, int(p.partition))] = PartitionRequest(
+                    fetch_offset=int(p.fetch_offset),
+                    max_bytes=int(p.partition_max_bytes),
+                    log_start_offset=int(getattr(p, "log_start_offset", -1)),
+                    current_leader_epoch=_optional_epoch(getattr(p, "current_leader_epoch", -1)),
+                    last_fetched_epoch=_optional_epoch(getattr(p, "last_fetched_epoch", -1)),
+                )
+        to_forget: list[TopicIdPartition] = []
+        for forgotten in getattr(request, "forgotten_topics_data", ()):
+            if version >= 13:
+                tid = forgotten.topic_id
+                name = topic_names.get(tid) if tid is not None else None
+            else:
+                tid, name = None, forgotten.topic
+            to_forget.extend(TopicIdPartition(tid, name, int(i)) for i in forgotten.partitions)
+
+        if version >= 15:
+            replica_id = int(request.replica_state.replica_id)
+        else:
+            replica_id = int(getattr(request, "replica_id", CONSUMER_REPLICA_ID))
+        context = self.sessions.new_context(
+            version,
+            int(getattr(request, "session_id", 0)),
+            int(getattr(request, "session_epoch", -1)),
+            replica_id >= 0,
+            fetch_data,
+            to_forget,
+            topic_names,
+        )
+
+        erroneous: list[tuple[TopicIdPartition, PartitionResult]] = []
+        interesting: list[tuple[TopicIdPartition, PartitionRequest]] = []
+        for tp, req in context.partitions():
+            if tp.topic is None:
+                erroneous.append((tp, _error_result(UNKNOWN_TOPIC_ID, records=None)))
+            elif self.state.partition(tp.topic, tp.partition) is None:
+                erroneous.append((tp, _error_result(UNKNOWN_TOPIC_OR_PARTITION, records=None)))
+            else:
+                interesting.append((tp, req))
+
+        max_wait_ms = request.max_wait // _ONE_MS
+        fetch_max_bytes = min(int(request.max_bytes), self.fetch_max_bytes)
+        min_bytes = min(int(request.min_bytes), fetch_max_bytes)
+        isolation_level = int(request.isolation_level)
+        invalid_isolation = isolation_level not in (0, 1)
+        if replica_id >= 0 or replica_id == FUTURE_LOCAL_REPLICA_ID:
+            isolation = LOG_END
+        elif isolation_level == 1:
+            isolation = TXN_COMMITTED
+        else:
+            isolation = HIGH_WATERMARK
+        params = _Params(version, replica_id, max_wait_ms, min_bytes, fetch_max_bytes, isolation)
+        return PendingFetch(
+            self,
+            request,
+            params,
+            context,
+            interesting,
+            erroneous,
+            # Kafka parses the isolation level only when it is about to read, and
+            # fails the whole request (UNKNOWN_SERVER_ERROR) when it is invalid.
+            request_error=UNKNOWN_SERVER_ERROR if invalid_isolation and interesting else None,
+        )
+
+    # -- reading (ReplicaManager.readFromLog) ---------------------------------
+
+    def _hosted(self, tp: TopicIdPartition) -> tuple[PartitionState | None, int]:
+        """getPartitionOrException: the partition if this node leads it, else an error."""
+        assert tp.topic is not None
+        part = self.state.partition(tp.topic, tp.partition)
+        if part is None:
+            return None, UNKNOWN_TOPIC_OR_PARTITION
+        if part.leader != self.node_id:
+            # The topic exists but this node holds no replica (single-replica partitions).
+            return part, NOT_LEADER_OR_FOLLOWER
+        return part, NONE
+
+    def _local_log_error(self, part: PartitionState, req: PartitionRequest, params: _Params) -> int:
+        """Partition.localLogWithEpochOrThrow (+ the follower check of fetchRecords)."""
+        if req.current_leader_epoch is not None:
+            if part.leader_epoch > req.current_leader_epoch:
+                return FENCED_LEADER_EPOCH
+            if part.leader_epoch < req.current_leader_epoch:
+                return UNKNOWN_LEADER_EPOCH
+        if params.is_from_follower:
+            # Partitions have a single replica: no broker is a follower of this one.
+            return (
+                UNKNOWN_LEADER_EPOCH
+                if req.current_leader_epoch is not None
+                else NOT_LEADER_OR_FOLLOWER
+            )
+        return NONE
+
+    def _upper_bound(self, part: PartitionState, isolation: int) -> int:
+        log = part.log
+        if isolation == LOG_END:
+            return log.log_end_offset
+        if isolation == TXN_COMMITTED:
+            return log.last_stable_offset
+        return log.high_watermark
+
+    def read(
+        self,
+        tp: TopicIdPartition,
+        req: PartitionRequest,
+        params: _Params,
+        limit_bytes: int,
+        min_one_message: bool,
+    ) -> PartitionResult:
+        adjusted = min(req.max_bytes, limit_bytes)
+        part, error = self._hosted(tp)
+        if part is None or error != NONE:
+            return _error_result(error)
+        if tp.topic_id is not None and tp.topic_id != part.topic_id:
+            return _error_result(INCONSISTENT_TOPIC_ID)
+        error = self._local_log_error(part, req, params)
+        if error != NONE:
+            return _error_result(error)
+        log = part.log
+        hw, lso, log_start = log.high_watermark, log.last_stable_offset, log.log_start_offset
+        committed = params.isolation == TXN_COMMITTED
+
+        def ok(data: bytes, *, aborted: bool = committed) -> PartitionResult:
+            return PartitionResult(
+                NONE,
+                high_watermark=hw,
+                last_stable_offset=lso,
+                log_start_offset=log_start,
+                records=data,
+                aborted_transactions=() if aborted else None,
+            )
+
+        offset = req.fetch_offset
+        if req.last_fetched_epoch is not None:
+            end = end_offset_for_epoch(part, req.last_fetched_epoch)
+            if end is None or offset < log_start:
+                return _error_result(OFFSET_OUT_OF_RANGE)
+            end_epoch, end_offset = end
+            if end_epoch < req.last_fetched_epoch or end_offset < offset:
+                result = ok(b"", aborted=False)
+                result.diverging_epoch = (end_epoch, end_offset)
+                return result
+        if offset < log_start or offset > log.log_end_offset:
+            return _error_result(OFFSET_OUT_OF_RANGE)
+        bound = self._upper_bound(part, params.isolation)
+        if offset >= bound:
+            return ok(b"")
+        if adjusted < 0:
+            # LogSegment.read refuses a negative size; Kafka reports it as an unexpected error.
+            return _error_result(UNKNOWN_SERVER_ERROR)
+        view = log.read(offset, adjusted, min_one_message=min_one_message, upper_bound=bound)
+        try:
+            data = bytes(view)
+        finally:
+            view.release()  # a live export would stop the log's bytearray from growing
+        if data and not min_one_message and _first_batch_incomplete(data):
+            # ReplicaManager.checkFetchDataInfo: v3+ never return a lone partial first batch.
+            return ok(b"", aborted=False)
+        return ok(data)
+
+    def read_all(
+        self, partitions: list[tuple[TopicIdPartition, PartitionRequest]], params: _Params
+    ) -> list[tuple[TopicIdPartition, PartitionResult]]:
+        limit = params.max_bytes
+        min_one_message = True  # Fetch v3+ (hardMaxBytesLimit is for v0-v2)
+        out = []
+        for tp, req in partitions:
+            result = self.read(tp, req, params, limit, min_one_message)
+            size = result.records_size
+            if size > 0:
+                min_one_message = False
+            limit = max(0, limit - size)
+            out.append((tp, result))
+        return out
+
+    def bytes_available(
+        self, tp: TopicIdPartition, req: PartitionRequest, params: _Params
+    ) -> int | None:
+        """DelayedFetch.tryComplete for one partition: bytes it could return, or None to complete now."""
+        part, error = self._hosted(tp)
+        if part is None or error != NONE:
+            return None  # cases A-C: no longer leader / unknown partition
+        if self._local_log_error(part, req, params) != NONE:
+            return None  # case E: epoch fenced (or otherwise refused)
+        end = self._upper_bound(part, params.isolation)
+        offset = req.fetch_offset
+        if offset > end:
+            return None  # case F: the log was truncated below the fetch offset
+        available = 0
+        if offset < end:
+            if req.max_bytes < 0:
+                available = req.max_bytes
+            else:
+                try:
+                    view = part.log.read(
+                        offset, req.max_bytes, min_one_message=False, upper_bound=end
+                    )
+                except OffsetOutOfRange:
+                    return None
+                available = len(view)
+                view.release()
+        if req.last_fetched_epoch is not None:  # case H: diverging epoch appeared
+            found = end_offset_for_epoch(part, req.last_fetched_epoch)
+            if found is None or found[0] < req.last_fetched_epoch or found[1] < offset:
+                return None
+        return available
+
+    def current_leader(
+        self, tp: TopicIdPartition
+    ) -> tuple[tuple[int, int], tuple[int, str, int] | None]:
+        """KafkaApis.getCurrentLeader: ((leader id, epoch), endpoint of the leader if alive)."""
+        part = self.state.partition(tp.topic, tp.partition) if tp.topic is not None else None
+        if part is None:
+            return (-1, -1), None
+        leader = part.leader
+        endpoint = None
+        if leader >= 0 and leader not in self.state.stopped_nodes:
+            addresses = self._endpoint_map()
+            if leader in addresses:
+                host, port = addresses[leader]
+                endpoint = (leader, host, port)
+        return (leader, part.leader_epoch), endpoint
+
+    def _endpoint_map(self) -> Mapping[int, tuple[str, int]]:
+        if self.endpoints is not None:
+            return self.endpoints()
+        addresses = getattr(self.state, "addresses", None)
+        return addresses if isinstance(addresses, Mapping) else {}
+
+
+def _optional_epoch(value: int) -> int | None:
+    return None if int(value) < 0 else int(value)
+
+
+def _first_batch_incomplete(data: bytes) -> bool:
+    if len(data) < records.LOG_OVERHEAD:
+        return True
+    return len(data) < records.LOG_OVERHEAD + int.from_bytes(data[8:12], "big", signed=True)
+
+
+class PendingFetch:
+    """One Fetch request between arrival and response."""
+
+    def __init__(
+        self,
+        fetcher: NodeFetcher,
+        request: Any,
+        params: _Params,
+        context: FetchContext,
+        interesting: list[tuple[TopicIdPartition, PartitionRequest]],
+        erroneous: list[tuple[TopicIdPartition, PartitionResult]],
+        request_error: int | None = None,
+    ) -> None:
+        self._fetcher = fetcher
+        self._request = request
+        self._params = params
+        self.context = context
+        self._interesting = interesting
+        self._erroneous = erroneous
+        self._request_error = request_error
+        self.max_wait_ms = params.max_wait_ms
+        self.min_bytes = params.min_bytes
+        self._results: list[tuple[TopicIdPartition, PartitionResult]] | None = None
+        self._polled = False
+        self._ready = False
+        self._completed = False
+
+    def poll(self) -> bool:
+        """(Re)check the logs; True when the fetch should be answered now."""
+        if self._ready:
+            return True
+        if not self._polled:
+            self._polled = True
+            self._ready = self._first_read()
+        else:
+            self._ready = self._try_complete()
+        return self._ready
+
+    def _first_read(self) -> bool:
+        if self._request_error is not None or not self._interesting:
+            return True
+        results = self._fetcher.read_all(self._interesting, self._params)
+        readable = sum(r.records_size for _tp, r in results)
+        if (
+            self._params.max_wait_ms <= 0
+            or readable >= self._params.min_bytes
+            or any(r.error != NONE or r.diverging_epoch is not None for _tp, r in results)
+        ):
+            self._results = results
+            return True
+        return False
+
+    def _try_complete(self) -> bool:
+        accumulated = 0
+        for tp, req in self._interesting:
+            available = self._fetcher.bytes_available(tp, req, self._params)
+            if available is None:
+                return True
+            accumulated += available
+        return accumulated >= self._params.min_bytes
+
+    def complete(self) -> Any:
+        """The kio FetchResponse at the request's version; call exactly once."""
+        if self._completed:
+            raise RuntimeError("PendingFetch.complete() called twice")
+        self._completed = True
+        if self._request_error is not None:
+            return self._error_response(self._request_error)
+        if self._results is None:
+            # Answering after a wait (or without a poll): read again, as DelayedFetch.onComplete does.
+            self._results = (
+                self._fetcher.read_all(self._interesting, self._params) if self._interesting else []
+            )
+        partitions: dict[TopicIdPartition, PartitionResult] = {}
+        for tp, result in self._results:
+            partitions[tp] = result
+        for tp, result in self._erroneous:
+            partitions[tp] = result
+        endpoints: dict[int, tuple[str, int]] = {}
+        if self._params.version >= 16:
+            for tp, result in partitions.items():
+                if result.error in (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH):
+                    leader, endpoint = self._fetcher.current_leader(tp)
+                    result.current_leader = leader
+                    if endpoint is not None:
+                        endpoints[endpoint[0]] = (endpoint[1], endpoint[2])
+        session = self.context.update_and_generate_response_data(partitions, _partition_outcome)
+        return self._build(session.error_code, session.session_id, session.partitions, endpoints)
+
+    def _build(
+        self,
+        error_code: int,
+        session_id: int,
+        partitions: list[tuple[TopicIdPartition, PartitionResult]],
+        endpoints: Mapping[int, tuple[str, int]],
+    ) -> Any:
+        version = self._params.version
+        schema = _schema(version)
+        topics: list[tuple[TopicIdPartition, list[Any]]] = []
+        for tp, r in partitions:
+            fields: dict[str, Any] = {
+                "partition_index": tp.partition,
+                "error_code": ErrorCode(r.error),
+                "high_watermark": r.high_watermark,
+                "last_stable_offset": r.last_stable_offset,
+                "log_start_offset": r.log_start_offset,
+                "aborted_transactions": r.aborted_transactions,
+                "preferred_read_replica": -1,
+                "records": r.records,
+            }
+            if version >= 12:
+                epoch, end_offset = r.diverging_epoch or (-1, -1)
+                fields["diverging_epoch"] = schema.EpochEndOffset(
+                    epoch=epoch, end_offset=end_offset
+                )
+                leader_id, leader_epoch = r.current_leader
+                fields["current_leader"] = schema.LeaderIdAndEpoch(
+                    leader_id=leader_id, leader_epoch=leader_epoch
+                )
+            pd = _make(schema.PartitionData, **fields)
+            if topics and _same_topic(topics[-1][0], tp):
+                topics[-1][1].append(pd)
+            else:
+                topics.append((tp, [pd]))
+        responses = tuple(
+            _make(
+                schema.FetchableTopicResponse,
+                topic=tp.topic,
+                topic_id=tp.topic_id,
+                partitions=tuple(pds),
+            )
+            for tp, pds in topics
+        )
+        node_endpoints = (
+            tuple(
+                schema.NodeEndpoint(node_id=node, host=host, port=port, rack=None)
+                for node, (host, port) in sorted(endpoints.items())
+            )
+            if version >= 16
+            else ()
+        )
+        return _make(
+            schema.FetchResponse,
+            throttle_time=timedelta(0),
+            error_code=ErrorCode(error_code),
+            session_id=session_id,
+            responses=responses,
+            node_endpoints=node_endpoints,
+        )
+
+    def _error_response(self, error: int) -> Any:
+        """FetchRequest.getErrorResponse: top-level error; < v13 also every requested partition."""
+        version = self._params.version
+        schema = _schema(version)
+        responses: tuple[Any, ...] = ()
+        if version < 13:
+            responses = tuple(
+                _make(
+                    schema.FetchableTopicResponse,
+                    topic=t.topic,
+                    partitions=tuple(
+                        _make(
+                            schema.PartitionData,
+                            partition_index=p.partition,
+                            error_code=ErrorCode(error),
+                            high_watermark=-1,
+                            aborted_transactions=None,
+                            records=None,
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in self._request.topics
+            )
+        return _make(
+            schema.FetchResponse,
+            throttle_time=timedelta(0),
+            error_code=ErrorCode(error),
+            session_id=int(getattr(self._request, "session_id", 0)),
+            responses=responses,
+        )
+
+
+def _same_topic(a: TopicIdPartition, b: TopicIdPartition) -> bool:
+    # FetchResponse.toMessage groups consecutive partitions of one topic (by id when there is one).
+    if a.topic_id is not None:
+        return a.topic_id == b.topic_id
+    return a.topic == b.topic

@@ -1,0 +1,1 @@
+"""KIP-227 incremental fetch sessions (broker side in ``broker.py``)."""

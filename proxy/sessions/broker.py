@@ -1,0 +1,675 @@
+"""The broker side of KIP-227 incremental fetch sessions, sans-I/O.
+
+Modelled on Apache Kafka's ``FetchSession.scala`` (``CachedPartition``,
+``FetchSession``, the four ``FetchContext`` kinds, ``FetchSessionCacheShard``
+and ``FetchManager.newContext``).  Nothing here knows about logs, sockets or
+kio: partitions are keyed by :class:`TopicIdPartition`, request parameters are
+:class:`PartitionRequest`, and a response partition of any type ``T`` is
+described to the session logic through a :class:`PartitionOutcome` extracted by
+a caller-supplied function.  The dev broker uses it with its own read results;
+the proxy can reuse it toward clients that open sessions with kio
+``PartitionData`` (see :func:`outcome_of_kio_partition`).
+
+The (session_id, epoch) table of KIP-227, as ``new_context`` applies it:
+
+    session_id  epoch   meaning
+    0           -1      sessionless full fetch (no session created)
+    0           0       full fetch, create a session
+    id          0       close session id, full fetch, create a new session
+    id          -1      close session id, sessionless full fetch
+    id          N>0     incremental fetch in session id at epoch N
+    (other: no session with that id -> FETCH_SESSION_ID_NOT_FOUND;
+            epoch != the session's -> INVALID_FETCH_SESSION_EPOCH;
+            topic-id use differs from the session's -> FETCH_SESSION_TOPIC_ID_ERROR)
+
+The cache is a single shard.  Kafka 3.9+ splits the cache into shards
+(KAFKA-9401) to cut lock contention between request handler threads; eviction
+then runs per shard.  With one event loop a single shard suffices, and it
+behaves exactly like one of Kafka's shards (and like the cache before sharding).
+
+Eviction follows ``FetchSessionCacheShard.tryEvict``: when the cache is full, a
+new session may evict (1) the least recently used session if it has been idle
+for more than ``eviction_ms``; otherwise (2) the lowest-valued evictable
+session, ordered by (privileged, size, id), if the new session's key
+(privileged, size, 0) is not lower.  Sessions become evictable only once they
+are older than ``eviction_ms``, except that unprivileged (consumer) sessions
+are always evictable by privileged (follower) ones.  The comparison scans at
+most ``max_slots`` sessions and runs only when the cache is full.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+INVALID_SESSION_ID = 0
+INITIAL_EPOCH = 0
+FINAL_EPOCH = -1
+_INT32_MAX = 2**31 - 1
+
+NONE = 0
+FETCH_SESSION_ID_NOT_FOUND = 70
+INVALID_FETCH_SESSION_EPOCH = 71
+FETCH_SESSION_TOPIC_ID_ERROR = 106
+
+DEFAULT_MAX_SLOTS = 1000  # max.incremental.fetch.session.cache.slots
+DEFAULT_EVICTION_MS = 120_000  # Kafka's fixed minimum idle time before eviction
+
+T = TypeVar("T")
+SessionKey = tuple[uuid.UUID | str | None, int]
+
+
+def next_epoch(prev_epoch: int) -> int:
+    """The epoch after *prev_epoch*: FINAL stays FINAL, 2^31-1 wraps to 1 (never 0)."""
+    if prev_epoch < 0:
+        return FINAL_EPOCH
+    if prev_epoch == _INT32_MAX:
+        return 1
+    return prev_epoch + 1
+
+
+def is_full(epoch: int) -> bool:
+    """A request with epoch 0 or -1 is a full fetch request."""
+    return epoch in (INITIAL_EPOCH, FINAL_EPOCH)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicIdPartition:
+    """A partition as a fetch request names it.
+
+    ``topic_id`` is None for requests before v13 (Kafka's zero UUID, as kio
+    decodes it); ``topic`` is None when a v13+ topic id did not resolve.
+    Equality compares all three fields, like Kafka's ``TopicIdPartition``.
+    """
+
+    topic_id: uuid.UUID | None
+    topic: str | None
+    partition: int
+
+    @property
+    def session_key(self) -> SessionKey:
+        """Identity inside a session: the id when there is one, else the name (CachedPartition.equals)."""
+        if self.topic_id is not None:
+            return (self.topic_id, self.partition)
+        return (self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRequest:
+    """One partition's fetch parameters (Kafka's ``FetchRequest.PartitionData``)."""
+
+    fetch_offset: int
+    max_bytes: int
+    log_start_offset: int = -1
+    current_leader_epoch: int | None = None
+    last_fetched_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOutcome:
+    """What the session logic must know about one partition of a response."""
+
+    error_code: int
+    high_watermark: int
+    log_start_offset: int
+    records_size: int
+    preferred_read_replica: int = -1
+    diverging_epoch: int = -1
+    """Epoch of the response's DivergingEpoch; -1 (or less) when there is none."""
+
+
+def outcome_of_kio_partition(data: Any) -> PartitionOutcome:
+    """PartitionOutcome of a kio ``FetchResponse`` PartitionData of any version."""
+    recs = data.records
+    diverging = getattr(data, "diverging_epoch", None)
+    return PartitionOutcome(
+        error_code=int(data.error_code),
+        high_watermark=int(data.high_watermark),
+        log_start_offset=int(getattr(data, "log_start_offset", -1)),
+        records_size=0 if recs is None else len(recs),
+        preferred_read_replica=int(getattr(data, "preferred_read_replica", -1)),
+        diverging_epoch=-1 if diverging is None else int(diverging.epoch),
+    )
+
+
+class CachedPartition:
+    """A partition of a session: its last request parameters and last sent HW / log start."""
+
+    __slots__ = (
+        "fetch_offset",
+        "fetcher_log_start_offset",
+        "high_watermark",
+        "last_fetched_epoch",
+        "leader_epoch",
+        "local_log_start_offset",
+        "max_bytes",
+        "partition",
+        "topic",
+        "topic_id",
+    )
+
+    def __init__(
+        self,
+        tp: TopicIdPartition,
+        req: PartitionRequest,
+        high_watermark: int = -1,
+        local_log_start_offset: int = -1,
+    ) -> None:
+        self.topic = tp.topic
+        self.topic_id = tp.topic_id
+        self.partition = tp.partition
+        self.max_bytes = req.max_bytes
+        self.fetch_offset = req.fetch_offset
+        self.high_watermark = high_watermark
+        self.leader_epoch = req.current_leader_epoch
+        self.fetcher_log_start_offset = req.log_start_offset
+        self.local_log_start_offset = local_log_start_offset
+        self.last_fetched_epoch = req.last_fetched_epoch
+
+    @property
+    def key(self) -> SessionKey:
+        return self.topic_id_partition.session_key
+
+    @property
+    def topic_id_partition(self) -> TopicIdPartition:
+        return TopicIdPartition(self.topic_id, self.topic, self.partition)
+
+    def request(self) -> PartitionRequest:
+        return PartitionRequest(
+            fetch_offset=self.fetch_offset,
+            max_bytes=self.max_bytes,
+            log_start_offset=self.fetcher_log_start_offset,
+            current_leader_epoch=self.leader_epoch,
+            last_fetched_epoch=self.last_fetched_epoch,
+        )
+
+    def update_request_params(self, req: PartitionRequest) -> None:
+        self.max_bytes = req.max_bytes
+        self.fetch_offset = req.fetch_offset
+        self.fetcher_log_start_offset = req.log_start_offset
+        self.leader_epoch = req.current_leader_epoch
+        self.last_fetched_epoch = req.last_fetched_epoch
+
+    def maybe_resolve_unknown_name(self, topic_names: Mapping[uuid.UUID, str]) -> None:
+        if self.topic is None and self.topic_id is not None:
+            self.topic = topic_names.get(self.topic_id)
+
+    def maybe_update_response_data(self, outcome: PartitionOutcome, update: bool) -> bool:
+        """True if an incremental response must carry this partition; optionally remember what was sent.
+
+        Included: records, a changed high watermark or log start offset, a
+        preferred read replica, an error (which also resets the cached high
+        watermark so the partition is re-sent when the error clears), or a
+        diverging epoch.
+        """
+        must_respond = outcome.records_size > 0
+        if self.high_watermark != outcome.high_watermark:
+            must_respond = True
+            if update:
+                self.high_watermark = outcome.high_watermark
+        if self.local_log_start_offset != outcome.log_start_offset:
+            must_respond = True
+            if update:
+                self.local_log_start_offset = outcome.log_start_offset
+        if outcome.preferred_read_replica != -1:
+            must_respond = True
+        if outcome.error_code != NONE:
+            if update:
+                self.high_watermark = -1
+            must_respond = True
+        if outcome.diverging_epoch >= 0:
+            must_respond = True
+        return must_respond
+
+    def __repr__(self) -> str:
+        return (
+            f"CachedPartition(topic={self.topic!r}, topic_id={self.topic_id}, "
+            f"partition={self.partition}, fetch_offset={self.fetch_offset}, "
+            f"max_bytes={self.max_bytes}, high_watermark={self.high_watermark}, "
+            f"local_log_start_offset={self.local_log_start_offset})"
+        )
+
+
+class FetchSession:
+    """One cached session; ``partitions`` keeps the session order (insertion order)."""
+
+    __slots__ = (
+        "cached_size",
+        "creation_ms",
+        "epoch",
+        "id",
+        "last_used_ms",
+        "partitions",
+        "privileged",
+        "uses_topic_ids",
+    )
+
+    def __init__(
+        self,
+        session_id: int,
+        privileged: bool,
+        partitions: dict[SessionKey, CachedPartition],
+        uses_topic_ids: bool,
+        creation_ms: int,
+        last_used_ms: int,
+        epoch: int,
+    ) -> None:
+        self.id = session_id
+        self.privileged = privileged
+        self.partitions = partitions
+        self.uses_topic_ids = uses_topic_ids
+        self.creation_ms = creation_ms
+        self.last_used_ms = last_used_ms
+        self.epoch = epoch
+        self.cached_size = -1
+        """Size when last touched by the cache; -1 while not in a cache."""
+
+    @property
+    def size(self) -> int:
+        return len(self.partitions)
+
+    def is_empty(self) -> bool:
+        return not self.partitions
+
+    @property
+    def last_used_key(self) -> tuple[int, int]:
+        return (self.last_used_ms, self.id)
+
+    @property
+    def evictable_key(self) -> tuple[bool, int, int]:
+        return (self.privileged, self.cached_size, self.id)
+
+    def find(self, tp: TopicIdPartition) -> CachedPartition | None:
+        return self.partitions.get(tp.session_key)
+
+    def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
+        cp = self.find(tp)
+        return None if cp is None else cp.fetch_offset
+
+    def move_to_end(self, cp: CachedPartition) -> None:
+        key = cp.key
+        del self.partitions[key]
+        self.partitions[key] = cp
+
+    def update(
+        self,
+        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        to_forget: Iterable[TopicIdPartition],
+    ) -> tuple[list[TopicIdPartition], list[TopicIdPartition], list[TopicIdPartition]]:
+        """Apply an incremental request: returns (added, updated, removed).
+
+        New partitions go to the end of the session order; updated ones keep
+        their place.  Forgotten partitions are removed after the additions.
+        """
+        added: list[TopicIdPartition] = []
+        updated: list[TopicIdPartition] = []
+        removed: list[TopicIdPartition] = []
+        for tp, req in fetch_data.items():
+            cp = self.partitions.get(tp.session_key)
+            if cp is None:
+                self.partitions[tp.session_key] = CachedPartition(tp, req)
+                added.append(tp)
+            else:
+                cp.update_request_params(req)
+                updated.append(tp)
+        for tp in to_forget:
+            if self.partitions.pop(tp.session_key, None) is not None:
+                removed.append(tp)
+        return added, updated, removed
+
+    def __repr__(self) -> str:
+        return (
+            f"FetchSession(id={self.id}, privileged={self.privileged}, "
+            f"partitions={len(self.partitions)}, uses_topic_ids={self.uses_topic_ids}, "
+            f"creation_ms={self.creation_ms}, last_used_ms={self.last_used_ms}, epoch={self.epoch})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionResponse(Generic[T]):
+    """The session-level outcome of a fetch: what to put in the FetchResponse."""
+
+    error_code: int
+    session_id: int
+    partitions: list[tuple[TopicIdPartition, T]]
+    """The partitions to send, in response order (already pruned for incremental fetches)."""
+
+
+class FetchContext(ABC):
+    """How one fetch request relates to the session cache (Kafka's FetchContext)."""
+
+    @abstractmethod
+    def get_fetch_offset(self, tp: TopicIdPartition) -> int | None: ...
+
+    @abstractmethod
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+        """The partitions to read, in order (foreachPartition)."""
+
+    @abstractmethod
+    def update_and_generate_response_data(
+        self,
+        updates: Mapping[TopicIdPartition, T],
+        outcome: Callable[[T], PartitionOutcome],
+    ) -> SessionResponse[T]:
+        """Update the session with what was read and select the partitions to send."""
+
+    def throttled_response(self) -> SessionResponse[Any]:
+        """The empty response sent instead when the fetch is throttled (the session is left alone)."""
+        return SessionResponse(NONE, INVALID_SESSION_ID, [])
+
+
+class SessionErrorContext(FetchContext):
+    """The request had a session error: no partitions are read, the error is top-level."""
+
+    def __init__(self, error_code: int, session_id: int, epoch: int) -> None:
+        self.error_code = error_code
+        self.session_id = session_id
+        self.epoch = epoch
+
+    def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
+        return None
+
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+        return []
+
+    def update_and_generate_response_data(
+        self,
+        updates: Mapping[TopicIdPartition, T],
+        outcome: Callable[[T], PartitionOutcome],
+    ) -> SessionResponse[T]:
+        return SessionResponse(self.error_code, INVALID_SESSION_ID, [])
+
+
+class SessionlessFetchContext(FetchContext):
+    """A full fetch that neither uses nor creates a session."""
+
+    def __init__(self, fetch_data: Mapping[TopicIdPartition, PartitionRequest]) -> None:
+        self.fetch_data = fetch_data
+
+    def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
+        req = self.fetch_data.get(tp)
+        return None if req is None else req.fetch_offset
+
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+        return list(self.fetch_data.items())
+
+    def update_and_generate_response_data(
+        self,
+        updates: Mapping[TopicIdPartition, T],
+        outcome: Callable[[T], PartitionOutcome],
+    ) -> SessionResponse[T]:
+        return SessionResponse(NONE, INVALID_SESSION_ID, list(updates.items()))
+
+
+class FullFetchContext(FetchContext):
+    """A full fetch that tries to create a new session once the response is known."""
+
+    def __init__(
+        self,
+        cache: FetchSessionCache,
+        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        uses_topic_ids: bool,
+        privileged: bool,
+    ) -> None:
+        self.cache = cache
+        self.fetch_data = fetch_data
+        self.uses_topic_ids = uses_topic_ids
+        self.privileged = privileged
+
+    def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
+        req = self.fetch_data.get(tp)
+        return None if req is None else req.fetch_offset
+
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+        return list(self.fetch_data.items())
+
+    def update_and_generate_response_data(
+        self,
+        updates: Mapping[TopicIdPartition, T],
+        outcome: Callable[[T], PartitionOutcome],
+    ) -> SessionResponse[T]:
+        def create_partitions() -> dict[SessionKey, CachedPartition]:
+            # The session order is the response order (which may differ from the request order).
+            cached: dict[SessionKey, CachedPartition] = {}
+            for tp, data in updates.items():
+                req = self.fetch_data.get(tp)
+                if req is None:
+                    raise KeyError(f"response partition {tp} was not requested")
+                o = outcome(data)
+                cached[tp.session_key] = CachedPartition(
+                    tp, req, o.high_watermark, o.log_start_offset
+                )
+            return cached
+
+        session_id = self.cache.maybe_create_session(
+            self.cache.now_ms(),
+            self.privileged,
+            len(updates),
+            self.uses_topic_ids,
+            create_partitions,
+        )
+        return SessionResponse(NONE, session_id, list(updates.items()))
+
+
+class IncrementalFetchContext(FetchContext):
+    """A fetch inside an existing session; the session was updated when this context was made."""
+
+    def __init__(
+        self, session: FetchSession, request_epoch: int, topic_names: Mapping[uuid.UUID, str]
+    ) -> None:
+        self.session = session
+        self.request_epoch = request_epoch
+        self.topic_names = topic_names
+
+    def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
+        return self.session.get_fetch_offset(tp)
+
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+        out = []
+        for cp in self.session.partitions.values():
+            if self.session.uses_topic_ids:
+                cp.maybe_resolve_unknown_name(self.topic_names)
+            out.append((cp.topic_id_partition, cp.request()))
+        return out
+
+    def _epoch_still_ours(self) -> bool:
+        # Another request in this session may have moved the epoch on meanwhile.
+        return self.session.epoch == next_epoch(self.request_epoch)
+
+    def update_and_generate_response_data(
+        self,
+        updates: Mapping[TopicIdPartition, T],
+        outcome: Callable[[T], PartitionOutcome],
+    ) -> SessionResponse[T]:
+        if not self._epoch_still_ours():
+            return SessionResponse(INVALID_FETCH_SESSION_EPOCH, self.session.id, [])
+        selected: list[tuple[TopicIdPartition, T]] = []
+        for tp, data in updates.items():
+            o = outcome(data)
+            cp = self.session.find(tp)
+            if cp is None:  # not in the session (cannot happen for data read from partitions())
+                selected.append((tp, data))
+                continue
+            if cp.maybe_update_response_data(o, update=True):
+                selected.append((tp, data))
+                if o.records_size > 0:
+                    # Partitions that returned data go to the end of the session order,
+                    # so the next fetch starts with the others (fairness).
+                    self.session.move_to_end(cp)
+        return SessionResponse(NONE, self.session.id, selected)
+
+    def throttled_response(self) -> SessionResponse[Any]:
+        if not self._epoch_still_ours():
+            return SessionResponse(INVALID_FETCH_SESSION_EPOCH, self.session.id, [])
+        return SessionResponse(NONE, self.session.id, [])
+
+
+class FetchSessionCache:
+    """A bounded cache of fetch sessions (one Kafka cache shard) plus ``FetchManager.newContext``.
+
+    ``clock`` returns seconds (like ``time.monotonic``); times are kept in ms.
+    Counters a metrics layer can read: ``len(cache)`` (sessions),
+    ``num_partitions`` (partitions cached over all sessions), ``evictions``,
+    ``sessions_created``.
+    """
+
+    def __init__(
+        self,
+        max_slots: int = DEFAULT_MAX_SLOTS,
+        eviction_ms: int = DEFAULT_EVICTION_MS,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_slots < 0:
+            raise ValueError("max_slots must be >= 0")
+        self.max_slots = max_slots
+        self.eviction_ms = eviction_ms
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._sessions: dict[int, FetchSession] = {}
+        self._evictable_by_all: dict[int, FetchSession] = {}
+        self._evictable_by_privileged: dict[int, FetchSession] = {}
+        self.num_partitions = 0
+        self.evictions = 0
+        self.sessions_created = 0
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    def get(self, session_id: int) -> FetchSession | None:
+        return self._sessions.get(session_id)
+
+    def sessions(self) -> list[FetchSession]:
+        return list(self._sessions.values())
+
+    def new_session_id(self) -> int:
+        """A random positive id, unique in this cache (never 0)."""
+        while True:
+            sid = self._rng.randrange(1, _INT32_MAX)
+            if sid not in self._sessions:
+                return sid
+
+    def maybe_create_session(
+        self,
+        now_ms: int,
+        privileged: bool,
+        size: int,
+        uses_topic_ids: bool,
+        create_partitions: Callable[[], dict[SessionKey, CachedPartition]],
+    ) -> int:
+        """Create a session if there is room (possibly by evicting one); its id, or 0."""
+        if len(self._sessions) < self.max_slots or self._try_evict(
+            privileged, (privileged, size, 0), now_ms
+        ):
+            session = FetchSession(
+                self.new_session_id(),
+                privileged,
+                create_partitions(),
+                uses_topic_ids,
+                now_ms,
+                now_ms,
+                next_epoch(INITIAL_EPOCH),
+            )
+            self._sessions[session.id] = session
+            self.sessions_created += 1
+            self.touch(session, now_ms)
+            return session.id
+        return INVALID_SESSION_ID
+
+    def _try_evict(self, privileged: bool, key: tuple[bool, int, int], now_ms: int) -> bool:
+        if not self._sessions:
+            return False
+        lru = min(self._sessions.values(), key=lambda s: s.last_used_key)
+        if now_ms - lru.last_used_ms > self.eviction_ms:
+            self.remove(lru)
+            self.evictions += 1
+            return True
+        candidates = self._evictable_by_privileged if privileged else self._evictable_by_all
+        if not candidates:
+            return False
+        victim = min(candidates.values(), key=lambda s: s.evictable_key)
+        if key < victim.evictable_key:
+            return False
+        self.remove(victim)
+        self.evictions += 1
+        return True
+
+    def remove(self, session: FetchSession | int) -> FetchSession | None:
+        sid = session if isinstance(session, int) else session.id
+        removed = self._sessions.pop(sid, None)
+        self._evictable_by_all.pop(sid, None)
+        self._evictable_by_privileged.pop(sid, None)
+        if removed is not None:
+            self.num_partitions -= removed.cached_size
+            removed.cached_size = -1
+        return removed
+
+    def touch(self, session: FetchSession, now_ms: int) -> None:
+        """Record a use: update last-used time, cached size and evictability."""
+        session.last_used_ms = now_ms
+        if session.cached_size != -1:
+            self.num_partitions -= session.cached_size
+        self._evictable_by_all.pop(session.id, None)
+        self._evictable_by_privileged.pop(session.id, None)
+        session.cached_size = session.size
+        old_enough = now_ms - session.creation_ms > self.eviction_ms
+        if not session.privileged or old_enough:
+            self._evictable_by_privileged[session.id] = session
+        if old_enough:
+            self._evictable_by_all[session.id] = session
+        self.num_partitions += session.cached_size
+
+    def clear(self) -> None:
+        """Fault hook: drop every session (clients then see FETCH_SESSION_ID_NOT_FOUND)."""
+        for session in self._sessions.values():
+            session.cached_size = -1
+        self._sessions.clear()
+        self._evictable_by_all.clear()
+        self._evictable_by_privileged.clear()
+        self.num_partitions = 0
+
+    def new_context(
+        self,
+        request_version: int,
+        session_id: int,
+        epoch: int,
+        is_follower: bool,
+        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        to_forget: Sequence[TopicIdPartition],
+        topic_names: Mapping[uuid.UUID, str],
+    ) -> FetchContext:
+        """FetchManager.newContext: check (session_id, epoch), update the session, pick the context."""
+        if is_full(epoch):
+            if session_id != INVALID_SESSION_ID:
+                # Any session named in a full fetch request is closed.
+                self.remove(session_id)
+            if epoch == FINAL_EPOCH:
+                return SessionlessFetchContext(fetch_data)
+            return FullFetchContext(self, fetch_data, request_version >= 13, is_follower)
+        session = self._sessions.get(session_id)
+        if session is None:
+            return SessionErrorContext(FETCH_SESSION_ID_NOT_FOUND, session_id, epoch)
+        if session.epoch != epoch:
+            return SessionErrorContext(INVALID_FETCH_SESSION_EPOCH, session_id, epoch)
+        if session.uses_topic_ids != (request_version >= 13):
+            return SessionErrorContext(FETCH_SESSION_TOPIC_ID_ERROR, session_id, epoch)
+        session.update(fetch_data, to_forget)
+        if session.is_empty():
+            # Forgetting every partition closes the session; this fetch is sessionless.
+            self.remove(session)
+            return SessionlessFetchContext(fetch_data)
+        self.touch(session, self.now_ms())
+        session.epoch = next_epoch(session.epoch)
+        return IncrementalFetchContext(session, epoch, topic_names)
