@@ -146,7 +146,7 @@ class Client:
         while True:
             event = self.conn.next_event()
             if event is h11.NEED_DATA:
-                self.conn.receive_data(await self.stream.receive_some(65536))
+                self.conn.receive_data(bytes(await self.stream.receive_some(65536)))
             elif isinstance(event, h11.Response):
                 status = event.status_code
                 headers = {k.decode(): v.decode() for k, v in event.headers}
@@ -172,7 +172,7 @@ async def serve_memory(
     limiter: trio.CapacityLimiter | None = None,
     request_timeout: float = 5,
     idle_timeout: float = 30,
-) -> trio.testing.StapledStream[Any, Any]:
+) -> trio.StapledStream[Any, Any]:
     client, server = trio.testing.memory_stream_pair()
     nursery.start_soon(
         _serve_connection,

@@ -1,0 +1,345 @@
+"""Decision logs: one JSON line per Fetch response the proxy shaped, sampled.
+
+Each event says what the proxy did to one response: who asked (client id,
+policy), which broker answered (node id), how many partitions were requested,
+served and starved, record bytes and records upstream versus delivered, which
+limits held data back.  Events carry counts and sizes only, never topic names,
+record data or client addresses.
+
+The format is specified field by field in ``schemas/decision-log.schema.json``
+(JSON Schema 2020-12); the fleet report (PySpark) reads these files, so every
+change to :class:`DecisionEvent` must change the schema and its
+``schema_version`` with it (a test checks that they agree).
+
+Sampling: a :class:`Sampler` decides per response whether to write an event.
+:class:`RandomSampler` (the default) samples independently at a rate;
+:class:`FractionSampler` is deterministic (exactly ``floor(n * rate)`` of the
+first ``n``).  Each event records its ``sample_rate`` so readers can scale counts
+back up (weight = 1 / sample_rate).
+
+The sink is a text stream, line-buffered: a file opened for append, or stdout.
+Writes are small and synchronous on the event loop; a failing sink drops events
+(counted in ``kafka_fetch_proxy_decision_log_events_total{outcome="dropped"}``)
+and never fails the fetch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import IO, Protocol
+
+import structlog
+
+from .labels import DecisionOutcome, LimitKind
+from .metrics import Metrics
+
+SCHEMA_VERSION = 1
+EVENT_TYPE = "fetch_shaped"
+MAX_CLIENT_ID_CHARS = 255
+MAX_POLICY_CHARS = 64
+MAX_INSTANCE_CHARS = 253  # a Kubernetes pod name
+
+# Limit names as the shaping layer spells them -> the config keys used here.
+_LIMIT_ALIASES: Mapping[str, str] = {
+    "response_bytes": LimitKind.MAX_RESPONSE_BYTES.value,
+    "partition_bytes": LimitKind.MAX_PARTITION_BYTES.value,
+    "response_records": LimitKind.MAX_RECORDS.value,
+    "partition_records": LimitKind.MAX_PARTITION_RECORDS.value,
+    "memory_budget": LimitKind.MEMORY_BUDGET.value,
+}
+CONFIGURED_LIMITS = (
+    "max_response_bytes",
+    "max_partition_bytes",
+    "max_records",
+    "max_partition_records",
+)
+
+_log = structlog.get_logger("proxy.observe.decisionlog")
+
+
+def limit_kind(name: str) -> str:
+    """A limit's config-key name, whichever spelling it arrives in (unknown -> "other")."""
+    name = _LIMIT_ALIASES.get(name, name)
+    try:
+        return LimitKind(name).value
+    except ValueError:
+        return LimitKind.OTHER.value
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionEvent:
+    """One shaped Fetch response.  Field meanings: schemas/decision-log.schema.json."""
+
+    timestamp_ms: int
+    instance: str | None
+    client_id: str | None
+    node_id: int
+    policy: str
+    api_version: int
+    correlation_id: int
+    latency_ms: float
+    requested_max_bytes: int
+    upstream_max_bytes: int
+    partitions_requested: int
+    partitions_with_data: int
+    partitions_served: int
+    partitions_trimmed: int
+    partitions_starved: int
+    max_starvation_rounds: int
+    upstream_record_bytes: int
+    upstream_records: int
+    reused_record_bytes: int
+    delivered_record_bytes: int
+    delivered_records: int
+    buffered_record_bytes: int
+    dropped_partial_bytes: int
+    limits_applied: tuple[str, ...]
+    progress_exemption: bool
+    limits: Mapping[str, int | None]
+    sample_rate: float
+
+    def to_json_obj(self) -> dict[str, object]:
+        obj: dict[str, object] = {"schema_version": SCHEMA_VERSION, "event": EVENT_TYPE}
+        obj.update(asdict(self))
+        obj["limits_applied"] = list(self.limits_applied)
+        obj["limits"] = dict(self.limits)
+        return obj
+
+    def to_json_line(self) -> str:
+        return json.dumps(self.to_json_obj(), separators=(",", ":"), ensure_ascii=True) + "\n"
+
+
+class ShapingRecord(Protocol):
+    """What the shaping layer reports about one response (proxy.shaping.decision.ShapingDecision).
+
+    Read structurally, so this module does not depend on the shaping package.
+    """
+
+    @property
+    def api_version(self) -> int: ...
+    @property
+    def requested_max_bytes(self) -> int: ...
+    @property
+    def upstream_max_bytes(self) -> int: ...
+    @property
+    def partitions(self) -> int: ...
+    @property
+    def partitions_with_data(self) -> int: ...
+    @property
+    def partitions_served(self) -> int: ...
+    @property
+    def partitions_trimmed(self) -> int: ...
+    @property
+    def partitions_starved(self) -> int: ...
+    @property
+    def max_starvation(self) -> int: ...
+    @property
+    def upstream_bytes(self) -> int: ...
+    @property
+    def upstream_records(self) -> int: ...
+    @property
+    def reused_bytes(self) -> int: ...
+    @property
+    def delivered_bytes(self) -> int: ...
+    @property
+    def delivered_records(self) -> int: ...
+    @property
+    def buffered_bytes(self) -> int: ...
+    @property
+    def dropped_partial_bytes(self) -> int: ...
+    @property
+    def limited_by(self) -> Iterable[str]: ...
+    @property
+    def progress_exemption(self) -> bool: ...
+    @property
+    def limits(self) -> _HasLimits: ...
+
+
+class _HasLimits(Protocol):
+    def as_dict(self) -> Mapping[str, int | None]: ...
+
+
+def _clip(value: str | None, limit: int) -> str | None:
+    return None if value is None else value[:limit]
+
+
+def event_from_shaping(
+    decision: ShapingRecord,
+    *,
+    timestamp_ms: int,
+    client_id: str | None,
+    node_id: int,
+    policy: str,
+    correlation_id: int,
+    latency_ms: float,
+    sample_rate: float,
+    instance: str | None = None,
+) -> DecisionEvent:
+    """Convert the shaping layer's record plus the relay's context into a log event."""
+    configured = decision.limits.as_dict()
+    return DecisionEvent(
+        timestamp_ms=timestamp_ms,
+        instance=_clip(instance, MAX_INSTANCE_CHARS),
+        client_id=_clip(client_id, MAX_CLIENT_ID_CHARS),
+        node_id=node_id,
+        policy=policy[:MAX_POLICY_CHARS],
+        api_version=decision.api_version,
+        correlation_id=correlation_id,
+        latency_ms=round(max(latency_ms, 0.0), 3),
+        requested_max_bytes=decision.requested_max_bytes,
+        upstream_max_bytes=decision.upstream_max_bytes,
+        partitions_requested=decision.partitions,
+        partitions_with_data=decision.partitions_with_data,
+        partitions_served=decision.partitions_served,
+        partitions_trimmed=decision.partitions_trimmed,
+        partitions_starved=decision.partitions_starved,
+        max_starvation_rounds=decision.max_starvation,
+        upstream_record_bytes=decision.upstream_bytes,
+        upstream_records=decision.upstream_records,
+        reused_record_bytes=decision.reused_bytes,
+        delivered_record_bytes=decision.delivered_bytes,
+        delivered_records=decision.delivered_records,
+        buffered_record_bytes=decision.buffered_bytes,
+        dropped_partial_bytes=decision.dropped_partial_bytes,
+        limits_applied=tuple(sorted({limit_kind(n) for n in decision.limited_by})),
+        progress_exemption=decision.progress_exemption,
+        limits={name: configured.get(name) for name in CONFIGURED_LIMITS},
+        sample_rate=sample_rate,
+    )
+
+
+class Sampler(Protocol):
+    rate: float
+
+    def sample(self) -> bool: ...
+
+
+def _check_rate(rate: float) -> float:
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"sample rate must be between 0 and 1, not {rate}")
+    return float(rate)
+
+
+class RandomSampler:
+    """Each response is logged with probability ``rate``, independently."""
+
+    def __init__(self, rate: float, rng: Callable[[], float] | None = None) -> None:
+        self.rate = _check_rate(rate)
+        self._rng = rng if rng is not None else random.Random().random
+
+    def sample(self) -> bool:
+        if self.rate >= 1.0:
+            return True
+        return self.rate > 0.0 and self._rng() < self.rate
+
+
+class FractionSampler:
+    """Deterministic: of the first n responses, exactly floor(n * rate) are logged, evenly spread."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = _check_rate(rate)
+        self._seen = 0
+        self._taken = 0
+
+    def sample(self) -> bool:
+        self._seen += 1
+        if self._taken < int(self._seen * self.rate + 1e-9):
+            self._taken += 1
+            return True
+        return False
+
+
+class DecisionLog:
+    """Writes sampled :class:`DecisionEvent` lines to a text sink."""
+
+    def __init__(
+        self,
+        sink: IO[str],
+        *,
+        sampler: Sampler,
+        metrics: Metrics | None = None,
+        instance: str | None = None,
+        clock: Callable[[], float] = time.time,
+        close_sink: bool = False,
+    ) -> None:
+        self.sink = sink
+        self.sampler = sampler
+        self.metrics = metrics
+        self.instance = instance
+        self.clock = clock
+        self._close_sink = close_sink
+        self._failing = False
+
+    @classmethod
+    def open(
+        cls,
+        target: str,
+        *,
+        sample_rate: float,
+        metrics: Metrics | None = None,
+        instance: str | None = None,
+    ) -> DecisionLog:
+        """``target`` is a file path (appended to, line-buffered) or ``-`` for stdout."""
+        sampler = RandomSampler(sample_rate)
+        if target in ("-", "stdout"):
+            return cls(sys.stdout, sampler=sampler, metrics=metrics, instance=instance)
+        sink = open(target, "a", encoding="utf-8", buffering=1)
+        return cls(sink, sampler=sampler, metrics=metrics, instance=instance, close_sink=True)
+
+    def _count(self, outcome: DecisionOutcome) -> None:
+        if self.metrics is not None:
+            self.metrics.decision_logged(outcome)
+
+    def log(
+        self,
+        decision: ShapingRecord,
+        *,
+        client_id: str | None,
+        node_id: int,
+        policy: str,
+        correlation_id: int,
+        latency_ms: float,
+    ) -> DecisionEvent | None:
+        """Sample, then write one event; returns the event written (None if not)."""
+        if not self.sampler.sample():
+            self._count(DecisionOutcome.SAMPLED_OUT)
+            return None
+        event = event_from_shaping(
+            decision,
+            timestamp_ms=int(self.clock() * 1000),
+            client_id=client_id,
+            node_id=node_id,
+            policy=policy,
+            correlation_id=correlation_id,
+            latency_ms=latency_ms,
+            sample_rate=self.sampler.rate,
+            instance=self.instance,
+        )
+        return event if self.write(event) else None
+
+    def write(self, event: DecisionEvent) -> bool:
+        """Write an already-built event (no sampling); False if the sink failed."""
+        try:
+            self.sink.write(event.to_json_line())
+        except (OSError, ValueError) as exc:  # ValueError: write to a closed file
+            self._count(DecisionOutcome.DROPPED)
+            if not self._failing:
+                _log.warning("decision_log_write_failed", error=repr(exc))
+                self._failing = True
+            return False
+        self._failing = False
+        self._count(DecisionOutcome.WRITTEN)
+        return True
+
+    def close(self) -> None:
+        try:
+            self.sink.flush()
+        except (OSError, ValueError):
+            pass
+        if self._close_sink:
+            self.sink.close()

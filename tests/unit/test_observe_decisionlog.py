@@ -1,0 +1,311 @@
+"""Decision logs: events validate against schemas/decision-log.schema.json; sampling; sinks."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from proxy.observe.decisionlog import (
+    SCHEMA_VERSION,
+    DecisionEvent,
+    DecisionLog,
+    FractionSampler,
+    RandomSampler,
+    event_from_shaping,
+    limit_kind,
+)
+from proxy.observe.metrics import Metrics
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "decision-log.schema.json"
+SCHEMA = json.loads(SCHEMA_PATH.read_text())
+VALIDATOR = jsonschema.Draft202012Validator(
+    SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+)
+INT32 = st.integers(-(2**31), 2**31 - 1)
+COUNT = st.integers(0, 2**40)
+
+
+@dataclass(frozen=True)
+class FakeLimits:
+    values: Mapping[str, int | None] = field(default_factory=dict)
+
+    def as_dict(self) -> Mapping[str, int | None]:
+        return self.values
+
+
+@dataclass(frozen=True)
+class FakeDecision:
+    """The fields proxy.shaping's ShapingDecision reports (read structurally)."""
+
+    api_version: int = 12
+    requested_max_bytes: int = 52428800
+    upstream_max_bytes: int = 1048576
+    partitions: int = 8
+    partitions_with_data: int = 6
+    partitions_served: int = 4
+    partitions_trimmed: int = 1
+    partitions_starved: int = 2
+    max_starvation: int = 1
+    upstream_bytes: int = 900_000
+    upstream_records: int = 9_000
+    reused_bytes: int = 0
+    delivered_bytes: int = 500_000
+    delivered_records: int = 5_000
+    buffered_bytes: int = 400_000
+    dropped_partial_bytes: int = 1_234
+    limited_by: frozenset[str] = frozenset({"response_records"})
+    progress_exemption: bool = False
+    limits: FakeLimits = FakeLimits({"max_records": 5000, "max_response_bytes": None})
+
+
+def log_kwargs(**overrides: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "client_id": "orders-consumer",
+        "node_id": 2,
+        "policy": "default",
+        "correlation_id": 41,
+        "latency_ms": 12.5,
+    }
+    kwargs.update(overrides)
+    return kwargs
+
+
+def test_schema_is_valid_and_documents_every_field() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    names = {f.name for f in dataclasses.fields(DecisionEvent)} | {"schema_version", "event"}
+    assert set(SCHEMA["properties"]) == names
+    assert set(SCHEMA["required"]) == names
+    assert SCHEMA["additionalProperties"] is False
+    assert SCHEMA["properties"]["schema_version"]["const"] == SCHEMA_VERSION
+    for name, prop in SCHEMA["properties"].items():
+        assert len(prop.get("description", "")) > 20, name
+    # units are in the names: byte counts end in _bytes, durations and times in _ms
+    for name in names:
+        if "byte" in name:
+            assert name.endswith("_bytes"), name
+        if "latency" in name or "timestamp" in name:
+            assert name.endswith("_ms"), name
+
+
+def test_logged_event_validates_and_carries_the_context() -> None:
+    sink = io.StringIO()
+    metrics = Metrics(CollectorRegistry())
+    log = DecisionLog(
+        sink, sampler=FractionSampler(1.0), metrics=metrics, instance="pod-7", clock=lambda: 1700.5
+    )
+    event = log.log(FakeDecision(), **log_kwargs())
+    assert event is not None
+    (line,) = sink.getvalue().splitlines()
+    obj = json.loads(line)
+    VALIDATOR.validate(obj)
+    assert obj["timestamp_ms"] == 1_700_500
+    assert obj["instance"] == "pod-7"
+    assert obj["client_id"] == "orders-consumer"
+    assert obj["node_id"] == 2
+    assert obj["limits_applied"] == ["max_records"]
+    assert obj["limits"] == {
+        "max_response_bytes": None,
+        "max_partition_bytes": None,
+        "max_records": 5000,
+        "max_partition_records": None,
+    }
+    assert obj["upstream_record_bytes"] == 900_000
+    assert obj["delivered_records"] == 5_000
+    assert obj["sample_rate"] == 1.0
+    written = metrics.registry.get_sample_value(
+        "kafka_fetch_proxy_decision_log_events_total", {"outcome": "written"}
+    )
+    assert written == 1
+
+
+def test_log_lines_hold_no_payload_or_topic_fields() -> None:
+    line = DecisionLog(io.StringIO(), sampler=FractionSampler(1.0))
+    event = line.log(FakeDecision(), **log_kwargs())
+    assert event is not None
+    keys = set(event.to_json_obj())
+    assert not {"topic", "topics", "records", "value", "key", "address", "host"} & keys
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    decision=st.builds(
+        FakeDecision,
+        api_version=st.integers(0, 18),
+        requested_max_bytes=INT32,
+        upstream_max_bytes=INT32,
+        partitions=COUNT,
+        partitions_with_data=COUNT,
+        partitions_served=COUNT,
+        partitions_trimmed=COUNT,
+        partitions_starved=COUNT,
+        max_starvation=COUNT,
+        upstream_bytes=COUNT,
+        upstream_records=COUNT,
+        reused_bytes=COUNT,
+        delivered_bytes=COUNT,
+        delivered_records=COUNT,
+        buffered_bytes=COUNT,
+        dropped_partial_bytes=COUNT,
+        limited_by=st.frozensets(
+            st.sampled_from(
+                [
+                    "response_bytes",
+                    "partition_bytes",
+                    "response_records",
+                    "partition_records",
+                    "max_records",
+                    "memory_budget",
+                    "something_new",
+                ]
+            )
+        ),
+        progress_exemption=st.booleans(),
+        limits=st.builds(
+            FakeLimits,
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    k: st.one_of(st.none(), st.integers(1, 2**31 - 1))
+                    for k in (
+                        "max_response_bytes",
+                        "max_partition_bytes",
+                        "max_records",
+                        "max_partition_records",
+                    )
+                },
+            ),
+        ),
+    ),
+    client_id=st.one_of(st.none(), st.text(max_size=400)),
+    policy=st.text(min_size=1, max_size=100),
+    node_id=INT32,
+    correlation_id=INT32,
+    latency_ms=st.floats(-1.0, 1e6, allow_nan=False),
+    sample_rate=st.floats(0.0001, 1.0),
+    timestamp_ms=st.integers(0, 2**45),
+    instance=st.one_of(st.none(), st.text(max_size=300)),
+)
+def test_every_event_validates_against_the_schema(
+    decision: FakeDecision,
+    client_id: str | None,
+    policy: str,
+    node_id: int,
+    correlation_id: int,
+    latency_ms: float,
+    sample_rate: float,
+    timestamp_ms: int,
+    instance: str | None,
+) -> None:
+    event = event_from_shaping(
+        decision,
+        timestamp_ms=timestamp_ms,
+        client_id=client_id,
+        node_id=node_id,
+        policy=policy,
+        correlation_id=correlation_id,
+        latency_ms=latency_ms,
+        sample_rate=sample_rate,
+        instance=instance,
+    )
+    line = event.to_json_line()
+    assert line.endswith("\n") and "\n" not in line[:-1]
+    assert line.isascii()
+    obj = json.loads(line)
+    VALIDATOR.validate(obj)
+    assert obj["limits_applied"] == sorted(obj["limits_applied"])
+
+
+def test_limit_names_map_to_config_keys() -> None:
+    assert limit_kind("response_bytes") == "max_response_bytes"
+    assert limit_kind("partition_records") == "max_partition_records"
+    assert limit_kind("max_records") == "max_records"
+    assert limit_kind("nonsense") == "other"
+
+
+def test_fraction_sampler_is_exact_and_evenly_spread() -> None:
+    sampler = FractionSampler(0.25)
+    picks = [sampler.sample() for _ in range(100)]
+    assert sum(picks) == 25
+    assert picks[:8] == [False, False, False, True, False, False, False, True]
+    assert sum(FractionSampler(0.0).sample() for _ in range(50)) == 0
+    assert sum(FractionSampler(1.0).sample() for _ in range(50)) == 50
+    with pytest.raises(ValueError):
+        FractionSampler(1.5)
+
+
+def test_random_sampler_uses_the_injected_source() -> None:
+    values = iter([0.05, 0.5, 0.09, 0.11])
+    sampler = RandomSampler(0.1, rng=lambda: next(values))
+    assert [sampler.sample() for _ in range(4)] == [True, False, True, False]
+    assert RandomSampler(0.0).sample() is False
+    assert RandomSampler(1.0).sample() is True
+    with pytest.raises(ValueError):
+        RandomSampler(-0.1)
+
+
+def test_sampled_out_events_are_counted_not_written() -> None:
+    sink = io.StringIO()
+    metrics = Metrics(CollectorRegistry())
+    log = DecisionLog(sink, sampler=FractionSampler(0.5), metrics=metrics)
+    results = [log.log(FakeDecision(), **log_kwargs()) for _ in range(10)]
+    assert sum(r is not None for r in results) == 5
+    assert len(sink.getvalue().splitlines()) == 5
+    value = metrics.registry.get_sample_value
+    assert value("kafka_fetch_proxy_decision_log_events_total", {"outcome": "sampled_out"}) == 5
+    for line in sink.getvalue().splitlines():
+        assert json.loads(line)["sample_rate"] == 0.5
+
+
+def test_file_sink_appends_json_lines(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.jsonl"
+    path.write_text("")
+    log = DecisionLog.open(str(path), sample_rate=1.0, instance="i-1")
+    for correlation_id in range(3):
+        log.log(FakeDecision(), **log_kwargs(correlation_id=correlation_id))
+    # line-buffered: visible before close
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["correlation_id"] for line in lines] == [0, 1, 2]
+    log.close()
+    again = DecisionLog.open(str(path), sample_rate=1.0)
+    again.log(FakeDecision(), **log_kwargs())
+    again.close()
+    assert len(path.read_text().splitlines()) == 4
+    for line in path.read_text().splitlines():
+        VALIDATOR.validate(json.loads(line))
+
+
+def test_stdout_sink(capsys: pytest.CaptureFixture[str]) -> None:
+    log = DecisionLog.open("-", sample_rate=1.0)
+    log.log(FakeDecision(), **log_kwargs())
+    log.close()
+    VALIDATOR.validate(json.loads(capsys.readouterr().out))
+
+
+def test_a_failing_sink_drops_events_and_keeps_going() -> None:
+    class BrokenSink(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError("disk full")
+
+    metrics = Metrics(CollectorRegistry())
+    log = DecisionLog(BrokenSink(), sampler=FractionSampler(1.0), metrics=metrics)
+    assert log.log(FakeDecision(), **log_kwargs()) is None
+    assert log.log(FakeDecision(), **log_kwargs()) is None
+    value = metrics.registry.get_sample_value
+    assert value("kafka_fetch_proxy_decision_log_events_total", {"outcome": "dropped"}) == 2
+    closed = io.StringIO()
+    closed.close()
+    assert (
+        DecisionLog(closed, sampler=FractionSampler(1.0)).log(FakeDecision(), **log_kwargs())
+        is None
+    )
