@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .log import PartitionLog
+from .producers import ProducerStates
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class PartitionState:
     """Node id of the leader (single replica: the only replica)."""
     leader_epoch: int = 0
     log: PartitionLog = field(default_factory=PartitionLog)
+    producers: ProducerStates = field(default_factory=ProducerStates)
 
 
 @dataclass(slots=True)
@@ -38,6 +40,17 @@ class ClusterState:
     topics: dict[str, TopicState] = field(default_factory=dict)
     topics_by_id: dict[uuid.UUID, TopicState] = field(default_factory=dict)
     stopped_nodes: set[int] = field(default_factory=set)
+    addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """node id -> (host, port) each node advertises (filled in when its listener binds)."""
+    next_producer_id: int = 1000
+
+    def live_nodes(self) -> list[int]:
+        return [n for n in self.node_ids if n not in self.stopped_nodes and n in self.addresses]
+
+    def allocate_producer_id(self) -> int:
+        pid = self.next_producer_id
+        self.next_producer_id += 1
+        return pid
 
     def create_topic(self, name: str, partitions: int) -> TopicState:
         """Create a topic with leaders spread round-robin over the nodes."""

@@ -1,0 +1,391 @@
+"""Metadata-side APIs: Metadata, DescribeCluster, CreateTopics, FindCoordinator, ListOffsets.
+
+Each handler takes the node and the decoded request and returns the kio
+response at the request's version, answering as Apache Kafka's broker does.
+Sans-I/O: no trio here.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode as E
+
+from ..protocol import codec
+from .build import build
+from .state import PartitionState
+from .versions import (
+    CREATE_TOPICS,
+    DESCRIBE_CLUSTER,
+    FIND_COORDINATOR,
+    LIST_OFFSETS,
+    METADATA,
+)
+
+if TYPE_CHECKING:
+    from .node import NodeDispatcher, Request
+
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+OFFSETS_TOPIC_PARTITIONS = 50  # Kafka's offsets.topic.num.partitions default
+DEFAULT_NUM_PARTITIONS = 1  # Kafka's num.partitions default
+MAX_TOPIC_NAME = 249
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+
+EARLIEST = -2
+LATEST = -1
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4
+LATEST_TIERED = -5
+
+
+def _response(req: Request, data: dict[str, Any]) -> Any:
+    return build(codec.response_schema(req.header.api_key, req.version), data)
+
+
+def topic_name_error(name: str) -> str | None:
+    """Kafka's Topic.validate: why *name* is not a legal topic name, or None."""
+    if not name:
+        return "Topic name is illegal, it can't be empty"
+    if name in (".", ".."):
+        return 'Topic name cannot be "." or ".."'
+    if len(name) > MAX_TOPIC_NAME:
+        return f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME} characters"
+    if not _LEGAL_TOPIC.fullmatch(name):
+        return f"Topic name {name!r} is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
+    return None
+
+
+def _brokers(node: NodeDispatcher) -> list[dict[str, Any]]:
+    out = []
+    for n in node.state.live_nodes():
+        host, port = node.state.addresses[n]
+        out.append({"node_id": n, "broker_id": n, "host": host, "port": port, "rack": None})
+    return out
+
+
+def _controller(node: NodeDispatcher) -> int:
+    live = node.state.live_nodes()
+    return live[0] if live else -1
+
+
+def _partition_metadata(node: NodeDispatcher, p: PartitionState) -> dict[str, Any]:
+    if p.leader in node.state.stopped_nodes:
+        return {
+            "error_code": E.leader_not_available,
+            "partition_index": p.index,
+            "leader_id": -1,
+            "leader_epoch": p.leader_epoch,
+            "replica_nodes": [p.leader],
+            "isr_nodes": [],
+            "offline_replicas": [p.leader],
+        }
+    return {
+        "error_code": E.none,
+        "partition_index": p.index,
+        "leader_id": p.leader,
+        "leader_epoch": p.leader_epoch,
+        "replica_nodes": [p.leader],
+        "isr_nodes": [p.leader],
+        "offline_replicas": [],
+    }
+
+
+def _topic_metadata(node: NodeDispatcher, name: str) -> dict[str, Any]:
+    t = node.state.topics[name]
+    return {
+        "error_code": E.none,
+        "name": name,
+        "topic_id": t.topic_id,
+        "is_internal": False,
+        "partitions": [_partition_metadata(node, p) for p in t.partitions],
+        "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+def handle_metadata(node: NodeDispatcher, req: Request) -> Any:
+    body = req.body
+    state = node.state
+    requested = body.topics
+    if req.version == 0 and not requested:
+        requested = None  # v0: an empty list means all topics
+    topics: list[dict[str, Any]] = []
+    if requested is None:
+        topics = [_topic_metadata(node, name) for name in state.topics]
+    else:
+        for t in requested:
+            name = t.name
+            topic_id = getattr(t, "topic_id", None)
+            if name is None:
+                # v10+: a topic requested by id
+                known = state.topics_by_id.get(topic_id) if topic_id is not None else None
+                if known is None:
+                    topics.append(
+                        {
+                            "error_code": E.unknown_topic_id,
+                            "name": None,
+                            "topic_id": topic_id,
+                            "partitions": [],
+                        }
+                    )
+                else:
+                    topics.append(_topic_metadata(node, known.name))
+            elif name in state.topics:
+                topics.append(_topic_metadata(node, name))
+            else:
+                # auto.create.topics.enable=false
+                error = (
+                    E.invalid_topic_exception
+                    if topic_name_error(name)
+                    else E.unknown_topic_or_partition
+                )
+                topics.append(
+                    {
+                        "error_code": error,
+                        "name": name,
+                        "topic_id": uuid.UUID(int=0),
+                        "partitions": [],
+                    }
+                )
+    return _response(
+        req,
+        {
+            "throttle_time": 0,
+            "brokers": _brokers(node),
+            "cluster_id": state.cluster_id,
+            "controller_id": _controller(node),
+            "topics": topics,
+            "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            "error_code": E.none,
+        },
+    )
+
+
+def handle_describe_cluster(node: NodeDispatcher, req: Request) -> Any:
+    endpoint_type = getattr(req.body, "endpoint_type", 1)
+    base: dict[str, Any] = {
+        "throttle_time": 0,
+        "endpoint_type": endpoint_type,
+        "cluster_id": node.state.cluster_id,
+        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+    if endpoint_type != 1:
+        # A broker only describes brokers; controllers are described by controllers.
+        return _response(
+            req,
+            base
+            | {
+                "error_code": E.unsupported_endpoint_type,
+                "error_message": "The broker only supports endpoint type BROKERS",
+                "controller_id": -1,
+                "brokers": [],
+            },
+        )
+    brokers = [b | {"is_fenced": False} for b in _brokers(node)]
+    return _response(
+        req,
+        base
+        | {
+            "error_code": E.none,
+            "error_message": None,
+            "controller_id": _controller(node),
+            "brokers": brokers,
+        },
+    )
+
+
+def handle_create_topics(node: NodeDispatcher, req: Request) -> Any:
+    state = node.state
+    body = req.body
+    names = [t.name for t in body.topics]
+    results = []
+    for t in body.topics:
+        result: dict[str, Any] = {
+            "name": t.name,
+            "topic_id": uuid.UUID(int=0),
+            "error_message": None,
+            "num_partitions": -1,
+            "replication_factor": -1,
+            "configs": None,
+        }
+        error, message = E.none, None
+        num = t.num_partitions
+        rf = t.replication_factor
+        if names.count(t.name) > 1:
+            error, message = (
+                E.invalid_request,
+                "Create topics request from client contains duplicate topic names",
+            )
+        elif (why := topic_name_error(t.name)) is not None:
+            error, message = E.invalid_topic_exception, why
+        elif t.name in state.topics:
+            error, message = E.topic_already_exists, f"Topic '{t.name}' already exists."
+        elif t.assignments:
+            if num != -1 or rf != -1:
+                error, message = (
+                    E.invalid_request,
+                    "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.",
+                )
+            else:
+                error, message = (
+                    E.invalid_replica_assignment,
+                    "The dev cluster places partitions itself; explicit replica assignments are not supported",
+                )
+        elif num != -1 and num <= 0:
+            error, message = (
+                E.invalid_partitions,
+                "Number of partitions was set to an invalid non-positive value.",
+            )
+        elif rf != -1 and rf <= 0:
+            error, message = (
+                E.invalid_replication_factor,
+                "Replication factor must be larger than 0, or -1 to use the default value.",
+            )
+        elif rf > len(state.live_nodes()):
+            error, message = (
+                E.invalid_replication_factor,
+                f"Unable to replicate the partition {rf} time(s): The target replication factor of {rf} cannot be reached because only {len(state.live_nodes())} broker(s) are registered.",
+            )
+        elif rf > 1:
+            error, message = (
+                E.invalid_replication_factor,
+                "The dev cluster keeps a single replica per partition (replication factor 1)",
+            )
+        if error:
+            results.append(result | {"error_code": error, "error_message": message})
+            continue
+        partitions = DEFAULT_NUM_PARTITIONS if num == -1 else num
+        if body.validate_only:
+            results.append(
+                result
+                | {
+                    "error_code": E.none,
+                    "num_partitions": partitions,
+                    "replication_factor": 1,
+                    "configs": [],
+                }
+            )
+            continue
+        topic = state.create_topic(t.name, partitions)
+        node.changed = True
+        results.append(
+            result
+            | {
+                "error_code": E.none,
+                "topic_id": topic.topic_id,
+                "num_partitions": partitions,
+                "replication_factor": 1,
+                "configs": [],
+            }
+        )
+    return _response(req, {"throttle_time": 0, "topics": results})
+
+
+def _java_string_hash(s: str) -> int:
+    h = 0
+    for unit in s.encode("utf-16-be").hex(" ", 2).split():
+        h = (31 * h + int(unit, 16)) & 0xFFFFFFFF
+    return h
+
+
+def coordinator_node(state_node_ids: list[int], group_id: str) -> int:
+    """The node leading the __consumer_offsets partition of *group_id* (Kafka's partitionFor)."""
+    partition = (_java_string_hash(group_id) & 0x7FFFFFFF) % OFFSETS_TOPIC_PARTITIONS
+    return state_node_ids[partition % len(state_node_ids)]
+
+
+def _find_one(node: NodeDispatcher, key: str, key_type: int) -> dict[str, Any]:
+    none = {"node_id": -1, "host": "", "port": -1}
+    if key_type == 0:
+        target = coordinator_node(node.state.node_ids, key)
+        if target in node.state.live_nodes():
+            host, port = node.state.addresses[target]
+            return {
+                "error_code": E.none,
+                "error_message": None,
+                "node_id": target,
+                "host": host,
+                "port": port,
+            }
+        return none | {"error_code": E.coordinator_not_available, "error_message": None}
+    if key_type in (1, 2):
+        # Transactions and share groups are not implemented by the dev cluster.
+        return none | {
+            "error_code": E.coordinator_not_available,
+            "error_message": "The dev cluster has no transaction or share coordinator",
+        }
+    return none | {"error_code": E.invalid_request, "error_message": f"Unknown key type {key_type}"}
+
+
+def handle_find_coordinator(node: NodeDispatcher, req: Request) -> Any:
+    body = req.body
+    key_type = getattr(body, "key_type", 0)
+    if req.version >= 4:
+        coordinators = [{"key": k} | _find_one(node, k, key_type) for k in body.coordinator_keys]
+        return _response(req, {"throttle_time": 0, "coordinators": coordinators})
+    return _response(req, {"throttle_time": 0} | _find_one(node, body.key, key_type))
+
+
+def _list_one(node: NodeDispatcher, req: Request, topic: str, p: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "partition_index": p.partition_index,
+        "timestamp": -1,
+        "offset": -1,
+        "leader_epoch": -1,
+    }
+    part = node.state.partition(topic, p.partition_index)
+    if part is None:
+        return out | {"error_code": E.unknown_topic_or_partition}
+    if part.leader != node.node_id:
+        return out | {"error_code": E.not_leader_or_follower}
+    current = getattr(p, "current_leader_epoch", -1)
+    if current != -1 and current < part.leader_epoch:
+        return out | {"error_code": E.fenced_leader_epoch}
+    if current != -1 and current > part.leader_epoch:
+        return out | {"error_code": E.unknown_leader_epoch}
+    log = part.log
+    ts = p.timestamp
+    isolation = getattr(req.body, "isolation_level", 0)
+    found: tuple[int, int] | None
+    if ts == LATEST:
+        found = (log.last_stable_offset if isolation == 1 else log.high_watermark, -1)
+    elif ts in (EARLIEST, EARLIEST_LOCAL):
+        found = (log.log_start_offset, -1)
+    elif ts == LATEST_TIERED:
+        found = (-1, -1)
+    elif ts == MAX_TIMESTAMP:
+        found = log.max_timestamp()
+    elif ts < 0:
+        return out | {"error_code": E.invalid_request}  # pragma: no cover - versions gate these
+    else:
+        found = log.offset_for_timestamp(ts)
+    if found is None:
+        return out | {"error_code": E.none}
+    offset, timestamp = found
+    epoch = part.leader_epoch if offset >= 0 else -1
+    return out | {
+        "error_code": E.none,
+        "offset": offset,
+        "timestamp": timestamp,
+        "leader_epoch": epoch,
+    }
+
+
+def handle_list_offsets(node: NodeDispatcher, req: Request) -> Any:
+    topics = []
+    for t in req.body.topics:
+        topics.append(
+            {"name": t.name, "partitions": [_list_one(node, req, t.name, p) for p in t.partitions]}
+        )
+    return _response(req, {"throttle_time": 0, "topics": topics})
+
+
+HANDLERS: dict[int, Callable[[NodeDispatcher, Request], Any]] = {
+    METADATA: handle_metadata,
+    DESCRIBE_CLUSTER: handle_describe_cluster,
+    CREATE_TOPICS: handle_create_topics,
+    FIND_COORDINATOR: handle_find_coordinator,
+    LIST_OFFSETS: handle_list_offsets,
+}

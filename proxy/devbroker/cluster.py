@@ -1,0 +1,338 @@
+"""The dev cluster's trio edge: one loopback listener per node, one task per connection.
+
+    async with DevCluster(nodes=3, topics={"orders": 12}) as cluster:
+        cluster.bootstrap          # "127.0.0.1:PORT" of node 0
+        cluster.bootstrap_servers  # every node, comma separated
+
+Node *i* listens on ``port + i`` (``port=0``: each node picks a free port).
+Each connection is served by its own task and, like Kafka, handles one request
+at a time, so responses go out in request order.  Requests that Kafka parks
+(long-poll Fetch, JoinGroup, SyncGroup) wait here, woken whenever a request
+changed cluster state or their deadline passes.
+
+Fault hooks for tests: :meth:`DevCluster.evict_fetch_sessions`,
+:meth:`DevCluster.stop_node` / :meth:`DevCluster.restart_node`,
+:meth:`DevCluster.set_delay`, :meth:`DevCluster.drop_connections`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import trio
+
+from ..protocol import codec
+from ..protocol.errors import ProtocolError
+from ..protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from ..sessions.broker import FetchSessionCache
+from .fetch import NodeFetcher
+from .groups import GroupCoordinator
+from .node import NodeDispatcher
+from .outcome import Close, NoReply, Pending, Reply, Wait
+from .state import ClusterState
+
+log = logging.getLogger("proxy.devbroker")
+
+RECEIVE_BYTES = 64 * 1024
+
+
+class DevNode:
+    """One node: its listener, its connections, its fetch sessions."""
+
+    def __init__(
+        self,
+        cluster: DevCluster,
+        node_id: int,
+        host: str,
+        port: int,
+        session_cache_slots: int,
+    ) -> None:
+        self.cluster = cluster
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.sessions = FetchSessionCache(max_slots=session_cache_slots, clock=cluster.clock)
+        self.dispatcher = NodeDispatcher(
+            node_id,
+            cluster.state,
+            cluster.coordinator,
+            NodeFetcher(node_id, cluster.state, self.sessions),
+            clock=cluster.clock,
+        )
+        self.delay = 0.0
+        self.running = False
+        self._scope: trio.CancelScope | None = None
+        self._stopped = trio.Event()
+        self._connections: set[trio.CancelScope] = set()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        listener = listeners[0]
+        for extra in listeners[1:]:
+            await extra.aclose()
+        self.port = int(listener.socket.getsockname()[1])
+        state = self.cluster.state
+        state.addresses[self.node_id] = (self.host, self.port)
+        state.stopped_nodes.discard(self.node_id)
+        self._stopped = trio.Event()
+        self.running = True
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                async with trio.open_nursery() as nursery:
+                    task_status.started(self.port)
+                    async with listener:
+                        while True:
+                            stream = await listener.accept()
+                            nursery.start_soon(self._connection, stream)
+        finally:
+            self.running = False
+            self._scope = None
+            self._stopped.set()
+
+    async def stop(self) -> None:
+        """Close the listener and every connection; the node stays down until restarted."""
+        self.cluster.state.stopped_nodes.add(self.node_id)
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._stopped.wait()
+        self.cluster.notify()
+
+    def drop_connections(self) -> None:
+        for scope in list(self._connections):
+            scope.cancel()
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        peer = _peer(stream)
+        decoder = FrameDecoder(self.cluster.max_frame_bytes)
+        try:
+            with trio.CancelScope() as scope:
+                self._connections.add(scope)
+                try:
+                    await self._serve_connection(stream, decoder, peer)
+                finally:
+                    self._connections.discard(scope)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_connection(
+        self, stream: trio.SocketStream, decoder: FrameDecoder, peer: str
+    ) -> None:
+        dispatcher = self.dispatcher
+        cluster = self.cluster
+        while True:
+            try:
+                frame = decoder.next_frame()
+                if frame is None:
+                    data = await stream.receive_some(RECEIVE_BYTES)
+                    if not data:
+                        decoder.close()
+                        return
+                    decoder.feed(data)
+                    continue
+            except ProtocolError as exc:
+                log.warning("node %d: closing connection from %s: %s", self.node_id, peer, exc)
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            try:
+                outcome = dispatcher.handle(frame)
+            except Exception:
+                log.exception(
+                    "node %d: error handling a request from %s; closing", self.node_id, peer
+                )
+                return
+            if dispatcher.changed:
+                dispatcher.changed = False
+                cluster.notify()
+            if isinstance(outcome, Close):
+                log.warning(
+                    "node %d: closing connection from %s: %s", self.node_id, peer, outcome.reason
+                )
+                return
+            if isinstance(outcome, NoReply):
+                continue
+            if isinstance(outcome, Wait):
+                try:
+                    response = await self._wait(outcome.pending)
+                except Exception:
+                    log.exception(
+                        "node %d: error completing a request from %s; closing", self.node_id, peer
+                    )
+                    return
+                cluster.notify()
+                correlation_id = outcome.correlation_id
+            else:
+                assert isinstance(outcome, Reply)
+                response, correlation_id = outcome.response, outcome.correlation_id
+            payload = encode_frame(codec.encode_response(response, correlation_id))
+            if self.delay > 0:
+                await trio.sleep(self.delay)
+            try:
+                await stream.send_all(payload)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    async def _wait(self, pending: Pending) -> Any:
+        clock = self.cluster.clock
+        while True:
+            event = self.cluster.changed_event
+            now = clock()
+            if pending.poll(now):
+                return pending.complete()
+            wake = pending.wake_at()
+            timeout = math.inf if wake is None else max(0.0, wake - now)
+            with trio.move_on_after(timeout):
+                await event.wait()
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "?"
+    return f"{host}:{port}"
+
+
+class DevCluster:
+    """A multi-node Kafka-protocol cluster in this process (trio)."""
+
+    def __init__(
+        self,
+        nodes: int = 3,
+        topics: Mapping[str, int] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        cluster_id: str | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        session_cache_slots: int = 1000,
+        initial_rebalance_delay_ms: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if nodes <= 0:
+            raise ValueError("nodes must be positive")
+        if port < 0 or (port and port + nodes - 1 > 65535):
+            raise ValueError("port out of range")
+        self.clock = clock
+        self.max_frame_bytes = max_frame_bytes
+        self.state = ClusterState(cluster_id or _cluster_id(), list(range(nodes)))
+        for name, partitions in (topics or {}).items():
+            self.state.create_topic(name, partitions)
+        self.coordinator = GroupCoordinator(
+            self.state, initial_rebalance_delay_ms=initial_rebalance_delay_ms
+        )
+        self.nodes = [
+            DevNode(self, i, host, port + i if port else 0, session_cache_slots)
+            for i in range(nodes)
+        ]
+        self.changed_event = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> DevCluster:
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        try:
+            for node in self.nodes:
+                await self._nursery.start(node.serve)
+        except BaseException as exc:
+            self._nursery.cancel_scope.cancel()
+            await self._nursery_cm.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        result: bool | None = await self._nursery_cm.__aexit__(exc_type, exc, tb)
+        self._nursery = None
+        return result
+
+    async def serve_forever(self) -> None:
+        await trio.sleep_forever()
+
+    # -- addresses ----------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        return self.nodes[0].address
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(n.address for n in self.nodes)
+
+    def node(self, node_id: int) -> DevNode:
+        return self.nodes[node_id]
+
+    def notify(self) -> None:
+        """Wake every parked request so that it re-examines cluster state."""
+        self.changed_event.set()
+        self.changed_event = trio.Event()
+
+    # -- admin ----------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        self.state.create_topic(name, partitions)
+        self.notify()
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        p = self.state.partition(topic, partition)
+        if p is None:
+            raise KeyError(f"{topic}-{partition}")
+        return p.leader
+
+    # -- fault hooks ---------------------------------------------------------------
+
+    def evict_fetch_sessions(self) -> None:
+        """Drop every fetch session on every node (clients then get FETCH_SESSION_ID_NOT_FOUND)."""
+        for node in self.nodes:
+            node.sessions.clear()
+
+    async def stop_node(self, node_id: int) -> None:
+        await self.nodes[node_id].stop()
+
+    async def restart_node(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        if node.running:
+            raise RuntimeError(f"node {node_id} is running")
+        assert self._nursery is not None
+        await self._nursery.start(node.serve)
+        self.notify()
+
+    def set_delay(self, node_id: int, seconds: float) -> None:
+        """Delay every response of *node_id* by *seconds* (0 to stop delaying)."""
+        self.nodes[node_id].delay = max(0.0, seconds)
+
+    def drop_connections(self, node_id: int | None = None) -> None:
+        """Close the client connections of one node (or all nodes); listeners stay up."""
+        for node in self.nodes if node_id is None else [self.nodes[node_id]]:
+            node.drop_connections()
+
+
+def _cluster_id() -> str:
+    # Kafka cluster ids are 16 random bytes, url-safe base64 without padding (22 chars).
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

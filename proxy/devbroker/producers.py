@@ -1,0 +1,69 @@
+"""Idempotent producer state of one partition (Kafka's ProducerStateManager, reduced).
+
+Tracks, per producer id, the epoch and the sequence ranges of the last five
+batches, so that a retried batch is acknowledged with its original offset and a
+gap in sequences is refused with OUT_OF_ORDER_SEQUENCE_NUMBER.
+
+Sans-I/O: no trio here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kio.schema.errors import ErrorCode as E
+
+from ..protocol import records
+
+PRODUCER_BATCH_CACHE = 5  # Kafka keeps the metadata of the last 5 batches per producer
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    epoch: int
+    batches: deque[tuple[int, int, int]] = field(
+        default_factory=lambda: deque(maxlen=PRODUCER_BATCH_CACHE)
+    )
+    """(first sequence, last sequence, base offset) of the latest batches."""
+
+
+class ProducerStates:
+    """Idempotent producer state of one partition (Kafka's ProducerStateManager, reduced)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, ProducerEntry] = {}
+
+    def check(self, h: records.BatchHeader) -> tuple[E, int | None]:
+        """(error, duplicate base offset) for the batch *h* before it is appended."""
+        entry = self.entries.get(h.producer_id)
+        last_seq = _last_sequence(h)
+        if entry is None:
+            return E.none, None
+        if h.producer_epoch < entry.epoch:
+            return E.invalid_producer_epoch, None
+        if h.producer_epoch > entry.epoch:
+            return (
+                (E.none, None) if h.base_sequence == 0 else (E.out_of_order_sequence_number, None)
+            )
+        for first, last, base in entry.batches:
+            if first == h.base_sequence and last == last_seq:
+                return E.none, base
+        if entry.batches:
+            previous = entry.batches[-1][1]
+            expected = 0 if previous == INT32_MAX else previous + 1
+            if h.base_sequence != expected:
+                return E.out_of_order_sequence_number, None
+        return E.none, None
+
+    def record(self, h: records.BatchHeader, base_offset: int) -> None:
+        entry = self.entries.get(h.producer_id)
+        if entry is None or h.producer_epoch != entry.epoch:
+            entry = self.entries[h.producer_id] = ProducerEntry(h.producer_epoch)
+        entry.batches.append((h.base_sequence, _last_sequence(h), base_offset))
+
+
+def _last_sequence(h: records.BatchHeader) -> int:
+    last = h.base_sequence + h.last_offset_delta
+    return last - INT32_MAX - 1 if last > INT32_MAX else last

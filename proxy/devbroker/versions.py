@@ -1,0 +1,110 @@
+"""The API versions the dev cluster implements, and how it answers ApiVersions.
+
+The ranges are those of Apache Kafka 4.x (kio's generated schemas, which
+follow Kafka's message JSON after KIP-896 removed the oldest versions), capped
+where a newer version needs semantics the dev cluster does not implement:
+
+- Produce v13, OffsetCommit v10, OffsetFetch v10 address topics by id;
+- ListOffsets v11 (earliest pending upload offset), InitProducerId v6 (KIP-939
+  two-phase commit) and Fetch v18 (share/tiered additions) are left out.
+
+Sans-I/O: no trio here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from ..protocol import codec
+from .build import build
+
+PRODUCE = 0
+FETCH = 1
+LIST_OFFSETS = 2
+METADATA = 3
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+API_VERSIONS = 18
+CREATE_TOPICS = 19
+INIT_PRODUCER_ID = 22
+DESCRIBE_CLUSTER = 60
+
+_CAPS: dict[int, int] = {
+    PRODUCE: 12,
+    FETCH: 17,
+    LIST_OFFSETS: 10,
+    METADATA: 13,
+    OFFSET_COMMIT: 9,
+    OFFSET_FETCH: 9,
+    FIND_COORDINATOR: 6,
+    JOIN_GROUP: 9,
+    HEARTBEAT: 4,
+    LEAVE_GROUP: 5,
+    SYNC_GROUP: 5,
+    API_VERSIONS: 4,
+    CREATE_TOPICS: 7,
+    INIT_PRODUCER_ID: 5,
+    DESCRIBE_CLUSTER: 2,
+}
+
+
+def _kio_range(api_key: int, cap: int) -> tuple[int, int]:
+    known = [v for v in range(cap + 1) if codec.request_schema(api_key, v) is not None]
+    if not known:
+        raise RuntimeError(f"kio knows no version of api key {api_key}")
+    return min(known), max(known)
+
+
+SUPPORTED: dict[int, tuple[int, int]] = {key: _kio_range(key, cap) for key, cap in _CAPS.items()}
+"""api_key -> (min_version, max_version), inclusive."""
+
+
+def is_supported(api_key: int, version: int) -> bool:
+    r = SUPPORTED.get(api_key)
+    return r is not None and r[0] <= version <= r[1]
+
+
+# Kafka's ApiVersionsRequest.isValid pattern for client software name and version (v3+).
+_SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
+
+
+def api_versions_response(version: int, request: Any | None) -> Any:
+    """The ApiVersions response for a request at *version* (None: version too new).
+
+    A version we do not support gets a v0 response with UNSUPPORTED_VERSION
+    listing only ApiVersions' own range (KIP-511), as Kafka answers.
+    """
+    if not is_supported(API_VERSIONS, version) or request is None:
+        cls = codec.response_schema(API_VERSIONS, 0)
+        lo, hi = SUPPORTED[API_VERSIONS]
+        return build(
+            cls,
+            {
+                "error_code": ErrorCode.unsupported_version,
+                "api_keys": [{"api_key": API_VERSIONS, "min_version": lo, "max_version": hi}],
+            },
+        )
+    cls = codec.response_schema(API_VERSIONS, version)
+    error = ErrorCode.none
+    if version >= 3 and not (
+        _SOFTWARE.fullmatch(request.client_software_name)
+        and _SOFTWARE.fullmatch(request.client_software_version)
+    ):
+        error = ErrorCode.invalid_request
+    keys = (
+        []
+        if error
+        else [
+            {"api_key": k, "min_version": lo, "max_version": hi}
+            for k, (lo, hi) in sorted(SUPPORTED.items())
+        ]
+    )
+    return build(cls, {"error_code": error, "api_keys": keys, "throttle_time": 0})
