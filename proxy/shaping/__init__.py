@@ -1,0 +1,18 @@
+"""Fetch shaping: byte and record caps, fair rotation, the reuse buffer, the memory budget.
+
+Sans-I/O: everything here is plain code over kio Fetch request/response objects
+and RecordBatch v2 headers.  No trio import; the relay sits on top.
+
+Modules, one per feature:
+
+- :mod:`.limits`: the configured :class:`~.limits.Limits`, request clamping and
+  the per-response :class:`~.limits.ResponseLimits`.
+- :mod:`.trim`: trimming a Fetch response to whole batches within the limits
+  (KIP-74 progress guarantee, aborted transactions kept consistent).
+- :mod:`.rotation`: upstream round-robin order and serve-order rotation with a
+  starvation measure.
+- :mod:`.buffer`: the per-connection reuse buffer of trimmed-away batches.
+- :mod:`.budget`: the proxy-wide memory budget (KIP-81's buffer.memory).
+- :mod:`.decision`: the per-response decision record for logs and metrics.
+- :mod:`.shaper`: the per-connection composition the relay calls.
+"""

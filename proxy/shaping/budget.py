@@ -1,0 +1,159 @@
+"""The proxy-wide memory budget for response data (KIP-81's buffer.memory, for the proxy).
+
+Sans-I/O accounting: a byte counter with reservations.  It never blocks;
+when a fetch cannot be granted, :meth:`MemoryBudget.acquire_fetch` returns
+None and the caller waits for a release.  The trio edge does that by
+registering a listener (``add_listener``) that sets a ``trio.Event`` (or
+notifies a ``trio.Condition``), then retrying.  Only the Fetch path uses the
+budget: coordinator, group and metadata traffic never asks it for anything,
+so it is never blocked by it.
+
+A fetch's life:
+
+1. ``grant = budget.acquire_fetch(requested_max_bytes)``: reserves
+   min(requested, headroom), but at least ``floor`` bytes (set it to the
+   largest batch you expect, e.g. the broker's message.max.bytes, so that the
+   broker's one-batch progress exemption stays inside the grant).  None: wait.
+2. Send upstream with ``max_bytes = grant.nbytes``.
+3. When the response arrives, ``grant.resize(actual_record_bytes)``: the data
+   is in memory already, so this may exceed the budget (only when a single
+   batch is larger than the grant); ``overshoot_bytes`` records by how much.
+4. After trimming, resize down to what waits to be written to the client,
+   move the trimmed-away remainder to the reuse buffer's own reservation,
+   and ``release()`` once the response is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Reservation:
+    """Bytes held against a :class:`MemoryBudget`; resize or release exactly once."""
+
+    __slots__ = ("_budget", "_nbytes")
+
+    def __init__(self, budget: MemoryBudget, nbytes: int) -> None:
+        self._budget = budget
+        self._nbytes = nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def released(self) -> bool:
+        return self._nbytes < 0
+
+    def resize(self, nbytes: int) -> None:
+        """Hold *nbytes* instead (data already in memory: may exceed the budget)."""
+        if nbytes < 0:
+            raise ValueError("nbytes must be >= 0")
+        if self.released:
+            raise RuntimeError("reservation already released")
+        old = self._nbytes
+        self._nbytes = nbytes
+        self._budget._adjust(nbytes - old)
+
+    def try_grow(self, nbytes: int) -> bool:
+        """Hold *nbytes* more if the budget has room; False (unchanged) otherwise."""
+        if nbytes < 0:
+            raise ValueError("nbytes must be >= 0")
+        if self.released:
+            raise RuntimeError("reservation already released")
+        if not self._budget.fits(nbytes):
+            return False
+        self._nbytes += nbytes
+        self._budget._adjust(nbytes)
+        return True
+
+    def release(self) -> None:
+        """Give everything back (idempotent)."""
+        if self.released:
+            return
+        old = self._nbytes
+        self._nbytes = -1
+        self._budget._adjust(-old)
+
+    def __repr__(self) -> str:
+        return f"Reservation({self._nbytes})"
+
+
+class MemoryBudget:
+    """A byte budget shared by every connection of the proxy."""
+
+    def __init__(self, capacity: int, *, floor: int = 1) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        if not 1 <= floor <= capacity:
+            raise ValueError("floor must be between 1 and capacity")
+        self.capacity = capacity
+        self.floor = floor
+        self._used = 0
+        self.peak = 0
+        self.overshoot_bytes = 0
+        """Largest amount by which data already in memory pushed use past capacity."""
+        self.waits = 0
+        """Times a fetch was told to wait."""
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def headroom(self) -> int:
+        return max(0, self.capacity - self._used)
+
+    def fits(self, nbytes: int) -> bool:
+        return self._used + nbytes <= self.capacity
+
+    def try_reserve(self, nbytes: int) -> Reservation | None:
+        """Reserve exactly *nbytes* if it fits, else None (the reuse buffer uses this)."""
+        if nbytes < 0:
+            raise ValueError("nbytes must be >= 0")
+        if not self.fits(nbytes):
+            return None
+        reservation = Reservation(self, nbytes)
+        self._adjust(nbytes)
+        return reservation
+
+    def fetch_size(self, requested: int) -> int | None:
+        """The max_bytes a fetch asking for *requested* may send upstream now; None: wait.
+
+        min(requested, headroom), never below min(requested, floor).
+        """
+        if requested < 0:
+            raise ValueError("requested must be >= 0")
+        want = min(requested, self.headroom)
+        least = min(requested, self.floor)
+        if want < least:
+            return None
+        return max(want, least)
+
+    def acquire_fetch(self, requested: int) -> Reservation | None:
+        """Reserve the max_bytes for an upstream fetch (see :meth:`fetch_size`); None: wait."""
+        size = self.fetch_size(requested)
+        if size is None:
+            self.waits += 1
+            return None
+        reservation = Reservation(self, size)
+        self._adjust(size)
+        return reservation
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call *callback* (no arguments, must not raise) whenever bytes are released."""
+        self._listeners.append(callback)
+
+    def remove_listener(self, callback: Callable[[], None]) -> None:
+        self._listeners.remove(callback)
+
+    def _adjust(self, delta: int) -> None:
+        self._used += delta
+        if self._used > self.peak:
+            self.peak = self._used
+        if self._used > self.capacity:
+            self.overshoot_bytes = max(self.overshoot_bytes, self._used - self.capacity)
+        if delta < 0:
+            for callback in list(self._listeners):
+                callback()

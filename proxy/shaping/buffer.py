@@ -1,0 +1,191 @@
+"""The per-connection reuse buffer of whole batches trimmed away from a response.
+
+When a limit trims a partition, the whole batches upstream sent beyond the
+cut are kept here, keyed by partition, and go out with the next fetch at the
+matching offset instead of being fetched again, so upstream bytes stay close
+to delivered bytes under tight limits.  The relay asks upstream for the
+partition from :meth:`ReuseBuffer.upstream_offset` (the end of what is held)
+and :func:`~proxy.shaping.trim.trim_response` puts the held batches in front.
+
+An entry is dropped when:
+
+- the client fetches the partition at another offset (it seeked, or the
+  entry is stale);
+- the client's current leader epoch for the partition changes;
+- upstream reports an error for the partition;
+- upstream's high watermark for it moves backwards (the log was truncated).
+
+The buffer is bounded by ``capacity`` bytes per connection and, when given a
+:class:`~.budget.MemoryBudget`, holds a reservation for what it keeps: if the
+budget has no room the batches are simply not kept (the client's next fetch
+goes upstream as usual).  Only a leading run of whole batches is kept, so what
+is held always starts exactly at the client's next offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .budget import MemoryBudget, Reservation
+from .keys import PartitionKey
+from .trim import Prefix, Run
+
+NO_EPOCH = -1
+
+
+@dataclass(slots=True)
+class _Entry:
+    fetch_offset: int
+    prefix: Prefix
+    leader_epoch: int
+    reservation: Reservation | None
+
+    @property
+    def size(self) -> int:
+        return self.prefix.run.size
+
+
+class ReuseBuffer:
+    def __init__(self, capacity: int, *, budget: MemoryBudget | None = None) -> None:
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        self.capacity = capacity
+        self._budget = budget
+        self._entries: dict[PartitionKey, _Entry] = {}
+        self._size = 0
+        self.dropped = 0
+        """Entries dropped by an invalidation rule (not by being served)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes held (what the buffer counts against the memory budget)."""
+        return self._size
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def keys(self) -> Iterator[PartitionKey]:
+        return iter(list(self._entries))
+
+    def put(
+        self,
+        key: PartitionKey,
+        fetch_offset: int,
+        run: Run,
+        *,
+        leader_epoch: int = NO_EPOCH,
+        high_watermark: int,
+        last_stable_offset: int = -1,
+        log_start_offset: int = -1,
+    ) -> int:
+        """Keep the leading whole batches of *run* that fit; return the bytes kept.
+
+        *fetch_offset* is where the client will fetch next (the offset after
+        the last batch it was given).  Replaces any entry for *key*.
+        """
+        self.drop(key, counted=False)
+        if not run.headers or run.headers[-1].next_offset <= fetch_offset:
+            return 0
+        room = self.capacity - self._size
+        count = 0
+        for h in run.headers:
+            if h.end > room:
+                break
+            count += 1
+        if count == 0:
+            return 0
+        kept, _ = run.split(count)
+        reservation = None
+        if self._budget is not None:
+            reservation = self._budget.try_reserve(kept.size)
+            if reservation is None:
+                return 0
+        prefix = Prefix(kept, high_watermark, last_stable_offset, log_start_offset)
+        self._entries[key] = _Entry(fetch_offset, prefix, leader_epoch, reservation)
+        self._size += kept.size
+        return kept.size
+
+    def upstream_offset(
+        self, key: PartitionKey, fetch_offset: int, leader_epoch: int = NO_EPOCH
+    ) -> int:
+        """Where to fetch *key* upstream for a client fetch at *fetch_offset*.
+
+        The end of the held batches when they match (same offset and epoch);
+        otherwise *fetch_offset*, and a mismatching entry is dropped.
+        """
+        entry = self._match(key, fetch_offset, leader_epoch)
+        if entry is None:
+            return fetch_offset
+        end = entry.prefix.run.next_offset
+        assert end is not None
+        return end
+
+    def take(
+        self, key: PartitionKey, fetch_offset: int, leader_epoch: int = NO_EPOCH
+    ) -> Prefix | None:
+        """Remove and return the held batches for a fetch at *fetch_offset*, if they match."""
+        entry = self._match(key, fetch_offset, leader_epoch)
+        if entry is None:
+            return None
+        self._remove(key)
+        return entry.prefix
+
+    def peek(self, key: PartitionKey) -> Prefix | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.prefix
+
+    def observe(
+        self,
+        key: PartitionKey,
+        *,
+        error_code: int = 0,
+        high_watermark: int | None = None,
+        leader_epoch: int | None = None,
+    ) -> bool:
+        """Apply upstream's latest word on *key*; True when that dropped its entry."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        if (
+            error_code != 0
+            or (high_watermark is not None and high_watermark < entry.prefix.high_watermark)
+            or (
+                leader_epoch is not None
+                and leader_epoch != NO_EPOCH
+                and entry.leader_epoch != NO_EPOCH
+                and leader_epoch != entry.leader_epoch
+            )
+        ):
+            self.drop(key)
+            return True
+        return False
+
+    def drop(self, key: PartitionKey, *, counted: bool = True) -> None:
+        if key in self._entries:
+            self._remove(key)
+            if counted:
+                self.dropped += 1
+
+    def clear(self) -> None:
+        """Release everything (the connection closed)."""
+        for key in list(self._entries):
+            self._remove(key)
+
+    def _match(self, key: PartitionKey, fetch_offset: int, leader_epoch: int) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry.fetch_offset != fetch_offset or entry.leader_epoch != leader_epoch:
+            self.drop(key)
+            return None
+        return entry
+
+    def _remove(self, key: PartitionKey) -> None:
+        entry = self._entries.pop(key)
+        self._size -= entry.size
+        if entry.reservation is not None:
+            entry.reservation.release()

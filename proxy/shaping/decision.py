@@ -1,0 +1,90 @@
+"""The record of one shaped Fetch response, for logs and metrics.
+
+Plain values only: counts, byte sizes, limit names.  It never holds record
+data or topic names (log keys must stay small and payload-free); partitions
+appear as counts, and the worst starvation as a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .limits import Limits
+from .trim import TrimResult
+
+
+@dataclass(frozen=True, slots=True)
+class ShapingDecision:
+    api_version: int
+    requested_max_bytes: int
+    """max_bytes the client asked for."""
+    upstream_max_bytes: int
+    """max_bytes sent upstream (after the caps and the memory budget)."""
+    limits: Limits
+    partitions: int
+    """Partitions in the response."""
+    partitions_with_data: int
+    partitions_served: int
+    partitions_trimmed: int
+    """Partitions with whole batches held back by a limit."""
+    partitions_starved: int
+    """Partitions with data that got none in this response."""
+    max_starvation: int
+    """Most consecutive responses any partition with data has gone unserved (after this one)."""
+    upstream_bytes: int
+    upstream_records: int
+    reused_bytes: int
+    """Bytes served from the reuse buffer instead of upstream."""
+    delivered_bytes: int
+    delivered_records: int
+    buffered_bytes: int
+    """Trimmed-away bytes kept in the reuse buffer for the next fetch."""
+    dropped_partial_bytes: int
+    """Bytes of partial trailing batches upstream sent and we dropped."""
+    limited_by: frozenset[str] = field(default_factory=frozenset)
+    """Limits that held whole batches back: response_bytes, response_records, partition_bytes, partition_records."""
+    progress_exemption: bool = False
+    """A single batch went out beyond a limit under the KIP-74 progress guarantee."""
+
+    @classmethod
+    def from_trim(
+        cls,
+        result: TrimResult,
+        *,
+        api_version: int,
+        requested_max_bytes: int,
+        upstream_max_bytes: int,
+        limits: Limits,
+        buffered_bytes: int = 0,
+        max_starvation: int = 0,
+    ) -> ShapingDecision:
+        outs = list(result.outcomes.values())
+        with_data = [o for o in outs if o.had_data]
+        return cls(
+            api_version=api_version,
+            requested_max_bytes=requested_max_bytes,
+            upstream_max_bytes=upstream_max_bytes,
+            limits=limits,
+            partitions=len(outs),
+            partitions_with_data=len(with_data),
+            partitions_served=sum(1 for o in outs if o.delivered_batches),
+            partitions_trimmed=sum(1 for o in with_data if o.remainder.headers),
+            partitions_starved=sum(1 for o in with_data if not o.delivered_batches),
+            max_starvation=max_starvation,
+            upstream_bytes=sum(o.upstream_bytes for o in outs),
+            upstream_records=sum(o.upstream_records for o in outs),
+            reused_bytes=sum(o.reused_bytes for o in outs),
+            delivered_bytes=result.delivered_bytes,
+            delivered_records=result.delivered_records,
+            buffered_bytes=buffered_bytes,
+            dropped_partial_bytes=sum(o.dropped_partial_bytes for o in outs),
+            limited_by=result.limited_by,
+            progress_exemption=any(o.exempt for o in outs),
+        )
+
+    def as_log_fields(self) -> dict[str, object]:
+        """Flat, payload-free fields for a structured log line."""
+        fields = asdict(self)
+        fields["limits"] = self.limits.as_dict()
+        fields["limited_by"] = sorted(self.limited_by)
+        return fields

@@ -1,0 +1,181 @@
+"""Configured fetch limits and how they fold into a client's Fetch request.
+
+Byte limits count record bytes only (the ``records`` field of each partition),
+as Kafka's broker does in ``ReplicaManager.readFromLog``: the response header,
+topic names and partition metadata are not counted.
+
+KIP-1199 (draft, KAFKA-19554) proposes a ``MaxRecords`` field in FetchRequest.
+No Fetch version known to kio 0.6.5 (v4..v18) carries it (only ShareFetch
+does), so :func:`client_max_records` finds nothing today and the record limits
+come from configuration alone.  It reads the field by name, so once a Fetch
+version carries it the smaller of the client's value and the configured cap
+applies without further changes here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .keys import PartitionKey, topic_key
+
+INT32_MAX = 2**31 - 1
+
+LIMIT_NAMES = (
+    "max_response_bytes",
+    "max_partition_bytes",
+    "max_records",
+    "max_partition_records",
+)
+
+
+class InvalidLimits(ValueError):
+    """A configured limit is not a positive 32-bit integer (or None)."""
+
+
+def _min(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Configured caps; None means unlimited.
+
+    - ``max_response_bytes``: record bytes per response, across partitions.
+    - ``max_partition_bytes``: record bytes per partition per response.
+    - ``max_records``: records per response (control batches count zero).
+    - ``max_partition_records``: records per partition per response.
+    """
+
+    max_response_bytes: int | None = None
+    max_partition_bytes: int | None = None
+    max_records: int | None = None
+    max_partition_records: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in LIMIT_NAMES:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidLimits(f"{name} must be an integer or None, not {value!r}")
+            if not 1 <= value <= INT32_MAX:
+                raise InvalidLimits(f"{name} must be between 1 and {INT32_MAX}, not {value}")
+
+    @property
+    def unlimited(self) -> bool:
+        return all(getattr(self, name) is None for name in LIMIT_NAMES)
+
+    def tightened(self, other: Limits) -> Limits:
+        """The stricter of two limit sets, field by field (e.g. global and per-policy)."""
+        return Limits(
+            **{name: _min(getattr(self, name), getattr(other, name)) for name in LIMIT_NAMES}
+        )
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {name: getattr(self, name) for name in LIMIT_NAMES}
+
+
+def client_max_records(request: Any) -> int | None:
+    """The client's own record cap (KIP-1199 ``MaxRecords``), or None.
+
+    None for every Fetch version in kio 0.6.5: see the module docstring.
+    Non-positive values are treated as absent.
+    """
+    value = getattr(request, "max_records", None)
+    if isinstance(value, int) and value > 0:
+        return value
+    return None
+
+
+def _iter_partitions(request: Any) -> Iterator[tuple[PartitionKey, Any]]:
+    for topic in request.topics:
+        key = topic_key(topic)
+        for partition in topic.partitions:
+            yield (key, int(partition.partition)), partition
+
+
+def clamp_request(request: Any, limits: Limits, *, max_bytes_cap: int | None = None) -> Any:
+    """The request to send upstream: max_bytes and every partition_max_bytes clamped.
+
+    The response limit becomes min(client max_bytes, ``max_response_bytes``,
+    *max_bytes_cap*) (the cap the memory budget granted, if any); each
+    partition's max_bytes becomes min(its own, ``max_partition_bytes``).  The
+    broker then stops reading early.  Record limits have no request field to
+    travel in (see the module docstring) and are enforced on the response only.
+    Returns *request* itself when nothing changes.
+    """
+    if max_bytes_cap is not None and max_bytes_cap < 0:
+        raise ValueError("max_bytes_cap must be >= 0")
+    new_max = _min(int(request.max_bytes), limits.max_response_bytes, max_bytes_cap)
+    cap = limits.max_partition_bytes
+    topics = request.topics
+    if cap is not None:
+        new_topics = []
+        changed = False
+        for topic in topics:
+            parts = tuple(
+                dataclasses.replace(p, partition_max_bytes=type(p.partition_max_bytes)(cap))
+                if p.partition_max_bytes > cap
+                else p
+                for p in topic.partitions
+            )
+            if any(a is not b for a, b in zip(parts, topic.partitions, strict=True)):
+                changed = True
+                new_topics.append(dataclasses.replace(topic, partitions=parts))
+            else:
+                new_topics.append(topic)
+        if changed:
+            topics = tuple(new_topics)
+    if new_max == request.max_bytes and topics is request.topics:
+        return request
+    return dataclasses.replace(request, max_bytes=type(request.max_bytes)(new_max), topics=topics)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseLimits:
+    """The limits one response is trimmed to, after folding in the client's request.
+
+    ``partition_bytes_for`` maps partitions to the client's own partition
+    max_bytes (clamped by the configured cap); partitions absent from the map
+    (e.g. partitions cached in an incremental fetch session and not repeated
+    in the request) get ``partition_bytes``.
+    """
+
+    response_bytes: int | None = None
+    response_records: int | None = None
+    partition_bytes: int | None = None
+    partition_records: int | None = None
+    partition_bytes_for: Mapping[PartitionKey, int] = field(default_factory=dict)
+
+    def bytes_for(self, key: PartitionKey) -> int | None:
+        return _min(self.partition_bytes_for.get(key), self.partition_bytes)
+
+
+def response_limits(
+    limits: Limits,
+    request: Any,
+    *,
+    session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
+) -> ResponseLimits:
+    """Effective limits for the response to *request* (the client's, unclamped, request).
+
+    Response bytes: min(client max_bytes, ``max_response_bytes``).  Per
+    partition: min(client partition_max_bytes, ``max_partition_bytes``).
+    Records: min(client MaxRecords if its version has one, ``max_records``).
+    *session_partition_max_bytes* supplies the client's partition max_bytes for
+    partitions that an incremental session carries without repeating them.
+    """
+    per_partition: dict[PartitionKey, int] = dict(session_partition_max_bytes or {})
+    for key, partition in _iter_partitions(request):
+        per_partition[key] = int(partition.partition_max_bytes)
+    return ResponseLimits(
+        response_bytes=_min(int(request.max_bytes), limits.max_response_bytes),
+        response_records=_min(client_max_records(request), limits.max_records),
+        partition_bytes=limits.max_partition_bytes,
+        partition_records=limits.max_partition_records,
+        partition_bytes_for=per_partition,
+    )

@@ -1,0 +1,262 @@
+"""Per-connection fetch shaping: the one object the relay calls per Fetch.
+
+    shaper = FetchShaper(limits, buffer_capacity=..., budget=budget)
+    prepared = shaper.prepare(client_request, max_bytes_cap=grant.nbytes)
+    ... send prepared.upstream_request upstream (or apply prepared.upstream_offsets
+        and prepared.upstream_request.max_bytes to the upstream session) ...
+    shaped = shaper.finish(prepared, upstream_response)
+    ... send shaped.response to the client; tell the upstream session
+        shaped.next_offsets; log shaped.decision ...
+
+``prepare`` clamps the request to the limits (and the budget's grant),
+rotates the partition order of full fetches round-robin (KIP-74), and takes
+matching batches out of the reuse buffer, moving those partitions' upstream
+fetch offsets past them.  ``finish`` applies upstream's word to the buffer
+(errors, leader epochs, high watermarks), trims the response in serve-rotation
+order, keeps what was trimmed away in the buffer and builds the decision.
+
+Limits can be replaced at any time (config reload); the next ``prepare`` uses
+the new ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .budget import MemoryBudget
+from .buffer import NO_EPOCH, ReuseBuffer
+from .decision import ShapingDecision
+from .keys import PartitionKey, topic_key
+from .limits import Limits, ResponseLimits, clamp_request, response_limits
+from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
+from .trim import Prefix, TrimResult, trim_response
+
+
+def is_full_fetch(request: Any) -> bool:
+    """True for sessionless fetches and for the full fetch that opens a session (KIP-227)."""
+    epoch = getattr(request, "session_epoch", -1)
+    return bool(epoch <= 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedFetch:
+    client_request: Any
+    upstream_request: Any
+    """The request to send upstream: clamped, rotated, offsets moved past held batches."""
+    limits: Limits
+    response_limits: ResponseLimits
+    prefixes: Mapping[PartitionKey, Prefix]
+    """Batches taken from the reuse buffer, to go out ahead of upstream's data."""
+    client_offsets: Mapping[PartitionKey, int]
+    """Where the client fetches each partition (request, plus session offsets given)."""
+    upstream_offsets: Mapping[PartitionKey, int]
+    """Partitions whose upstream fetch offset differs from the client's (past held batches)."""
+    epochs: Mapping[PartitionKey, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ShapedResponse:
+    response: Any
+    """The kio FetchResponse for the client."""
+    next_offsets: Mapping[PartitionKey, int]
+    """Per partition that got data, the offset after the last delivered batch: the
+    client's next fetch offset, which the upstream session must learn."""
+    decision: ShapingDecision
+    result: TrimResult
+
+
+class FetchShaper:
+    def __init__(
+        self,
+        limits: Limits,
+        *,
+        buffer_capacity: int = 0,
+        budget: MemoryBudget | None = None,
+        max_partitions: int = DEFAULT_MAX_PARTITIONS,
+    ) -> None:
+        self.limits = limits
+        self.buffer = ReuseBuffer(buffer_capacity, budget=budget)
+        self.upstream_rotation: UpstreamRotation[PartitionKey] = UpstreamRotation(max_partitions)
+        self.serve_rotation: ServeRotation[PartitionKey] = ServeRotation(max_partitions)
+
+    def prepare(
+        self,
+        request: Any,
+        *,
+        max_bytes_cap: int | None = None,
+        session_offsets: Mapping[PartitionKey, tuple[int, int]] | None = None,
+        session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
+    ) -> PreparedFetch:
+        """Shape the client's *request* for upstream.
+
+        *max_bytes_cap*: the memory budget's grant.  *session_offsets*: for an
+        incremental fetch, (fetch offset, current leader epoch) of the session
+        partitions the request does not repeat, so held batches for them are
+        used too (their new upstream offsets come back in ``upstream_offsets``).
+        """
+        limits = self.limits
+        client_offsets: dict[PartitionKey, int] = {}
+        epochs: dict[PartitionKey, int] = {}
+        for key, (offset, epoch) in (session_offsets or {}).items():
+            client_offsets[key] = offset
+            epochs[key] = epoch
+        for topic in request.topics:
+            tkey = topic_key(topic)
+            for p in topic.partitions:
+                key = (tkey, int(p.partition))
+                client_offsets[key] = int(p.fetch_offset)
+                epochs[key] = int(getattr(p, "current_leader_epoch", NO_EPOCH))
+        prefixes: dict[PartitionKey, Prefix] = {}
+        upstream_offsets: dict[PartitionKey, int] = {}
+        upstream_epochs: dict[PartitionKey, int] = {}
+        for key, offset in client_offsets.items():
+            if key not in self.buffer:
+                continue
+            prefix = self.buffer.take(key, offset, epochs[key])
+            if prefix is not None and prefix.run.next_offset is not None:
+                prefixes[key] = prefix
+                upstream_offsets[key] = prefix.run.next_offset
+                upstream_epochs[key] = prefix.run.headers[-1].partition_leader_epoch
+        upstream = clamp_request(request, limits, max_bytes_cap=max_bytes_cap)
+        if upstream_offsets:
+            upstream = _with_offsets(upstream, upstream_offsets, upstream_epochs)
+        if is_full_fetch(request):
+            upstream = self._rotate(upstream)
+        return PreparedFetch(
+            client_request=request,
+            upstream_request=upstream,
+            limits=limits,
+            response_limits=response_limits(
+                limits, request, session_partition_max_bytes=session_partition_max_bytes
+            ),
+            prefixes=prefixes,
+            client_offsets=client_offsets,
+            upstream_offsets=upstream_offsets,
+            epochs=epochs,
+        )
+
+    def finish(self, prepared: PreparedFetch, response: Any) -> ShapedResponse:
+        """Trim upstream's *response* for the client and keep what was trimmed away."""
+        for topic in response.responses:
+            tkey = topic_key(topic)
+            for pd in topic.partitions:
+                key = (tkey, int(pd.partition_index))
+                leader = getattr(pd, "current_leader", None)
+                self.buffer.observe(
+                    key,
+                    error_code=int(pd.error_code),
+                    high_watermark=int(pd.high_watermark),
+                    leader_epoch=None if leader is None else int(leader.leader_epoch),
+                )
+        result = trim_response(
+            response,
+            prepared.response_limits,
+            prefixes=prepared.prefixes,
+            order=self.serve_rotation.order,
+        )
+        with_data = [k for k in result.serve_order]
+        served = [k for k, o in result.outcomes.items() if o.delivered_batches]
+        self.serve_rotation.observe(with_data, served)
+        self.upstream_rotation.observe(
+            [k for k, o in result.outcomes.items() if o.delivered_batches]
+        )
+        metadata = _partition_metadata(result.response)
+        buffered = 0
+        for key, outcome in result.outcomes.items():
+            if not outcome.remainder.headers:
+                continue
+            offset = outcome.next_offset
+            if offset is None:
+                offset = prepared.client_offsets.get(key)
+            if offset is None:
+                continue
+            hw, lso, lso_start = metadata[key]
+            buffered += self.buffer.put(
+                key,
+                offset,
+                outcome.remainder,
+                leader_epoch=prepared.epochs.get(key, NO_EPOCH),
+                high_watermark=hw,
+                last_stable_offset=lso,
+                log_start_offset=lso_start,
+            )
+        decision = ShapingDecision.from_trim(
+            result,
+            api_version=int(type(response).__version__),
+            requested_max_bytes=int(prepared.client_request.max_bytes),
+            upstream_max_bytes=int(prepared.upstream_request.max_bytes),
+            limits=prepared.limits,
+            buffered_bytes=buffered,
+            max_starvation=self.serve_rotation.max_starvation,
+        )
+        return ShapedResponse(result.response, result.next_offsets, decision, result)
+
+    def close(self) -> None:
+        """Release the buffer's memory (the connection is gone)."""
+        self.buffer.clear()
+
+    def forget(self, keys: list[PartitionKey]) -> None:
+        """The client dropped *keys* from its session (forgotten topics)."""
+        for key in keys:
+            self.buffer.drop(key, counted=False)
+        self.serve_rotation.forget(keys)
+        self.upstream_rotation.forget(keys)
+
+    def _rotate(self, request: Any) -> Any:
+        items = []
+        for topic in request.topics:
+            for p in topic.partitions:
+                items.append(((topic_key(topic), int(p.partition)), topic, p))
+        if len(items) < 2:
+            return request
+        order = self.upstream_rotation.order([k for k, _, _ in items])
+        by_key = {k: (t, p) for k, t, p in items}
+        topics: list[Any] = []
+        for key in order:
+            topic, p = by_key[key]
+            if topics and topic_key(topics[-1]) == key[0]:
+                last = topics[-1]
+                topics[-1] = dataclasses.replace(last, partitions=(*last.partitions, p))
+            else:
+                topics.append(dataclasses.replace(topic, partitions=(p,)))
+        return dataclasses.replace(request, topics=tuple(topics))
+
+
+def _with_offsets(
+    request: Any, offsets: Mapping[PartitionKey, int], epochs: Mapping[PartitionKey, int]
+) -> Any:
+    """*request* fetching the given partitions from *offsets*.
+
+    A partition that names its last fetched epoch (KIP-595; consumers send -1)
+    gets the epoch of the last held batch, which now precedes its offset.
+    """
+    topics = []
+    for topic in request.topics:
+        tkey = topic_key(topic)
+        parts = []
+        for p in topic.partitions:
+            key = (tkey, int(p.partition))
+            if key in offsets:
+                changes: dict[str, int] = {"fetch_offset": offsets[key]}
+                if getattr(p, "last_fetched_epoch", -1) != -1:
+                    changes["last_fetched_epoch"] = epochs[key]
+                p = dataclasses.replace(p, **changes)
+            parts.append(p)
+        topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
+    return dataclasses.replace(request, topics=tuple(topics))
+
+
+def _partition_metadata(response: Any) -> dict[PartitionKey, tuple[int, int, int]]:
+    out = {}
+    for topic in response.responses:
+        tkey = topic_key(topic)
+        for pd in topic.partitions:
+            out[(tkey, int(pd.partition_index))] = (
+                int(pd.high_watermark),
+                int(getattr(pd, "last_stable_offset", -1)),
+                int(getattr(pd, "log_start_offset", -1)),
+            )
+    return out

@@ -1,0 +1,466 @@
+"""Trimming a Fetch response to whole batches within the limits.
+
+What a partition offers is a :class:`Run`: the whole RecordBatch v2 batches
+upstream returned (optionally after batches kept from an earlier response in
+the reuse buffer), byte-identical, plus the aborted transactions that apply
+from its first offset on.  A partial trailing batch (the broker cuts the last
+batch at max_bytes, KIP-74) is dropped here and never forwarded; the client
+refetches from the offset after the last whole batch.
+
+Allocation mirrors ``ReplicaManager.readFromLog``: partitions are visited in
+serve order (see :mod:`.rotation`), each takes whole batches while its byte
+and record budget and the response's remaining budget allow, and stops at the
+first batch that does not fit (batches are never skipped: the delivered data
+is a prefix).  Progress (KIP-74): the first batch of the first partition that
+has one is delivered even when it alone exceeds a limit; after it, the
+remaining response budget is max(0, limit - its size), as in Kafka.
+
+Aborted transactions (read_committed).  The Java consumer keeps one queue of
+(producer id, first offset) per partition response; before each batch it moves
+every entry whose first offset is <= the batch's last offset into its set of
+aborted producers, skips transactional batches of those producers and removes a
+producer when it meets that producer's control batch.  The broker therefore
+lists the transactions whose range overlaps the fetched range: the abort
+marker is at or after the fetch offset and the first offset is before the end
+of the data (``collectAbortedTxns``).  We keep that rule per part delivered:
+
+- an entry whose first offset is at or after the end of the delivered data is
+  left out (the broker would not list it);
+- an entry whose transaction a delivered control batch of the same producer
+  closed is not carried into the remainder's list, because the client starts
+  a new queue with the next response and would otherwise treat a later, fresh
+  transaction of that producer as aborted.
+
+Responses that had a list keep a list (possibly empty); null stays null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from ..protocol import records
+from ..protocol.records import BatchHeader
+from .keys import PartitionKey, topic_key
+from .limits import ResponseLimits
+
+Aborted = tuple[tuple[int, int], ...]
+"""(producer id, first offset) pairs, in upstream order."""
+
+NONE_ERROR = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Contiguous whole batches of one partition, exactly as upstream sent them."""
+
+    data: bytes
+    headers: tuple[BatchHeader, ...]
+    """Headers of the batches in *data*; ``position`` is relative to *data*."""
+    aborted: Aborted | None = None
+    """Aborted transactions that apply from the first batch on; None: not read_committed."""
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def records(self) -> int:
+        return sum(h.counted_records for h in self.headers)
+
+    @property
+    def first_offset(self) -> int | None:
+        return self.headers[0].base_offset if self.headers else None
+
+    @property
+    def next_offset(self) -> int | None:
+        return self.headers[-1].next_offset if self.headers else None
+
+    def split(self, count: int) -> tuple[Run, Run]:
+        """The first *count* batches and the rest, each with its aborted list."""
+        if count <= 0:
+            return Run(b"", (), self.aborted), self
+        if count >= len(self.headers):
+            return self, Run(b"", (), _aborted_after(self.aborted, self.headers))
+        cut = self.headers[count].position
+        head_headers = self.headers[:count]
+        tail_headers = tuple(
+            dataclasses.replace(h, position=h.position - cut) for h in self.headers[count:]
+        )
+        return (
+            Run(self.data[:cut], head_headers, self.aborted),
+            Run(self.data[cut:], tail_headers, _aborted_after(self.aborted, head_headers)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """Batches held for a partition (reuse buffer), to go out ahead of upstream's data.
+
+    The partition metadata is what upstream last reported; it fills in the
+    partition when an incremental upstream response leaves the partition out.
+    """
+
+    run: Run
+    high_watermark: int
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+
+
+def parse_records(data: bytes | None, aborted: Aborted | None = None) -> tuple[Run, int]:
+    """The whole batches of a partition's records field, and the partial bytes dropped.
+
+    Raises :class:`~proxy.protocol.records.InvalidRecordBatch` (a
+    ProtocolError) for data that is not RecordBatch v2.
+    """
+    if not data:
+        return Run(b"", (), aborted), 0
+    headers = tuple(records.iter_batches(data))
+    end = headers[-1].end if headers else 0
+    whole = bytes(data[:end]) if end != len(data) else bytes(data)
+    return Run(whole, headers, aborted), len(data) - end
+
+
+def concat(prefix: Run, tail: Run) -> Run:
+    """*prefix* followed by the part of *tail* that starts at or after prefix's end.
+
+    Batches of *tail* that end before *prefix* ends are skipped (already held);
+    if a batch of *tail* straddles prefix's end, the two do not line up (the
+    log changed under us) and *tail* is ignored: only the prefix is offered,
+    which loses nothing, since the client refetches after it.
+    """
+    end = prefix.next_offset
+    if end is None:
+        return Run(tail.data, tail.headers, _merge_aborted(prefix.aborted, tail.aborted))
+    keep = [h for h in tail.headers if h.last_offset >= end]
+    if keep and keep[0].base_offset < end:
+        return prefix
+    if not keep:
+        return prefix
+    start = keep[0].position
+    shifted = tuple(dataclasses.replace(h, position=h.position - start + prefix.size) for h in keep)
+    return Run(
+        prefix.data + tail.data[start:],
+        prefix.headers + shifted,
+        _merge_aborted(prefix.aborted, tail.aborted),
+    )
+
+
+def _merge_aborted(a: Aborted | None, b: Aborted | None) -> Aborted | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    seen = set(a)
+    return a + tuple(e for e in b if e not in seen)
+
+
+def _aborted_after(aborted: Aborted | None, delivered: Sequence[BatchHeader]) -> Aborted | None:
+    """Entries still open after *delivered*: drop those a delivered control batch closed."""
+    if not aborted:
+        return aborted
+    closers = [(h.producer_id, h.base_offset) for h in delivered if h.is_control]
+    if not closers:
+        return aborted
+    return tuple(
+        (pid, first)
+        for pid, first in aborted
+        if not any(cpid == pid and off >= first for cpid, off in closers)
+    )
+
+
+def _aborted_within(aborted: Aborted | None, delivered: Sequence[BatchHeader]) -> Aborted | None:
+    """Entries that overlap the delivered data (first offset before its end)."""
+    if aborted is None:
+        return None
+    if not delivered:
+        return ()
+    end = delivered[-1].next_offset
+    return tuple(e for e in aborted if e[1] < end)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOutcome:
+    """What trimming did to one partition of the response."""
+
+    key: PartitionKey
+    error_code: int
+    upstream_bytes: int
+    """Record bytes this partition carried from upstream (partial trailing batch included)."""
+    upstream_records: int
+    offered_bytes: int
+    """Whole-batch bytes on offer: reused prefix plus upstream's whole batches."""
+    reused_bytes: int
+    """Bytes of the offer that came from the reuse buffer."""
+    delivered_bytes: int
+    delivered_records: int
+    delivered_batches: int
+    dropped_partial_bytes: int
+    next_offset: int | None
+    """Offset after the last delivered batch: the client's next fetch offset.  None: nothing delivered."""
+    exempt: bool
+    """The first delivered batch exceeded a limit and went out under the progress guarantee."""
+    limited_by: frozenset[str]
+    """Limits that kept whole batches back ("partition_bytes", "response_records", ...)."""
+    remainder: Run
+    """Whole batches offered but not delivered (for the reuse buffer)."""
+
+    @property
+    def had_data(self) -> bool:
+        return self.offered_bytes > 0
+
+
+@dataclass(frozen=True, slots=True)
+class TrimResult:
+    response: Any
+    """The kio FetchResponse to send to the client."""
+    outcomes: dict[PartitionKey, PartitionOutcome]
+    serve_order: tuple[PartitionKey, ...]
+    """Partitions with data, in the order they were allotted budget."""
+    limited_by: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def delivered_bytes(self) -> int:
+        return sum(o.delivered_bytes for o in self.outcomes.values())
+
+    @property
+    def delivered_records(self) -> int:
+        return sum(o.delivered_records for o in self.outcomes.values())
+
+    @property
+    def next_offsets(self) -> dict[PartitionKey, int]:
+        """Per partition that got data, the offset the client (and upstream session) moves to."""
+        return {k: o.next_offset for k, o in self.outcomes.items() if o.next_offset is not None}
+
+
+def _fmin(value: int | None) -> float:
+    return float("inf") if value is None else value
+
+
+def allocate(
+    runs: Mapping[PartitionKey, Run], order: Sequence[PartitionKey], limits: ResponseLimits
+) -> dict[PartitionKey, tuple[int, bool, frozenset[str]]]:
+    """How many leading batches each partition in *order* delivers.
+
+    Returns key -> (batch count, exempt, limits that held batches back).
+    """
+    remaining_bytes = _fmin(limits.response_bytes)
+    remaining_records = _fmin(limits.response_records)
+    first = True
+    out: dict[PartitionKey, tuple[int, bool, frozenset[str]]] = {}
+    for key in order:
+        run = runs[key]
+        part_bytes = _fmin(limits.bytes_for(key))
+        part_records = _fmin(limits.partition_records)
+        count = taken_bytes = taken_records = 0
+        exempt = False
+        held: frozenset[str] = frozenset()
+        for h in run.headers:
+            nb = taken_bytes + h.size
+            nr = taken_records + h.counted_records
+            reasons = set()
+            if nb > part_bytes:
+                reasons.add("partition_bytes")
+            if nr > part_records:
+                reasons.add("partition_records")
+            if nb > remaining_bytes:
+                reasons.add("response_bytes")
+            if nr > remaining_records:
+                reasons.add("response_records")
+            if reasons:
+                held = frozenset(reasons)
+                if first and count == 0:
+                    # KIP-74 progress: the batch goes out alone; as in Kafka's
+                    # log read with minOneMessage, the partition's read ends here.
+                    exempt = True
+                    count, taken_bytes, taken_records = 1, nb, nr
+                break
+            count, taken_bytes, taken_records = count + 1, nb, nr
+        if count == len(run.headers):
+            held = frozenset()
+        if count:
+            first = False
+            remaining_bytes = max(0.0, remaining_bytes - taken_bytes)
+            remaining_records = max(0.0, remaining_records - taken_records)
+        out[key] = (count, exempt, held)
+    return out
+
+
+def trim_response(
+    response: Any,
+    limits: ResponseLimits,
+    *,
+    prefixes: Mapping[PartitionKey, Prefix] | None = None,
+    order: Callable[[Sequence[PartitionKey]], Sequence[PartitionKey]] | None = None,
+) -> TrimResult:
+    """Trim *response* (a kio FetchResponse, any version) to *limits*.
+
+    *prefixes* holds reuse-buffer runs to deliver ahead of upstream's data for
+    that partition (the upstream fetch for it started where the run ends).
+    *order* receives the partitions that have whole batches on offer, in
+    response order, and returns the serve order (a permutation of them);
+    default: response order.  Partitions with an error pass through untouched.
+    """
+    prefixes = prefixes or {}
+    runs: dict[PartitionKey, Run] = {}
+    upstream: dict[PartitionKey, tuple[int, int, int, int]] = {}
+    errors: dict[PartitionKey, int] = {}
+    for topic in response.responses:
+        tkey = topic_key(topic)
+        for pd in topic.partitions:
+            key = (tkey, int(pd.partition_index))
+            if pd.error_code != NONE_ERROR:
+                errors[key] = int(pd.error_code)
+                continue
+            aborted = _aborted_of(pd)
+            run, partial = parse_records(pd.records, aborted)
+            up_bytes = len(pd.records or b"")
+            up_records = run.records
+            prefix = prefixes.get(key)
+            reused = 0
+            if prefix is not None and prefix.run.headers:
+                run = concat(prefix.run, run)
+                reused = prefix.run.size
+            runs[key] = run
+            upstream[key] = (up_bytes, up_records, partial, reused)
+    # An incremental upstream response leaves out partitions with nothing new;
+    # buffered batches for them still go out, in a partition we fill in.
+    missing = [k for k in prefixes if k not in runs and k not in errors and prefixes[k].run.headers]
+    for key in missing:
+        runs[key] = prefixes[key].run
+        upstream[key] = (0, 0, 0, prefixes[key].run.size)
+    if missing:
+        response = _add_partitions(response, {k: prefixes[k] for k in missing})
+
+    with_data = [k for k, r in runs.items() if r.headers]
+    serve = list(order(with_data)) if order is not None else with_data
+    if len(serve) != len(with_data) or set(serve) != set(with_data):
+        raise ValueError("serve order must be a permutation of the partitions with data")
+    plan = allocate(runs, serve, limits)
+
+    outcomes: dict[PartitionKey, PartitionOutcome] = {}
+    new_topics = []
+    all_limited: set[str] = set()
+    for topic in response.responses:
+        tkey = topic_key(topic)
+        new_parts = []
+        for pd in topic.partitions:
+            key = (tkey, int(pd.partition_index))
+            if key in errors:
+                up_bytes = len(pd.records or b"")
+                outcomes[key] = PartitionOutcome(
+                    key,
+                    errors[key],
+                    up_bytes,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    None,
+                    False,
+                    frozenset(),
+                    Run(b"", ()),
+                )
+                new_parts.append(pd)
+                continue
+            run = runs[key]
+            up_bytes, up_records, partial, reused = upstream[key]
+            count, exempt, held = plan.get(key, (0, False, frozenset()))
+            head, tail = run.split(count)
+            all_limited |= held
+            outcomes[key] = PartitionOutcome(
+                key=key,
+                error_code=NONE_ERROR,
+                upstream_bytes=up_bytes,
+                upstream_records=up_records,
+                offered_bytes=run.size,
+                reused_bytes=reused,
+                delivered_bytes=head.size,
+                delivered_records=head.records,
+                delivered_batches=len(head.headers),
+                dropped_partial_bytes=partial,
+                next_offset=head.next_offset,
+                exempt=exempt,
+                limited_by=held,
+                remainder=tail,
+            )
+            new_parts.append(_rebuild_partition(pd, head))
+        new_topics.append(dataclasses.replace(topic, partitions=tuple(new_parts)))
+    new_response = dataclasses.replace(response, responses=tuple(new_topics))
+    return TrimResult(new_response, outcomes, tuple(serve), frozenset(all_limited))
+
+
+def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
+    """*response* with an empty, error-free partition entry for each key of *extra*."""
+    module = importlib.import_module(type(response).__module__)
+    pd_cls = module.PartitionData
+    names = {f.name for f in dataclasses.fields(pd_cls)}
+    topics = list(response.responses)
+    index = {topic_key(t): i for i, t in enumerate(topics)}
+    for (tkey, partition), prefix in extra.items():
+        kwargs: dict[str, Any] = {
+            "partition_index": partition,
+            "error_code": ErrorCode.none,
+            "high_watermark": prefix.high_watermark,
+            "aborted_transactions": None if prefix.run.aborted is None else (),
+            "records": b"",
+        }
+        if "last_stable_offset" in names:
+            kwargs["last_stable_offset"] = prefix.last_stable_offset
+        if "log_start_offset" in names:
+            kwargs["log_start_offset"] = prefix.log_start_offset
+        pd = pd_cls(**kwargs)
+        if tkey in index:
+            t = topics[index[tkey]]
+            topics[index[tkey]] = dataclasses.replace(t, partitions=(*t.partitions, pd))
+        else:
+            field_name = (
+                "topic_id"
+                if "topic_id" in {f.name for f in dataclasses.fields(module.FetchableTopicResponse)}
+                else "topic"
+            )
+            topics.append(module.FetchableTopicResponse(**{field_name: tkey, "partitions": (pd,)}))
+            index[tkey] = len(topics) - 1
+    return dataclasses.replace(response, responses=tuple(topics))
+
+
+def _aborted_of(pd: Any) -> Aborted | None:
+    txns = pd.aborted_transactions
+    if txns is None:
+        return None
+    return tuple((int(t.producer_id), int(t.first_offset)) for t in txns)
+
+
+def _rebuild_partition(pd: Any, head: Run) -> Any:
+    """*pd* carrying *head* as its records, with the aborted list for that range."""
+    changes: dict[str, Any] = {}
+    if head.data != (pd.records or b""):
+        changes["records"] = head.data if (head.data or pd.records is not None) else None
+    aborted = _aborted_within(head.aborted, head.headers)
+    if aborted != _aborted_of(pd):
+        module = importlib.import_module(type(pd).__module__)
+        cls = module.AbortedTransaction
+        changes["aborted_transactions"] = (
+            None
+            if aborted is None
+            else tuple(cls(producer_id=p, first_offset=f) for p, f in aborted)
+        )
+    return dataclasses.replace(pd, **changes) if changes else pd
+
+
+def iter_delivered(result: TrimResult) -> Iterable[tuple[PartitionKey, BatchHeader]]:
+    """Headers of every delivered batch, by partition (for tests and metrics)."""
+    for topic in result.response.responses:
+        tkey = topic_key(topic)
+        for pd in topic.partitions:
+            if pd.error_code == NONE_ERROR and pd.records:
+                for h in records.iter_batches(pd.records):
+                    yield (tkey, int(pd.partition_index)), h
