@@ -1,0 +1,376 @@
+"""Settings of ``kafka-fetch-proxy run``: defaults < TOML file < KAFKA_FETCH_PROXY_* env < flags.
+
+The JSON Schema in ``proxy/schemas/config.schema.json`` (also reachable as
+``schemas/config.schema.json`` at the repository root, a symlink) is the single
+source of truth: it lists every key with its type, default, allowed values and
+description, and the command-line flags and environment variables are derived
+from it (key ``broker_port_base`` -> ``--broker-port-base`` and
+``KAFKA_FETCH_PROXY_BROKER_PORT_BASE``; key ``ca_file`` of table
+``upstream_tls`` -> ``--upstream-tls-ca-file`` and
+``KAFKA_FETCH_PROXY_UPSTREAM_TLS_CA_FILE``).  Lists are comma-separated and
+maps are ``KEY=VALUE,...`` in flags and env.
+
+The merged settings are validated against the schema as a whole; every error
+names the key, where the value came from, the value, and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+
+ENV_PREFIX = "KAFKA_FETCH_PROXY_"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; ``errors`` holds one message per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("invalid configuration:\n  " + "\n  ".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> HostPort:
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"{text!r} is not HOST:PORT with a port in 0-65535")
+        return cls(host.strip("[]"), int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTls:
+    enabled: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    check_hostname: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DownstreamTls:
+    enabled: bool = False
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    upstream: tuple[HostPort, ...]
+    listen: HostPort = HostPort("127.0.0.1", 9092)
+    advertised_host: str = "127.0.0.1"
+    broker_port_base: int = 9093
+    broker_ports: Mapping[int, int] = field(default_factory=dict)
+    metrics_listen: HostPort | None = None
+    max_frame_bytes: int = 104857600
+    max_in_flight: int = 512
+    connect_timeout_seconds: float = 10.0
+    retry_backoff_initial_seconds: float = 0.1
+    retry_backoff_max_seconds: float = 10.0
+    log_level: str = "info"
+    upstream_tls: UpstreamTls = UpstreamTls()
+    downstream_tls: DownstreamTls = DownstreamTls()
+    raw: Mapping[str, Any] = field(default_factory=dict)
+    """Every validated key, including those later features read themselves."""
+
+    def broker_port(self, node_id: int) -> int:
+        """The listener port for a broker (0: pick a free one)."""
+        if node_id in self.broker_ports:
+            return self.broker_ports[node_id]
+        if self.broker_port_base == 0:
+            return 0
+        return self.broker_port_base + node_id
+
+
+# --- the schema ---------------------------------------------------------------------------
+
+
+@cache
+def schema() -> dict[str, Any]:
+    text = resources.files("proxy").joinpath("schemas/config.schema.json").read_text("utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    path: tuple[str, ...]
+    spec: dict[str, Any]
+
+    @property
+    def flag(self) -> str:
+        return "--" + "-".join(self.path).replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + "_".join(self.path).upper()
+
+    @property
+    def dest(self) -> str:
+        return "cfg__" + "__".join(self.path)
+
+    @property
+    def key(self) -> str:
+        return ".".join(self.path)
+
+
+def _options() -> list[_Option]:
+    out = []
+    for name, spec in schema()["properties"].items():
+        if spec.get("type") == "object" and "properties" in spec:
+            out += [_Option((name, sub), s) for sub, s in spec["properties"].items()]
+        else:
+            out.append(_Option((name,), spec))
+    return out
+
+
+def _convert(option: _Option, text: str) -> Any:
+    """A flag or env string to the JSON type the schema expects (validation comes later)."""
+    kind = option.spec.get("type")
+    if kind == "array":
+        return [item.strip() for item in text.split(",") if item.strip()]
+    if kind == "object":
+        pairs = [item.strip() for item in text.split(",") if item.strip()]
+        out: dict[str, Any] = {}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            out[key.strip()] = _number(value.strip())
+        return out
+    if kind == "integer" or kind == "number":
+        return _number(text.strip())
+    if kind == "boolean":
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        return text
+    return text
+
+
+def _number(text: str) -> Any:
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text  # left as a string: the schema check names it
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config`` and one flag per schema key."""
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    for option in _options():
+        help_text = option.spec.get("description", "")
+        if "default" in option.spec and option.spec["default"] not in ({}, []):
+            help_text += f" (default: {option.spec['default']})"
+        help_text += f" [env {option.env}]"
+        if option.spec.get("type") == "boolean":
+            parser.add_argument(
+                option.flag,
+                dest=option.dest,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(option.flag, dest=option.dest, metavar="VALUE", help=help_text)
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def _put(target: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        nested = target.setdefault(part, {})
+        if not isinstance(nested, dict):
+            return  # a wrong type in the file: the schema reports it
+        target = nested
+    target[path[-1]] = value
+
+
+def load(
+    *,
+    config_file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: argparse.Namespace | None = None,
+) -> Settings:
+    """Merge defaults < file < env < flags, validate, and build Settings (or raise ConfigError)."""
+    merged: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    if config_file is not None:
+        try:
+            with open(config_file, "rb") as fh:
+                file_values = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError([f"cannot read config file {config_file}: {exc.strerror}"]) from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError([f"config file {config_file} is not valid TOML: {exc}"]) from exc
+        for key, value in file_values.items():
+            if isinstance(value, dict):
+                merged[key] = dict(value)
+                for sub in value:
+                    source[f"{key}.{sub}"] = f"file {config_file}"
+            else:
+                merged[key] = value
+            source[key] = f"file {config_file}"
+    options = _options()
+    for option in options:
+        if env is not None and option.env in env:
+            _put(merged, option.path, _convert(option, env[option.env]))
+            source[option.key] = f"environment {option.env}"
+    for option in options:
+        value = getattr(flags, option.dest, None) if flags is not None else None
+        if value is not None:
+            if not isinstance(value, bool):
+                value = _convert(option, value)
+            _put(merged, option.path, value)
+            source[option.key] = f"flag {option.flag}"
+    return validate(merged, source)
+
+
+def validate(values: Mapping[str, Any], source: Mapping[str, str] | None = None) -> Settings:
+    source = source or {}
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(dict(values)), key=lambda e: list(e.absolute_path))
+    messages = [_explain(e, source) for e in errors]
+    if "upstream" not in values:
+        messages.insert(
+            0,
+            "key 'upstream' is required: the real Kafka cluster's bootstrap HOST:PORT list"
+            f" (flag --upstream, env {ENV_PREFIX}UPSTREAM, or upstream = [...] in the file)",
+        )
+    if not messages:
+        messages = _semantic_errors(values, source)
+    if messages:
+        raise ConfigError(messages)
+    return _build(values)
+
+
+def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> str:
+    path = [str(p) for p in error.absolute_path]
+    key = ".".join(path) or "(top level)"
+    origin = source.get(key) or (source.get(path[0]) if path else None)
+    where = f" (from {origin})" if origin else ""
+    spec = error.schema if isinstance(error.schema, dict) else {}
+    v = error.validator
+    allowed: str
+    if v == "additionalProperties":
+        known = sorted(spec.get("properties", {}))
+        extra = sorted(set(error.instance) - set(known)) if isinstance(error.instance, dict) else []
+        scope = f"table '{key}'" if path else "the top level"
+        return (
+            f"unknown key(s) {', '.join(repr(x) for x in extra)} in {scope}{where};"
+            f" allowed keys: {', '.join(known)}"
+        )
+    if v == "required":
+        return f"key '{key}': {error.message}{where}"
+    if v == "type":
+        allowed = f"a value of type {spec.get('type')}"
+    elif v == "enum":
+        allowed = "one of " + ", ".join(repr(x) for x in spec.get("enum", []))
+    elif v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        words = {
+            "minimum": ">=",
+            "exclusiveMinimum": ">",
+            "maximum": "<=",
+            "exclusiveMaximum": "<",
+        }
+        allowed = f"a number {words[v]} {error.validator_value}"
+    elif v == "pattern":
+        allowed = spec.get("description") or f"a string matching {spec.get('pattern')}"
+    elif v == "minItems":
+        allowed = f"at least {error.validator_value} item(s)"
+    elif v == "minLength":
+        allowed = "a non-empty string"
+    else:
+        allowed = error.message
+    desc = ""
+    if path and v != "pattern":
+        top = schema()["properties"].get(path[0], {})
+        desc_spec = top.get("properties", {}).get(path[1], {}) if len(path) > 1 else top
+        if isinstance(desc_spec, dict) and desc_spec.get("description"):
+            desc = f" ({desc_spec['description']})"
+    return f"key '{key}'{where}: value {json.dumps(error.instance)} is not allowed; expected {allowed}{desc}"
+
+
+def _semantic_errors(values: Mapping[str, Any], source: Mapping[str, str]) -> list[str]:
+    out = []
+    for key in ("listen", "metrics_listen"):
+        if key in values:
+            try:
+                HostPort.parse(values[key])
+            except ValueError as exc:
+                out.append(f"key '{key}' (from {source.get(key, 'default')}): {exc}")
+    for item in values.get("upstream", []):
+        try:
+            if HostPort.parse(item).port == 0:
+                raise ValueError(f"{item!r}: port 0 is not a broker port")
+        except ValueError as exc:
+            out.append(f"key 'upstream' (from {source.get('upstream', 'default')}): {exc}")
+    base = values.get("broker_port_base", schema()["properties"]["broker_port_base"]["default"])
+    return out + ([] if base == 0 or base <= 65535 else [f"key 'broker_port_base': {base} > 65535"])
+
+
+def _default(key: str) -> Any:
+    return schema()["properties"][key].get("default")
+
+
+def _build(values: Mapping[str, Any]) -> Settings:
+    def get(key: str) -> Any:
+        return values.get(key, _default(key))
+
+    listen = HostPort.parse(get("listen"))
+    advertised = values.get("advertised_host")
+    if advertised is None:
+        advertised = "localhost" if listen.host in ("0.0.0.0", "::", "") else listen.host
+    up_tls = dict(values.get("upstream_tls", {}))
+    down_tls = dict(values.get("downstream_tls", {}))
+    metrics = values.get("metrics_listen")
+    return Settings(
+        upstream=tuple(HostPort.parse(u) for u in values["upstream"]),
+        listen=listen,
+        advertised_host=advertised,
+        broker_port_base=int(get("broker_port_base")),
+        broker_ports={int(k): int(v) for k, v in (get("broker_ports") or {}).items()},
+        metrics_listen=HostPort.parse(metrics) if metrics else None,
+        max_frame_bytes=int(get("max_frame_bytes")),
+        max_in_flight=int(get("max_in_flight")),
+        connect_timeout_seconds=float(get("connect_timeout_seconds")),
+        retry_backoff_initial_seconds=float(get("retry_backoff_initial_seconds")),
+        retry_backoff_max_seconds=float(get("retry_backoff_max_seconds")),
+        log_level=str(get("log_level")),
+        upstream_tls=UpstreamTls(**up_tls),
+        downstream_tls=DownstreamTls(**down_tls),
+        raw=dict(values),
+    )
+
+
+def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    return load(config_file=getattr(args, "config", None), env=env, flags=args)
+
+
+def option_names() -> Sequence[tuple[str, str, str]]:
+    """(key, flag, env var) for every setting: for docs and tests."""
+    return [(o.key, o.flag, o.env) for o in _options()]

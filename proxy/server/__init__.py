@@ -1,0 +1,1 @@
+"""The trio edges of the proxy: listeners, client connections, upstream links."""

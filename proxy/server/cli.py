@@ -1,0 +1,101 @@
+"""``kafka-fetch-proxy run`` and ``kafka-fetch-proxy check-config``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import structlog
+import trio
+
+from .. import config, logs
+from .proxy import Proxy
+
+log = structlog.get_logger("proxy.server")
+
+
+def register(subparsers: Any) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="run the proxy",
+        description="Run the proxy in front of a Kafka cluster. Every setting is a flag, an "
+        "environment variable and a config file key (flags > env > file > defaults).",
+    )
+    config.add_arguments(run)
+    run.set_defaults(func=_run)
+    check = subparsers.add_parser(
+        "check-config",
+        help="validate the configuration without starting",
+        description="Validate the configuration (file, environment and flags) and print it.",
+    )
+    config.add_arguments(check)
+    check.set_defaults(func=_check)
+
+
+def _load(args: argparse.Namespace) -> config.Settings | None:
+    try:
+        return config.from_args(args, os.environ)
+    except config.ConfigError as exc:
+        print(f"kafka-fetch-proxy: {exc}", file=sys.stderr)
+        return None
+
+
+def _check(args: argparse.Namespace) -> int:
+    settings = _load(args)
+    if settings is None:
+        return 2
+    print(json.dumps({"ok": True, "settings": settings.raw}, sort_keys=True, default=str))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _load(args)
+    if settings is None:
+        return 2
+    logs.configure(settings.log_level)
+    try:
+        trio.run(_serve, settings)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def _serve(settings: config.Settings) -> None:
+    proxy = Proxy(settings, metrics=_metrics())
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.serve)
+            if settings.metrics_listen is not None and proxy.metrics is not None:
+                await nursery.start(_serve_metrics, proxy, settings.metrics_listen)
+            assert proxy.bootstrap is not None
+            print(f"bootstrap={proxy.bootstrap}", flush=True)
+            async for signum in signals:
+                log.info("shutdown", reason=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+def _metrics() -> Any:
+    try:
+        from ..observe.metrics import Metrics
+    except ImportError:  # the observability module is optional for the relay
+        return None
+    return Metrics()
+
+
+async def _serve_metrics(
+    proxy: Proxy, address: config.HostPort, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    from ..observe.http import ObserveApp, Readiness, serve_http
+
+    def readiness() -> Readiness:
+        ready, checks = proxy.readiness()
+        return Readiness(ready, checks)
+
+    assert proxy.metrics is not None
+    app = ObserveApp(proxy.metrics.registry, readiness)
+    await serve_http(app, address.host, address.port, task_status=task_status)

@@ -1,0 +1,146 @@
+"""One client connection: its upstream link and the two loops that feed the relay.
+
+The client loop reads whole frames (size checked from the length prefix before
+buffering), hands them to the sans-I/O ``Relay`` and sends what it queues
+upstream; the upstream loop does the reverse.  Whichever side ends first ends
+the connection: an upstream drop closes the client (Kafka clients reconnect),
+a malformed frame from either side closes this connection with one log line,
+and nothing that happens here can reach the rest of the process.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from ..protocol.errors import ProtocolError
+from ..protocol.framing import FrameDecoder, encode_frame
+from ..relay.pipeline import Relay
+
+RECEIVE_BYTES = 64 * 1024
+
+log = structlog.get_logger("proxy.server")
+
+
+@dataclass(slots=True)
+class _Outcome:
+    reason: str | None = None
+    error: str | None = None
+
+
+class Connection:
+    """Relays between one client stream and one upstream stream until either ends."""
+
+    def __init__(
+        self,
+        client: trio.abc.Stream,
+        upstream: trio.abc.Stream,
+        relay: Relay,
+        *,
+        max_frame_bytes: int,
+        on_request: Callable[[int, int, int], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.relay = relay
+        self.max_frame_bytes = max_frame_bytes
+        self.on_request = on_request
+        self.outcome = _Outcome()
+        self._client_lock = trio.Lock()
+        self._upstream_lock = trio.Lock()
+        self._capacity = trio.Event()
+        self._client_id: str | None = None
+
+    async def run(self) -> str:
+        """Relay until one side ends; returns the reason (see ``proxy.logs``)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._guard, self._client_loop, nursery.cancel_scope)
+            nursery.start_soon(self._guard, self._upstream_loop, nursery.cancel_scope)
+        reason = self.outcome.reason or "cancelled"
+        fields: dict[str, object] = {"reason": reason, "in_flight": self.relay.in_flight}
+        if self.outcome.error:
+            fields["error"] = self.outcome.error
+        level = "warning" if reason in ("protocol_error", "internal_error") else "info"
+        getattr(log, level)("connection_closed", **fields)
+        return reason
+
+    def _finish(self, reason: str, error: str | None = None) -> None:
+        if self.outcome.reason is None:
+            self.outcome.reason = reason
+            self.outcome.error = error
+
+    async def _guard(self, loop: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
+        try:
+            await loop()
+        except ProtocolError as exc:
+            self._finish("protocol_error", f"{type(exc).__name__}: {exc}")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as exc:
+            self._finish("io_error", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # never let one connection take the process down
+            log.exception("connection_failed", error=f"{type(exc).__name__}: {exc}")
+            self._finish("internal_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            scope.cancel()
+
+    async def _client_loop(self) -> None:
+        decoder = FrameDecoder(self.max_frame_bytes)
+        relay = self.relay
+        while True:
+            frame = decoder.next_frame()
+            if frame is None:
+                data = await self.client.receive_some(RECEIVE_BYTES)
+                if not data:
+                    decoder.close()  # TruncatedFrame if the client left half a frame
+                    self._finish("client_closed")
+                    return
+                decoder.feed(data)
+                continue
+            while not relay.can_accept:
+                self._capacity = trio.Event()
+                await self._capacity.wait()
+            header = relay.client_frame(frame)
+            if header.client_id != self._client_id:
+                self._client_id = header.client_id
+                structlog.contextvars.bind_contextvars(client_id=header.client_id)
+            if self.on_request is not None:
+                self.on_request(header.api_key, header.api_version, len(frame))
+            log.debug(
+                "request",
+                api_key=header.api_key,
+                api_version=header.api_version,
+                correlation_id=header.correlation_id,
+            )
+            await self._send_upstream()
+            await self._send_client()
+
+    async def _upstream_loop(self) -> None:
+        decoder = FrameDecoder(self.max_frame_bytes)
+        relay = self.relay
+        while True:
+            data = await self.upstream.receive_some(RECEIVE_BYTES)
+            if not data:
+                self._finish("upstream_closed")
+                return
+            decoder.feed(data)
+            while (frame := decoder.next_frame()) is not None:
+                relay.upstream_frame(frame)
+            if relay.can_accept:
+                self._capacity.set()
+            await self._send_client()
+            await self._send_upstream()
+
+    async def _send_upstream(self) -> None:
+        async with self._upstream_lock:
+            frames = self.relay.take_upstream()
+            if frames:
+                await self.upstream.send_all(b"".join(encode_frame(f) for f in frames))
+
+    async def _send_client(self) -> None:
+        async with self._client_lock:
+            frames = self.relay.take_client()
+            if frames:
+                await self.client.send_all(b"".join(encode_frame(f) for f in frames))

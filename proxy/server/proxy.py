@@ -1,0 +1,352 @@
+"""The proxy process: a bootstrap listener, one listener per upstream broker, discovery, readiness.
+
+    async with trio.open_nursery() as nursery:
+        proxy = await nursery.start(Proxy(settings).serve)
+        proxy.bootstrap        # HostPort the clients use as bootstrap.servers
+
+Broker listeners sit on ``broker_port_base + node_id`` (or the explicit
+``broker_ports`` map; base 0 picks free ports).  At start the proxy asks the
+upstream cluster for its brokers (retrying with backoff while none answers) and
+binds a listener for each; brokers that first appear later in a response a
+client receives get theirs on the fly, bound synchronously before that
+response is sent (see ``proxy.relay.addresses``).  Brokers that do not answer
+are probed again with backoff and shown in ``readiness()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+from dataclasses import fields
+from functools import partial
+from typing import Any
+
+import structlog
+import trio
+from kio.schema.api_versions.v0.request import ApiVersionsRequest
+from kio.schema.api_versions.v0.response import ApiVersionsResponse
+
+from ..config import HostPort, Settings
+from ..protocol import codec
+from ..protocol.errors import ProtocolError
+from ..protocol.framing import FrameDecoder, encode_frame
+from ..relay import rewrite
+from ..relay.addresses import AddressBook
+from ..relay.apiversions import kio_range
+from ..relay.pipeline import FetchHandlerFactory, Relay
+from .connection import RECEIVE_BYTES, Connection
+from .upstream import client_ssl_context, open_upstream, server_ssl_context
+
+log = structlog.get_logger("proxy.server")
+
+_CONNECT_ERRORS = (OSError, ssl.SSLError, trio.TooSlowError, ProtocolError)
+_CLOSE_CAUSES = {
+    "client_closed": "peer_closed",
+    "upstream_closed": "upstream_closed",
+    "protocol_error": "protocol_error",
+    "io_error": "io_error",
+    "cancelled": "shutdown",
+}
+
+
+class Proxy:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        fetch_handler_factory: FetchHandlerFactory | None = None,
+        metrics: Any | None = None,
+    ) -> None:
+        self.settings = settings
+        self.fetch_handler_factory = fetch_handler_factory
+        self.metrics = metrics
+        self.upstream_ssl = client_ssl_context(settings.upstream_tls)
+        self.downstream_ssl = server_ssl_context(settings.downstream_tls)
+        self.book = AddressBook(settings.advertised_host, settings.broker_port, self._bind_broker)
+        self.bootstrap: HostPort | None = None
+        self.reachable: dict[int, bool] = {}
+        self.upstream_seen = False
+        self.discovered = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._conn_ids = itertools.count(1)
+        self._bootstrap_turn = 0
+
+    # --- public state ----------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, dict[str, bool]]:
+        """(ready, checks): ready when listeners are bound and an upstream broker answered."""
+        checks = {
+            "bootstrap_listener_bound": self.bootstrap is not None,
+            "upstream_reachable": self.upstream_seen and any(self.reachable.values()),
+        }
+        for node_id in sorted(self.reachable):
+            checks[f"broker_{node_id}_reachable"] = self.reachable[node_id]
+        ready = checks["bootstrap_listener_bound"] and checks["upstream_reachable"]
+        return ready, checks
+
+    def broker_address(self, node_id: int) -> tuple[str, int] | None:
+        return self.book.advertised.get(node_id)
+
+    # --- serving ---------------------------------------------------------------------------
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            listen = self.settings.listen
+            sock = _bind_socket(listen.host, listen.port)
+            self.bootstrap = HostPort(listen.host, sock.getsockname()[1])
+            nursery.start_soon(self._serve_listener, sock, None)
+            log.info("listener_bound", listener="bootstrap", address=str(self.bootstrap))
+            nursery.start_soon(self._discover)
+            task_status.started(self)
+
+    def _bind_broker(self, node_id: int, port: int) -> int | None:
+        assert self._nursery is not None
+        host = self.settings.listen.host
+        try:
+            sock = _bind_socket(host, port)
+        except OSError as exc:
+            log.error(
+                "listener_bind_failed",
+                listener="broker",
+                node_id=node_id,
+                address=str(HostPort(host, port)),
+                error=str(exc),
+            )
+            return None
+        bound = int(sock.getsockname()[1])
+        self._nursery.start_soon(self._serve_listener, sock, node_id)
+        log.info(
+            "listener_bound", listener="broker", node_id=node_id, address=str(HostPort(host, bound))
+        )
+        return bound
+
+    async def _serve_listener(self, sock: socket.socket, node_id: int | None) -> None:
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        await trio.serve_listeners(partial(self._handle_client, node_id=node_id), [listener])
+
+    async def _handle_client(self, stream: trio.SocketStream, *, node_id: int | None) -> None:
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(
+            conn_id=f"c{next(self._conn_ids)}",
+            client_addr=_peer(stream),
+            listener="bootstrap" if node_id is None else "broker",
+            node_id=node_id,
+        )
+        if self.metrics is not None:
+            self.metrics.connection_accepted()
+        reason = "cancelled"
+        client: trio.abc.Stream = stream
+        upstream: trio.abc.Stream | None = None
+        try:
+            if self.downstream_ssl is not None:
+                client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
+                with trio.fail_after(self.settings.connect_timeout_seconds):
+                    await client.do_handshake()
+            upstream = await self._connect_for(node_id)
+            if upstream is None:
+                reason = "upstream_unreachable"
+                return
+            relay = Relay(
+                self.book.resolve,
+                fetch_handler=self.fetch_handler_factory() if self.fetch_handler_factory else None,
+                max_in_flight=self.settings.max_in_flight,
+            )
+            conn = Connection(
+                client, upstream, relay, max_frame_bytes=self.settings.max_frame_bytes
+            )
+            reason = await conn.run()
+        except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            reason = "io_error"
+            log.info("connection_closed", reason=reason, error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug in one connection must not stop the listener
+            reason = "internal_error"
+            log.exception("connection_failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            if upstream is not None:
+                await trio.aclose_forcefully(upstream)
+            await trio.aclose_forcefully(client)
+            if self.metrics is not None:
+                self.metrics.connection_closed(_CLOSE_CAUSES.get(reason, "other"))
+
+    async def _connect_for(self, node_id: int | None) -> trio.abc.Stream | None:
+        """An upstream stream for a client of ``node_id``'s listener (None: the bootstrap)."""
+        candidates: list[tuple[int | None, HostPort]]
+        if node_id is not None and node_id in self.book.upstream:
+            candidates = [(node_id, HostPort(*self.book.upstream[node_id]))]
+        else:
+            start = self._bootstrap_turn
+            self._bootstrap_turn += 1
+            ups = list(self.settings.upstream)
+            ups = ups[start % len(ups) :] + ups[: start % len(ups)]
+            candidates = [(None, a) for a in ups] + [
+                (n, HostPort(*a)) for n, a in sorted(self.book.upstream.items())
+            ]
+        for candidate_node, address in candidates:
+            try:
+                with trio.fail_after(self.settings.connect_timeout_seconds):
+                    stream = await open_upstream(address, self.upstream_ssl)
+            except _CONNECT_ERRORS as exc:
+                log.warning(
+                    "upstream_connect_failed",
+                    upstream=str(address),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                if candidate_node is not None:
+                    self._mark(candidate_node, False)
+                if self.metrics is not None:
+                    self.metrics.broker_connect_failed(candidate_node)
+                continue
+            if candidate_node is not None:
+                self._mark(candidate_node, True)
+            log.debug("upstream_connected", upstream=str(address))
+            return stream
+        return None
+
+    def _mark(self, node_id: int, reachable: bool) -> None:
+        was = self.reachable.get(node_id)
+        self.reachable[node_id] = reachable
+        if was is not None and was != reachable:
+            log.info("broker_reachable" if reachable else "broker_unreachable", node_id=node_id)
+        if self.metrics is not None:
+            self.metrics.set_brokers_reachable(sum(self.reachable.values()))
+
+    # --- discovery and probing -------------------------------------------------------------
+
+    async def _discover(self) -> None:
+        """Learn the brokers from the upstream bootstrap list, retrying with backoff."""
+        backoff = self.settings.retry_backoff_initial_seconds
+        for attempt in itertools.count(1):
+            for address in self.settings.upstream:
+                try:
+                    with trio.fail_after(self.settings.connect_timeout_seconds):
+                        brokers = await self._fetch_brokers(address)
+                except _CONNECT_ERRORS as exc:
+                    log.warning(
+                        "upstream_unreachable",
+                        upstream=str(address),
+                        attempt=attempt,
+                        backoff_seconds=backoff,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                    continue
+                self.upstream_seen = True
+                for node_id, (host, port) in sorted(brokers.items()):
+                    self.book.resolve(node_id, host, port)
+                    self.reachable.setdefault(node_id, False)
+                log.info("upstream_discovered", upstream=str(address), count=len(brokers))
+                assert self._nursery is not None
+                for node_id in sorted(brokers):
+                    self._nursery.start_soon(self._probe, node_id)
+                self.discovered.set()
+                return
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, self.settings.retry_backoff_max_seconds)
+
+    async def _probe(self, node_id: int) -> None:
+        """Check a broker answers; retry with backoff until it does (for readiness and logs)."""
+        backoff = self.settings.retry_backoff_initial_seconds
+        for attempt in itertools.count(1):
+            address = HostPort(*self.book.upstream[node_id])
+            try:
+                with trio.fail_after(self.settings.connect_timeout_seconds):
+                    stream = await open_upstream(address, self.upstream_ssl)
+                await trio.aclose_forcefully(stream)
+            except _CONNECT_ERRORS as exc:
+                self._mark(node_id, False)
+                log.warning(
+                    "broker_unreachable",
+                    node_id=node_id,
+                    upstream=str(address),
+                    attempt=attempt,
+                    backoff_seconds=backoff,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.settings.retry_backoff_max_seconds)
+                continue
+            self._mark(node_id, True)
+            return
+
+    async def _fetch_brokers(self, address: HostPort) -> dict[int, tuple[str, int]]:
+        stream = await open_upstream(address, self.upstream_ssl)
+        try:
+            decoder = FrameDecoder(self.settings.max_frame_bytes)
+            versions_frame = await _exchange(
+                stream, decoder, codec.encode_request(ApiVersionsRequest(), 0, "kafka-fetch-proxy")
+            )
+            _, versions = codec.decode_response(18, 0, versions_frame)
+            version = _metadata_version(versions)
+            request = _metadata_request(version)
+            frame = await _exchange(
+                stream, decoder, codec.encode_request(request, 1, "kafka-fetch-proxy")
+            )
+            return rewrite.collect_endpoints(rewrite.METADATA, version, frame)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+
+def _metadata_version(versions: ApiVersionsResponse) -> int:
+    ours = kio_range(rewrite.METADATA)
+    assert ours is not None
+    for api in versions.api_keys:
+        if api.api_key == rewrite.METADATA:
+            top = min(int(api.max_version), ours[1])
+            if top < max(int(api.min_version), 1, ours[0]):
+                break
+            return top
+    raise ProtocolError("upstream supports no Metadata version the proxy can use")
+
+
+def _metadata_request(version: int) -> Any:
+    """A Metadata request for no topics (brokers only) at ``version`` (>= 1)."""
+    schema = codec.request_schema(rewrite.METADATA, version)
+    assert schema is not None
+    names = {f.name for f in fields(schema)}
+    kwargs: dict[str, Any] = {"topics": ()}
+    for flag in (
+        "allow_auto_topic_creation",
+        "include_cluster_authorized_operations",
+        "include_topic_authorized_operations",
+    ):
+        if flag in names:
+            kwargs[flag] = False
+    return schema(**kwargs)
+
+
+async def _exchange(stream: trio.abc.Stream, decoder: FrameDecoder, request: bytes) -> bytes:
+    await stream.send_all(encode_frame(request))
+    while (frame := decoder.next_frame()) is None:
+        data = await stream.receive_some(RECEIVE_BYTES)
+        if not data:
+            raise ProtocolError("upstream closed the connection during discovery")
+        decoder.feed(data)
+    return frame
+
+
+def _bind_socket(host: str, port: int) -> socket.socket:
+    """A listening, non-blocking socket (synchronous, so it exists before anyone is told)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "?"
+    return str(HostPort(str(host), int(port)))
