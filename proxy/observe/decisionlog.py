@@ -3,8 +3,9 @@
 Each event says what the proxy did to one response: who asked (client id,
 policy), which broker answered (node id), how many partitions were requested,
 served and starved, record bytes and records upstream versus delivered, which
-limits held data back.  Events carry counts and sizes only, never topic names,
-record data or client addresses.
+limits held data back, which partitions are going unserved, and what the
+upstream fetch session saved.  Events carry counts, sizes and partition
+identities, never record data or client addresses.
 
 The format is specified field by field in ``schemas/decision-log.schema.json``
 (JSON Schema 2020-12); the fleet report (PySpark) reads these files, so every
@@ -31,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import structlog
 
@@ -43,6 +44,8 @@ EVENT_TYPE = "fetch_shaped"
 MAX_CLIENT_ID_CHARS = 255
 MAX_POLICY_CHARS = 64
 MAX_INSTANCE_CHARS = 253  # a Kubernetes pod name
+MAX_TOPIC_CHARS = 255
+MAX_STARVED_PARTITIONS = 100
 
 # Limit names as the shaping layer spells them -> the config keys used here.
 _LIMIT_ALIASES: Mapping[str, str] = {
@@ -90,6 +93,7 @@ class DecisionEvent:
     partitions_served: int
     partitions_trimmed: int
     partitions_starved: int
+    starved_partitions: tuple[tuple[str | None, int, int], ...]
     max_starvation_rounds: int
     upstream_record_bytes: int
     upstream_records: int
@@ -98,6 +102,8 @@ class DecisionEvent:
     delivered_records: int
     buffered_record_bytes: int
     dropped_partial_bytes: int
+    upstream_fetch_bytes: int
+    sessionless_fetch_bytes: int
     limits_applied: tuple[str, ...]
     progress_exemption: bool
     limits: Mapping[str, int | None]
@@ -106,6 +112,10 @@ class DecisionEvent:
     def to_json_obj(self) -> dict[str, object]:
         obj: dict[str, object] = {"schema_version": SCHEMA_VERSION, "event": EVENT_TYPE}
         obj.update(asdict(self))
+        obj["starved_partitions"] = [
+            {"topic": topic, "partition": partition, "rounds": rounds}
+            for topic, partition, rounds in self.starved_partitions
+        ]
         obj["limits_applied"] = list(self.limits_applied)
         obj["limits"] = dict(self.limits)
         return obj
@@ -168,6 +178,21 @@ def _clip(value: str | None, limit: int) -> str | None:
     return None if value is None else value[:limit]
 
 
+def _starved(
+    starved: Mapping[tuple[Any, int], int] | None,
+) -> tuple[tuple[str | None, int, int], ...]:
+    """Most-starved first, capped; topics are names or topic ids (UUIDs) as strings."""
+    if not starved:
+        return ()
+    rows = [
+        (None if topic is None else str(topic)[:MAX_TOPIC_CHARS], int(partition), int(rounds))
+        for (topic, partition), rounds in starved.items()
+        if rounds > 0
+    ]
+    rows.sort(key=lambda r: (-r[2], r[0] or "", r[1]))
+    return tuple(rows[:MAX_STARVED_PARTITIONS])
+
+
 def event_from_shaping(
     decision: ShapingRecord,
     *,
@@ -179,8 +204,19 @@ def event_from_shaping(
     latency_ms: float,
     sample_rate: float,
     instance: str | None = None,
+    starved_partitions: Mapping[tuple[Any, int], int] | None = None,
+    upstream_fetch_bytes: int = 0,
+    sessionless_fetch_bytes: int | None = None,
 ) -> DecisionEvent:
-    """Convert the shaping layer's record plus the relay's context into a log event."""
+    """Convert the shaping layer's record plus the relay's context into a log event.
+
+    ``starved_partitions`` maps (topic name or id, partition) to the consecutive
+    responses it went unserved (the shaping layer's ``ServeRotation.starved()``).
+    ``upstream_fetch_bytes`` is the size of the upstream Fetch request plus
+    response frames; ``sessionless_fetch_bytes`` what a full fetch would have
+    cost (the session layer's estimate; defaults to ``upstream_fetch_bytes``,
+    i.e. nothing saved, when no upstream session was used).
+    """
     configured = decision.limits.as_dict()
     return DecisionEvent(
         timestamp_ms=timestamp_ms,
@@ -198,6 +234,7 @@ def event_from_shaping(
         partitions_served=decision.partitions_served,
         partitions_trimmed=decision.partitions_trimmed,
         partitions_starved=decision.partitions_starved,
+        starved_partitions=_starved(starved_partitions),
         max_starvation_rounds=decision.max_starvation,
         upstream_record_bytes=decision.upstream_bytes,
         upstream_records=decision.upstream_records,
@@ -206,6 +243,10 @@ def event_from_shaping(
         delivered_records=decision.delivered_records,
         buffered_record_bytes=decision.buffered_bytes,
         dropped_partial_bytes=decision.dropped_partial_bytes,
+        upstream_fetch_bytes=upstream_fetch_bytes,
+        sessionless_fetch_bytes=(
+            upstream_fetch_bytes if sessionless_fetch_bytes is None else sessionless_fetch_bytes
+        ),
         limits_applied=tuple(sorted({limit_kind(n) for n in decision.limited_by})),
         progress_exemption=decision.progress_exemption,
         limits={name: configured.get(name) for name in CONFIGURED_LIMITS},
@@ -304,8 +345,14 @@ class DecisionLog:
         policy: str,
         correlation_id: int,
         latency_ms: float,
+        starved_partitions: Mapping[tuple[Any, int], int] | None = None,
+        upstream_fetch_bytes: int = 0,
+        sessionless_fetch_bytes: int | None = None,
     ) -> DecisionEvent | None:
-        """Sample, then write one event; returns the event written (None if not)."""
+        """Sample, then write one event; returns the event written (None if not).
+
+        Arguments as :func:`event_from_shaping`; nothing is built when sampled out.
+        """
         if not self.sampler.sample():
             self._count(DecisionOutcome.SAMPLED_OUT)
             return None
@@ -319,6 +366,9 @@ class DecisionLog:
             latency_ms=latency_ms,
             sample_rate=self.sampler.rate,
             instance=self.instance,
+            starved_partitions=starved_partitions,
+            upstream_fetch_bytes=upstream_fetch_bytes,
+            sessionless_fetch_bytes=sessionless_fetch_bytes,
         )
         return event if self.write(event) else None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,8 @@ def test_logged_event_validates_and_carries_the_context() -> None:
     assert obj["upstream_record_bytes"] == 900_000
     assert obj["delivered_records"] == 5_000
     assert obj["sample_rate"] == 1.0
+    assert obj["starved_partitions"] == []
+    assert obj["upstream_fetch_bytes"] == obj["sessionless_fetch_bytes"] == 0
     written = metrics.registry.get_sample_value(
         "kafka_fetch_proxy_decision_log_events_total", {"outcome": "written"}
     )
@@ -195,6 +198,13 @@ def test_log_lines_hold_no_payload_or_topic_fields() -> None:
     sample_rate=st.floats(0.0001, 1.0),
     timestamp_ms=st.integers(0, 2**45),
     instance=st.one_of(st.none(), st.text(max_size=300)),
+    starved=st.dictionaries(
+        st.tuples(st.one_of(st.none(), st.text(max_size=300), st.uuids()), INT32),
+        st.integers(0, 2**31),
+        max_size=150,
+    ),
+    upstream_fetch_bytes=COUNT,
+    saved=st.one_of(st.none(), COUNT),
 )
 def test_every_event_validates_against_the_schema(
     decision: FakeDecision,
@@ -206,6 +216,9 @@ def test_every_event_validates_against_the_schema(
     sample_rate: float,
     timestamp_ms: int,
     instance: str | None,
+    starved: dict[tuple[object, int], int],
+    upstream_fetch_bytes: int,
+    saved: int | None,
 ) -> None:
     event = event_from_shaping(
         decision,
@@ -217,6 +230,9 @@ def test_every_event_validates_against_the_schema(
         latency_ms=latency_ms,
         sample_rate=sample_rate,
         instance=instance,
+        starved_partitions=starved,
+        upstream_fetch_bytes=upstream_fetch_bytes,
+        sessionless_fetch_bytes=None if saved is None else upstream_fetch_bytes + saved,
     )
     line = event.to_json_line()
     assert line.endswith("\n") and "\n" not in line[:-1]
@@ -224,6 +240,40 @@ def test_every_event_validates_against_the_schema(
     obj = json.loads(line)
     VALIDATOR.validate(obj)
     assert obj["limits_applied"] == sorted(obj["limits_applied"])
+    rounds = [p["rounds"] for p in obj["starved_partitions"]]
+    assert rounds == sorted(rounds, reverse=True)
+    assert len(rounds) == min(100, sum(1 for r in starved.values() if r > 0))
+    assert obj["sessionless_fetch_bytes"] >= obj["upstream_fetch_bytes"]
+
+
+def test_starved_partitions_and_session_savings() -> None:
+    topic_id = uuid.UUID(int=7)
+    sink = io.StringIO()
+    log = DecisionLog(sink, sampler=FractionSampler(1.0))
+    log.log(
+        FakeDecision(),
+        **log_kwargs(),
+        starved_partitions={("orders", 3): 2, (topic_id, 0): 5, ("orders", 1): 0},
+        upstream_fetch_bytes=1_000,
+        sessionless_fetch_bytes=4_000,
+    )
+    obj = json.loads(sink.getvalue())
+    VALIDATOR.validate(obj)
+    assert obj["starved_partitions"] == [
+        {"topic": str(topic_id), "partition": 0, "rounds": 5},
+        {"topic": "orders", "partition": 3, "rounds": 2},
+    ]
+    assert (obj["upstream_fetch_bytes"], obj["sessionless_fetch_bytes"]) == (1_000, 4_000)
+
+
+def test_the_fleet_report_can_derive_its_spark_schema() -> None:
+    """The PySpark pipeline builds its read schema from this JSON Schema (pipeline/spark.py)."""
+    from pipeline.spark import spark_schema
+
+    struct = spark_schema("decision-log.schema.json")
+    assert set(struct.fieldNames()) == set(SCHEMA["properties"])
+    starved = struct["starved_partitions"].dataType.elementType
+    assert starved.fieldNames() == ["topic", "partition", "rounds"]
 
 
 def test_limit_names_map_to_config_keys() -> None:
