@@ -771,3 +771,98 @@ def test_follower_sessions_are_privileged() -> None:
     sid = fetch(c, 12, [P("t")], epoch=0, replica_id=2).session_id
     session = c.sessions.get(sid)
     assert session is not None and session.privileged
+
+
+def test_zero_topic_id_is_unknown_topic_id() -> None:
+    c = Cluster(t=1)
+    m = importlib.import_module("kio.schema.fetch.v13.request")
+    req = m.FetchRequest(
+        max_wait=timedelta(0),
+        min_bytes=1,
+        topics=(
+            m.FetchTopic(
+                topic_id=None,
+                partitions=(
+                    m.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=100),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+    pending = c.fetcher.begin(req, 13)
+    assert pending.poll() is True
+    resp = roundtrip(pending.complete(), 13)
+    assert [(k, int(p.error_code)) for k, p in partitions(resp)] == [(None, 100)]
+
+
+def test_negative_partition_index_is_unknown() -> None:
+    c = Cluster(t=1)
+    assert int(only(fetch(c, 12, [P("t", -1)])).error_code) == 3
+
+
+def test_node_endpoints_list_each_leader_once() -> None:
+    c = Cluster(t=3)
+    for p in c.topic("t").partitions:
+        p.leader = 2
+    resp = fetch(c, 17, [P("t", 0), P("t", 1), P("t", 2)])
+    assert [int(p.error_code) for _k, p in partitions(resp)] == [6, 6, 6]
+    assert [e.node_id for e in resp.node_endpoints] == [2]
+
+
+def test_forgotten_topics_by_id_from_v13() -> None:
+    c = Cluster(a=1, b=1)
+    sid = fetch(c, 13, [P("a"), P("b")], epoch=0).session_id
+    fetch(c, 13, [], session_id=sid, epoch=1, forgotten=[P("a")])
+    session = c.sessions.get(sid)
+    assert session is not None
+    assert [cp.topic for cp in session.partitions.values()] == ["b"]
+
+
+@dataclass
+class Step:
+    produce: list[int]  # partitions that get a batch before this fetch
+    consume: bool  # whether the client moves its offsets to the high watermark afterwards
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.builds(Step, st.lists(st.integers(0, 2), max_size=3), st.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_incremental_fetches_agree_with_sessionless_fetches(steps: list[Step]) -> None:
+    """KIP-227: a session client's view equals what sessionless fetches would have shown."""
+    c = Cluster(t=3)
+    offsets = [0, 0, 0]  # the client's positions
+    told = [0, 0, 0]  # the positions the session has cached
+    known: dict[int, tuple[int, int]] = {}  # partition -> (hw, log start) last seen
+    sid, epoch = 0, 0
+    for step in steps:
+        for p in step.produce:
+            c.append("t", p, batch())
+        parts = [P("t", p, offset=offsets[p]) for p in range(3)]
+        expected = {p.partition_index: p for _k, p in partitions(fetch(c, 12, parts))}
+        if sid == 0:
+            resp = fetch(c, 12, parts, epoch=0)
+            sid, epoch = resp.session_id, 1
+            got = {p.partition_index: p for _k, p in partitions(resp)}
+            assert got == expected
+        else:
+            changed = [P("t", p, offset=offsets[p]) for p in range(3) if offsets[p] != told[p]]
+            resp = fetch(c, 12, changed, session_id=sid, epoch=epoch)
+            epoch += 1
+            assert int(resp.error_code) == 0 and resp.session_id == sid
+            got = {p.partition_index: p for _k, p in partitions(resp)}
+            for idx, pd in expected.items():
+                if idx in got:
+                    assert got[idx] == pd
+                else:
+                    assert pd.records == b""
+                    assert known[idx] == (pd.high_watermark, pd.log_start_offset)
+        told = list(offsets)
+        for idx, pd in got.items():
+            known[idx] = (pd.high_watermark, pd.log_start_offset)
+        if step.consume:
+            offsets = [known[p][0] for p in range(3)]
