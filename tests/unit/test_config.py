@@ -1,0 +1,174 @@
+"""Configuration: precedence (flags > env > file > defaults) and validation messages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy import config
+from proxy.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def flags(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["run", *argv])
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "proxy.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    s = config.load(env={}, flags=flags("--upstream", "k1:9092,k2:9092"))
+    assert [str(u) for u in s.upstream] == ["k1:9092", "k2:9092"]
+    assert str(s.listen) == "127.0.0.1:9092" and s.advertised_host == "127.0.0.1"
+    assert s.broker_port_base == 9093 and s.broker_port(2) == 9095
+    assert s.max_frame_bytes == 100 * 1024 * 1024 and s.log_level == "info"
+    assert not s.upstream_tls.enabled and s.upstream_tls.check_hostname
+
+
+def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'upstream = ["file:1"]\nlisten = "0.0.0.0:7000"\nbroker_port_base = 100\n'
+        'log_level = "debug"\n[upstream_tls]\nenabled = true\nca_file = "/file/ca.pem"\n',
+    )
+    env = {
+        "KAFKA_FETCH_PROXY_BROKER_PORT_BASE": "200",
+        "KAFKA_FETCH_PROXY_LOG_LEVEL": "warning",
+        "KAFKA_FETCH_PROXY_UPSTREAM_TLS_CA_FILE": "/env/ca.pem",
+    }
+    s = config.load(
+        config_file=path,
+        env=env,
+        flags=flags("--broker-port-base", "300", "--no-upstream-tls-enabled"),
+    )
+    assert [str(u) for u in s.upstream] == ["file:1"]  # file only
+    assert str(s.listen) == "0.0.0.0:7000" and s.advertised_host == "localhost"  # wildcard
+    assert s.broker_port_base == 300  # flag beats env beats file
+    assert s.log_level == "warning"  # env beats file
+    assert s.upstream_tls.ca_file == "/env/ca.pem"  # nested env beats nested file
+    assert s.upstream_tls.enabled is False  # boolean flag beats file
+
+
+def test_explicit_broker_port_map_and_ephemeral_base() -> None:
+    s = config.load(
+        env={"KAFKA_FETCH_PROXY_BROKER_PORTS": "1001=9201, 2002=9202"},
+        flags=flags("--upstream", "k:1", "--broker-port-base", "0"),
+    )
+    assert s.broker_port(1001) == 9201 and s.broker_port(2002) == 9202
+    assert s.broker_port(7) == 0
+
+
+def test_every_schema_key_has_a_flag_and_an_env_var() -> None:
+    names = config.option_names()
+    schema = config.schema()
+    top = set(schema["properties"])
+    assert {key.split(".")[0] for key, _, _ in names} == top
+    for key, flag, env in names:
+        assert flag == "--" + key.replace(".", "-").replace("_", "-")
+        assert env == "KAFKA_FETCH_PROXY_" + key.replace(".", "_").upper()
+
+
+def test_repository_schema_is_the_packaged_schema() -> None:
+    assert json.loads((REPO / "schemas" / "config.schema.json").read_text()) == config.schema()
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        (
+            'upstream = ["k:1"]\nbroker_port_base = 70000\n',
+            ["broker_port_base", "70000", "<= 65535"],
+        ),
+        (
+            'upstream = ["k:1"]\nlog_level = "loud"\n',
+            ["log_level", '"loud"', "'debug', 'info', 'warning', 'error'"],
+        ),
+        ('upstream = ["k:1"]\nlisten = "no-port"\n', ["listen", '"no-port"', "HOST:PORT"]),
+        (
+            'upstream = ["k:1"]\nmax_in_flight = "many"\n',
+            ["max_in_flight", '"many"', "type integer"],
+        ),
+        (
+            'upstream = ["k:1"]\nlisten_port = 3\n',
+            ["'listen_port'", "allowed keys:", "broker_port_base"],
+        ),
+        (
+            'upstream = ["k:1"]\n[upstream_tls]\ncafile = "x"\n',
+            ["'cafile'", "upstream_tls", "ca_file"],
+        ),
+        ("upstream = []\n", ["upstream", "[]", "at least 1"]),
+        ('upstream = ["k:1"]\n[downstream_tls]\nenabled = true\n', ["downstream_tls", "cert_file"]),
+        ("broker_port_base = 1\n", ["'upstream' is required"]),
+    ],
+)
+def test_invalid_file_messages_name_key_value_and_allowed(
+    tmp_path: Path, toml: str, expected: list[str]
+) -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.load(config_file=write(tmp_path, toml), env={})
+    message = str(info.value)
+    for part in expected:
+        assert part in message, message
+
+
+def test_env_and_flag_errors_name_their_source() -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.load(
+            env={"KAFKA_FETCH_PROXY_MAX_FRAME_BYTES": "12"},
+            flags=flags("--upstream", "k:1", "--connect-timeout-seconds", "-1"),
+        )
+    text = str(info.value)
+    assert "environment KAFKA_FETCH_PROXY_MAX_FRAME_BYTES" in text and ">= 1024" in text
+    assert "flag --connect-timeout-seconds" in text and "> 0" in text
+
+
+def test_unreadable_or_invalid_toml(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError, match="cannot read"):
+        config.load(config_file=tmp_path / "missing.toml", env={})
+    with pytest.raises(config.ConfigError, match="not valid TOML"):
+        config.load(config_file=write(tmp_path, "upstream = ["), env={})
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("KAFKA_FETCH_PROXY_")},
+            **(env or {}),
+        },
+        cwd=REPO,
+    )
+
+
+def test_check_config_command(tmp_path: Path) -> None:
+    good = run_cli("check-config", "--config", str(write(tmp_path, 'upstream = ["k:9092"]\n')))
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["ok"] is True
+    bad = run_cli(
+        "check-config",
+        env={"KAFKA_FETCH_PROXY_UPSTREAM": "k:1", "KAFKA_FETCH_PROXY_LOG_LEVEL": "x"},
+    )
+    assert bad.returncode == 2
+    assert "log_level" in bad.stderr and '"x"' in bad.stderr
+
+
+def test_run_refuses_an_invalid_file_before_starting(tmp_path: Path) -> None:
+    bad = run_cli(
+        "run", "--config", str(write(tmp_path, 'upstream = ["k:1"]\nbroker_port_base = -5\n'))
+    )
+    assert bad.returncode == 2
+    assert "broker_port_base" in bad.stderr and "-5" in bad.stderr and ">= 0" in bad.stderr
