@@ -13,6 +13,7 @@ from proxy.sessions.broker import (
     FETCH_SESSION_ID_NOT_FOUND,
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
+    FetchContext,
     FetchSessionCache,
     FullFetchContext,
     IncrementalFetchContext,
@@ -87,7 +88,7 @@ def incremental(
     forget: list[TopicIdPartition] | None = None,
     version: int = 12,
     names: dict[uuid.UUID, str] | None = None,
-):  # type: ignore[no-untyped-def]
+) -> FetchContext:
     return cache.new_context(version, sid, epoch, False, data or {}, forget or [], names or {})
 
 
