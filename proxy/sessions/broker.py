@@ -513,7 +513,7 @@ class FetchSessionCache:
     """A bounded cache of fetch sessions (one Kafka cache shard) plus ``FetchManager.newContext``.
 
     ``clock`` returns seconds (like ``time.monotonic``); times are kept in ms.
-    Counters a metrics layer can read: ``len(cache)`` (sessions),
+    Counters a metrics layer can read: ``num_sessions``,
     ``num_partitions`` (partitions cached over all sessions), ``evictions``,
     ``sessions_created``.
     """
@@ -541,6 +541,10 @@ class FetchSessionCache:
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._sessions)
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -866,3 +866,27 @@ def test_incremental_fetches_agree_with_sessionless_fetches(steps: list[Step]) -
             known[idx] = (pd.high_watermark, pd.log_start_offset)
         if step.consume:
             offsets = [known[p][0] for p in range(3)]
+
+
+def test_request_max_bytes_zero_still_returns_one_batch() -> None:
+    c = Cluster(t=2)
+    c.append("t", 0, batch(), batch())
+    c.append("t", 1, batch())
+    resp = fetch(c, 12, [P("t", 0), P("t", 1)], max_bytes=0)
+    assert [p.records for _k, p in partitions(resp)] == [c.log_bytes("t", 0)[:S], b""]
+
+
+def test_negative_request_max_bytes_fails_the_first_read_then_reads_one_batch() -> None:
+    """As ReplicaManager.readFromLog does: the limit drops to 0 after the failed read."""
+    c = Cluster(t=2)
+    c.append("t", 0, batch())
+    c.append("t", 1, batch(), batch())
+    pending = c.fetcher.begin(
+        fetch_request(c, 12, [P("t", 0), P("t", 1)], max_bytes=-5, max_wait_ms=500), 12
+    )
+    assert pending.min_bytes == -5
+    assert pending.poll() is True
+    got = [
+        (int(p.error_code), p.records) for _k, p in partitions(roundtrip(pending.complete(), 12))
+    ]
+    assert got == [(-1, b""), (0, c.log_bytes("t", 1)[:S])]

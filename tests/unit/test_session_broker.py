@@ -148,7 +148,7 @@ def test_row_0_0_creates_a_session_at_epoch_1() -> None:
         20,
         3,
     )
-    assert cache.num_partitions == 2 and cache.sessions_created == 1
+    assert cache.num_partitions == 2 and cache.sessions_created == 1 and cache.num_sessions == 1
 
 
 def test_row_id_0_closes_and_creates() -> None:
