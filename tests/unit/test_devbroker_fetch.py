@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import random
 import struct
@@ -890,3 +891,28 @@ def test_negative_request_max_bytes_fails_the_first_read_then_reads_one_batch() 
         (int(p.error_code), p.records) for _k, p in partitions(roundtrip(pending.complete(), 12))
     ]
     assert got == [(-1, b""), (0, c.log_bytes("t", 1)[:S])]
+
+
+@pytest.mark.parametrize("v", [4, 7, 11, 12, 13, 15, 16, 17, 18])
+def test_any_decodable_request_gets_an_encodable_response(v: int) -> None:
+    """Whatever a client sends, begin/poll/complete answer without raising."""
+    m = importlib.import_module(f"kio.schema.fetch.v{v}.request")
+    c = Cluster(t=2)
+    c.append("t", 0, batch(), batch())
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.from_type(m.FetchRequest), st.booleans())
+    def check(request: Any, aim_at_topic: bool) -> None:
+        if aim_at_topic and request.topics:
+            # Point the first topic at a real one so reads happen too.
+            first = request.topics[0]
+            key = {"topic_id": c.topic("t").topic_id} if v >= 13 else {"topic": "t"}
+            request = dataclasses.replace(
+                request, topics=(dataclasses.replace(first, **key), *request.topics[1:])
+            )
+        pending = c.fetcher.begin(request, v)
+        pending.poll()
+        pending.poll()
+        roundtrip(pending.complete(), v)
+
+    check()
