@@ -28,6 +28,20 @@ batch is returned whole even if larger than the limits (minOneMessage); after
 that reads are byte-limited and may end in a partial trailing batch, but a
 partition whose first batch does not fit returns nothing (Kafka replaces an
 incomplete first entry with an empty record set for v3+).
+
+Partition errors are Kafka's, in Kafka's order: UNKNOWN_TOPIC_ID (v13+ id not
+known) and UNKNOWN_TOPIC_OR_PARTITION before reading (null records, listed
+after the partitions that were read); then per read NOT_LEADER_OR_FOLLOWER,
+INCONSISTENT_TOPIC_ID, FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (checked
+against current_leader_epoch), OFFSET_OUT_OF_RANGE, and a diverging epoch
+when last_fetched_epoch disagrees with the leader epoch cache (rebuilt from
+batch headers, so only requests carrying last_fetched_epoch pay for a scan).
+From v16, NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH carry CurrentLeader
+and the response lists the live leaders' NodeEndpoints.
+
+Not modelled, because the dev cluster has none of it: replica selection
+(preferred read replica), quotas and throttling, down-conversion (v4+ only),
+tiered storage, transactions (LSO == high watermark, aborted lists empty).
 """
 
 from __future__ import annotations
