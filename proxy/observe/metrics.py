@@ -132,19 +132,19 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     # requests and responses, per leg
     *(
         spec
-        for d, what in (
-            (_D.CLIENT_TO_PROXY, "request"),
-            (_D.PROXY_TO_BROKER, "request"),
-            (_D.BROKER_TO_PROXY, "response"),
-            (_D.PROXY_TO_CLIENT, "response"),
+        for d, what, leg in (
+            (_D.CLIENT_TO_PROXY, "request", "from clients to the proxy"),
+            (_D.PROXY_TO_BROKER, "request", "from the proxy to brokers"),
+            (_D.BROKER_TO_PROXY, "response", "from brokers to the proxy"),
+            (_D.PROXY_TO_CLIENT, "response", "from the proxy to clients"),
         )
         for spec in (
-            _spec(f"{d}_{what}s_total", "counter", ["api"], f"{what.title()}s {d}, by API."),
+            _spec(f"{d}_{what}s_total", "counter", ["api"], f"{what.title()}s {leg}, by API."),
             _spec(
                 f"{d}_{what}_size_bytes",
                 "histogram",
                 ["api"],
-                f"Size of {what}s {d} (whole frame), by API.",
+                f"Size of {what}s {leg} (whole frame), by API.",
             ),
         )
     ),
@@ -530,3 +530,12 @@ class Metrics:
 
     def decision_logged(self, outcome: DecisionOutcome) -> None:
         self._counters["decision_log_events_total"].labels(outcome=outcome.value).inc()
+
+
+def markdown_table() -> str:
+    """The metrics table of the documentation, generated from :data:`CATALOGUE`."""
+    lines = ["| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]
+    for s in (*CATALOGUE, CLIENT_ID_SPEC):
+        labels = ", ".join(f"`{label}`" for label in s.labels) or "-"
+        lines.append(f"| `{s.name}` | {s.kind} | {labels} | {s.help} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,43 @@
+# kafka-fetch-proxy: a Kafka sidecar proxy that reshapes Fetch traffic.
+#
+# Build:  docker build -t kafka-fetch-proxy .
+# Run:    docker run -p 9092:9092 -p 9094:9094 -p 9464:9464 \
+#           -e KAFKA_FETCH_PROXY_UPSTREAM=broker:9092 -e KAFKA_FETCH_PROXY_ADVERTISED_HOST=localhost \
+#           kafka-fetch-proxy
+#     or  docker run -v $PWD/proxy.toml:/etc/kafka-fetch-proxy/proxy.toml:ro ... \
+#           kafka-fetch-proxy --config /etc/kafka-fetch-proxy/proxy.toml
+#
+# Configuration: a TOML file mounted anywhere (pass --config PATH as the command),
+# and/or KAFKA_FETCH_PROXY_* environment variables, and/or flags as the command;
+# flags > env > file > defaults (see `kafka-fetch-proxy run --help`).
+#
+# Ports (EXPOSE documents the defaults set below):
+#   9092       bootstrap listener (KAFKA_FETCH_PROXY_LISTEN): clients' bootstrap.servers
+#   9093-9099  one listener per upstream broker, port = broker_port_base (9093) + node id;
+#              publish the ports of your brokers' node ids, with the same numbers
+#   9464       HTTP: /metrics, /healthz, /readyz (KAFKA_FETCH_PROXY_METRICS_LISTEN)
+
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY proxy ./proxy
+# the package and its runtime dependencies only (no test or spark extras)
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kfp
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels kafka-fetch-proxy \
+ && rm -rf /wheels
+USER 10001:10001
+ENV PYTHONUNBUFFERED=1 \
+    KAFKA_FETCH_PROXY_LISTEN=0.0.0.0:9092 \
+    KAFKA_FETCH_PROXY_BROKER_PORT_BASE=9093 \
+    KAFKA_FETCH_PROXY_METRICS_LISTEN=0.0.0.0:9464
+EXPOSE 9092 9093-9099 9464
+# python -m proxy.observe.healthcheck reads KAFKA_FETCH_PROXY_METRICS_LISTEN and GETs /healthz
+# (the image has no curl).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["python", "-m", "proxy.observe.healthcheck", "--path", "/healthz"]
+ENTRYPOINT ["kafka-fetch-proxy", "run"]
+CMD []

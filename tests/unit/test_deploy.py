@@ -1,0 +1,361 @@
+"""The Dockerfile, Kubernetes manifests, compose example and Grafana dashboard agree with the code.
+
+No container engine runs here, so these tests read the files and check them
+against what the package really provides: the console script and its ``run``
+subcommand, the config keys/flags/env vars (``proxy.config``), the HTTP paths
+(``proxy.observe.http``), the metrics (``proxy.observe.metrics``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy import cli, config
+from proxy.observe import healthcheck
+from proxy.observe.http import HEALTHZ_PATH, METRICS_PATH, PATHS, READYZ_PATH
+from proxy.observe.metrics import CATALOGUE, PREFIX, markdown_table, spec
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "kubernetes"
+COMPOSE = DEPLOY / "compose"
+DASHBOARD = DEPLOY / "grafana" / "kafka-fetch-proxy-dashboard.json"
+ENV_NAMES = {env for _key, _flag, env in config.option_names()}
+HEALTHCHECK_MODULE = "proxy.observe.healthcheck"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(config.ENV_PREFIX):
+            monkeypatch.delenv(name)
+
+
+def settings_for(args: list[str], env: dict[str, str], files: dict[str, Path]) -> config.Settings:
+    """Parse ``kafka-fetch-proxy run ARGS`` with the real parser and load its settings.
+
+    ``files`` maps in-container paths to files in the repository.
+    """
+    args = [str(files.get(a, a)) for a in args]
+    namespace = cli.build_parser().parse_args(["run", *args])
+    assert namespace.func.__module__ == "proxy.server.cli"
+    return config.from_args(namespace, env)
+
+
+def check_config_ok(
+    args: list[str], env: dict[str, str], files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kafka-fetch-proxy check-config`` accepts the same arguments and environment."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["check-config", *[str(files.get(a, a)) for a in args]]) == 0
+
+
+# -- Dockerfile ----------------------------------------------------------------------------
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in (ROOT / "Dockerfile").read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        instruction, _, rest = line.partition(" ")
+        out.append((instruction.upper(), rest.strip()))
+    assert not pending
+    return out
+
+
+def instructions(name: str) -> list[str]:
+    return [rest for instr, rest in dockerfile() if instr == name]
+
+
+def test_dockerfile_entrypoint_is_the_run_command() -> None:
+    (entrypoint,) = instructions("ENTRYPOINT")
+    assert json.loads(entrypoint) == ["kafka-fetch-proxy", "run"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["kafka-fetch-proxy"] == "proxy.cli:main"
+    parser = cli.build_parser()
+    namespace = parser.parse_args(["run", "--upstream", "broker:9092"])
+    assert callable(namespace.func)
+    (cmd,) = instructions("CMD")
+    assert json.loads(cmd) == []
+
+
+def test_dockerfile_healthcheck_uses_a_module_of_the_package() -> None:
+    (check,) = instructions("HEALTHCHECK")
+    options, _, command = check.partition("CMD ")
+    assert "--interval" in options
+    argv = json.loads(command)
+    assert argv[:3] == ["python", "-m", HEALTHCHECK_MODULE]
+    assert importlib.util.find_spec(HEALTHCHECK_MODULE) is not None
+    path = argv[argv.index("--path") + 1]
+    assert path == HEALTHZ_PATH and path in PATHS
+    # the module accepts exactly these arguments (nothing listens on port 1)
+    assert healthcheck.main([*argv[3:], "--address", "127.0.0.1:1", "--timeout", "1"]) == 1
+
+
+def test_dockerfile_is_small_non_root_and_configured_by_env() -> None:
+    bases = [line.split()[0] for line in instructions("FROM")]
+    assert bases and all(base == "python:3.11-slim" for base in bases)
+    (user,) = instructions("USER")
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0
+    assert any(f"--uid {uid}" in run for run in instructions("RUN"))
+    env: dict[str, str] = {}
+    for line in instructions("ENV"):
+        for item in shlex.split(line):
+            key, _, value = item.partition("=")
+            env[key] = value
+    proxy_env = {k: v for k, v in env.items() if k.startswith(config.ENV_PREFIX)}
+    assert set(proxy_env) <= ENV_NAMES, set(proxy_env) - ENV_NAMES
+    settings = config.load(env={**proxy_env, "KAFKA_FETCH_PROXY_UPSTREAM": "broker:9092"})
+    assert settings.metrics_listen is not None
+    exposed = " ".join(instructions("EXPOSE")).split()
+    assert str(settings.listen.port) in exposed
+    assert str(settings.metrics_listen.port) in exposed
+    assert any(p.startswith(f"{settings.broker_port_base}-") for p in exposed)
+    # the healthcheck reads the same variable the proxy does
+    assert healthcheck.ENV in proxy_env
+
+
+def test_dockerfile_copies_files_that_exist() -> None:
+    for line in instructions("COPY"):
+        if line.startswith("--from"):
+            continue
+        *sources, _dest = line.split()
+        for source in sources:
+            assert (ROOT / source).exists(), source
+
+
+# -- Kubernetes ----------------------------------------------------------------------------
+
+
+def k8s_objects() -> dict[str, dict[str, Any]]:
+    objects: dict[str, dict[str, Any]] = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                objects[doc["kind"]] = doc
+    return objects
+
+
+def proxy_container(pod: dict[str, Any]) -> dict[str, Any]:
+    candidates = [
+        c
+        for c in pod.get("initContainers", []) + pod["containers"]
+        if c["name"] == "kafka-fetch-proxy"
+    ]
+    (container,) = candidates
+    if container in pod.get("initContainers", []):
+        assert container["restartPolicy"] == "Always"  # a native sidecar, not a one-shot init
+    return container
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+
+
+def test_sidecar_matches_the_proxy_flags_endpoints_and_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = k8s_objects()
+    deployment = objects["Deployment"]
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    proxy = proxy_container(pod)
+
+    # the config file comes from the ConfigMap, mounted where --config points
+    configmap = objects["ConfigMap"]
+    (mount,) = proxy["volumeMounts"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    config_path = proxy["args"][proxy["args"].index("--config") + 1]
+    directory, _, key = config_path.rpartition("/")
+    assert directory == mount["mountPath"]
+    toml_file = tmp_path / key
+    toml_file.write_text(configmap["data"][key])
+
+    env = {e["name"]: e["value"] for e in proxy.get("env", [])}
+    assert set(env) <= ENV_NAMES, set(env) - ENV_NAMES
+    settings = settings_for(proxy["args"], env, {config_path: toml_file})
+    check_config_ok(proxy["args"], env, {config_path: toml_file}, monkeypatch)
+
+    # ports: the Kafka listener the app uses, and the metrics endpoint the probes use
+    ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    assert settings.metrics_listen is not None
+    assert ports["kafka"] == settings.listen.port
+    assert ports["proxy-metrics"] == settings.metrics_listen.port
+    assert settings.metrics_listen.host == "0.0.0.0"  # the kubelet probes the pod IP
+    for probe_name, path in (
+        ("startupProbe", HEALTHZ_PATH),
+        ("livenessProbe", HEALTHZ_PATH),
+        ("readinessProbe", READYZ_PATH),
+    ):
+        probe = proxy[probe_name]["httpGet"]
+        assert probe["path"] == path and path in PATHS
+        port = probe["port"]
+        assert (ports[port] if isinstance(port, str) else port) == settings.metrics_listen.port
+
+    # the app bootstraps from the sidecar on localhost, which the proxy advertises
+    (app,) = pod["containers"]
+    app_env = {e["name"]: e["value"] for e in app["env"]}
+    assert app_env["KAFKA_BOOTSTRAP_SERVERS"] == f"localhost:{settings.listen.port}"
+    assert settings.advertised_host == "localhost"
+    assert settings.listen.host == "127.0.0.1"
+
+    # Prometheus annotations point at the metrics endpoint
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(settings.metrics_listen.port)
+    assert annotations["prometheus.io/path"] == METRICS_PATH
+
+    # runs as the image's non-root user
+    (user,) = instructions("USER")
+    assert proxy["securityContext"]["runAsUser"] == int(user.split(":")[0])
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_service_monitor_reaches_the_metrics_port() -> None:
+    objects = k8s_objects()
+    pod_labels = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    proxy = proxy_container(objects["Deployment"]["spec"]["template"]["spec"])
+    container_ports = {p["name"] for p in proxy["ports"]}
+    service = objects["Service"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+    monitor = objects["ServiceMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == METRICS_PATH
+    assert service_ports[endpoint["port"]]["targetPort"] in container_ports
+
+
+# -- docker compose ------------------------------------------------------------------------
+
+
+def test_compose_example_matches_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    compose = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    services = compose["services"]
+    proxy = services["kafka-fetch-proxy"]
+    assert (COMPOSE / proxy["build"]["context"] / "Dockerfile").is_file()
+
+    files: dict[str, Path] = {}
+    for volume in proxy["volumes"]:
+        host, container, *_ = volume.split(":")
+        files[container] = (COMPOSE / host).resolve()
+        assert files[container].is_file()
+    env = {k: str(v) for k, v in proxy["environment"].items()}
+    assert set(env) <= ENV_NAMES, set(env) - ENV_NAMES
+    settings = settings_for(proxy["command"], env, files)
+    check_config_ok(proxy["command"], env, files, monkeypatch)
+
+    # upstream is the Kafka service's advertised listener
+    kafka_env = services["kafka"]["environment"]
+    assert f"PLAINTEXT://{settings.upstream[0]}" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
+
+    # clients on the host reach every advertised port under the same number
+    published = {}
+    for mapping in proxy["ports"]:
+        host_port, container_port = str(mapping).split(":")
+        published[int(container_port)] = int(host_port)
+    assert settings.metrics_listen is not None
+    broker_port = settings.broker_port(int(kafka_env["KAFKA_NODE_ID"]))
+    for port in (settings.listen.port, broker_port, settings.metrics_listen.port):
+        assert published.get(port) == port, port
+    assert settings.advertised_host == "localhost"
+
+    test = proxy["healthcheck"]["test"]
+    assert test[:4] == ["CMD", "python", "-m", HEALTHCHECK_MODULE]
+    assert test[test.index("--path") + 1] == HEALTHZ_PATH
+
+    prometheus = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())
+    (job,) = prometheus["scrape_configs"]
+    assert job["metrics_path"] == METRICS_PATH
+    assert job["static_configs"][0]["targets"] == [
+        f"kafka-fetch-proxy:{settings.metrics_listen.port}"
+    ]
+
+    grafana = services["grafana"]
+    provider = yaml.safe_load((COMPOSE / "grafana" / "dashboards.yml").read_text())
+    dashboards_dir = provider["providers"][0]["options"]["path"]
+    mounts = dict(v.split(":")[1::-1] for v in grafana["volumes"])
+    assert (COMPOSE / mounts[dashboards_dir] / DASHBOARD.name).is_file()
+
+
+# -- Grafana dashboard and metrics docs ----------------------------------------------------
+
+
+def dashboard_exprs() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
+    return exprs
+
+
+SERIES = {name: s for s in CATALOGUE for name in s.series_names()}
+SCRAPE_LABELS = {"job", "instance"}
+
+
+def test_dashboard_references_only_metrics_that_exist() -> None:
+    used: set[str] = set()
+    for expr in dashboard_exprs():
+        names = re.findall(rf"{PREFIX}[a-z0-9_]+", expr)
+        assert names, expr
+        for name in names:
+            assert name in SERIES, f"{name} in {expr!r} is not a metric"
+            used.add(SERIES[name].name)
+        allowed = SCRAPE_LABELS | {"le"} | {label for n in names for label in SERIES[n].labels}
+        for grouping in re.findall(r"\bby \(([^)]*)\)", expr):
+            for label in grouping.split(","):
+                assert label.strip() in allowed, (label, expr)
+        for name, selector in re.findall(rf"({PREFIX}[a-z0-9_]+)\{{([^}}]*)\}}", expr):
+            for label in re.findall(r"([a-z_]+)\s*=~?", selector):
+                assert label in SCRAPE_LABELS | {"le"} | set(SERIES[name].labels), (label, expr)
+    # and it shows every metric of the catalogue
+    assert used == {s.name for s in CATALOGUE}
+
+
+def test_dashboard_structure() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "job", "instance"} <= variables
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"], panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def test_metrics_table_in_the_docs_is_generated_from_the_catalogue() -> None:
+    text = (DEPLOY / "README.md").read_text()
+    begin, end = "<!-- metrics-table:begin -->\n", "<!-- metrics-table:end -->"
+    table = text[text.index(begin) + len(begin) : text.index(end)]
+    assert table == markdown_table()
+    assert spec(f"{PREFIX}trimmed_records_total").name in table
