@@ -1,0 +1,76 @@
+"""Topic name <-> topic id map, learnt from the Metadata responses the proxy relays.
+
+Fetch v13+ addresses topics by id, older versions by name.  When a client on
+names talks through an upstream session on ids (or the reverse) the proxy needs
+this map.  The relay feeds it every Metadata response it sees (``learn_metadata``);
+when a name has no id yet, ``missing_ids`` tells the relay which topics to ask
+the upstream broker about.
+
+Bounded: at most ``max_topics`` entries; the least recently learnt go first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+ZERO_UUID = uuid.UUID(int=0)
+
+
+class TopicIdMap:
+    def __init__(self, *, max_topics: int = 100_000) -> None:
+        if max_topics <= 0:
+            raise ValueError("max_topics must be positive")
+        self._max = max_topics
+        self._by_name: dict[str, uuid.UUID] = {}
+        self._by_id: dict[uuid.UUID, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def learn(self, name: str, topic_id: uuid.UUID | None) -> None:
+        """Record that *name* currently has *topic_id* (a zero or null id is ignored)."""
+        if topic_id is None or topic_id == ZERO_UUID or not name:
+            return
+        old_id = self._by_name.pop(name, None)
+        if old_id is not None:
+            self._by_id.pop(old_id, None)
+        old_name = self._by_id.pop(topic_id, None)
+        if old_name is not None:
+            self._by_name.pop(old_name, None)
+        self._by_name[name] = topic_id
+        self._by_id[topic_id] = name
+        while len(self._by_name) > self._max:
+            evicted_name = next(iter(self._by_name))
+            self._by_id.pop(self._by_name.pop(evicted_name), None)
+
+    def learn_metadata(self, response: Any) -> None:
+        """Learn from a decoded Metadata response (v10+ carries topic ids)."""
+        for topic in getattr(response, "topics", ()):
+            if getattr(topic, "error_code", 0) != 0:
+                continue
+            name = getattr(topic, "name", None)
+            topic_id = getattr(topic, "topic_id", None)
+            if isinstance(name, str) and isinstance(topic_id, uuid.UUID):
+                self.learn(name, topic_id)
+
+    def forget_name(self, name: str) -> None:
+        """Drop what we know about *name* (e.g. the broker says its id is unknown)."""
+        topic_id = self._by_name.pop(name, None)
+        if topic_id is not None:
+            self._by_id.pop(topic_id, None)
+
+    def id_for(self, name: str) -> uuid.UUID | None:
+        return self._by_name.get(name)
+
+    def name_for(self, topic_id: uuid.UUID) -> str | None:
+        return self._by_id.get(topic_id)
+
+    def missing_ids(self, names: Iterable[str]) -> list[str]:
+        """Names (deduplicated, in order) for which no id is known."""
+        out: dict[str, None] = {}
+        for name in names:
+            if name not in self._by_name:
+                out[name] = None
+        return list(out)

@@ -1,0 +1,597 @@
+"""Serve a sessionless client's full fetches through one incremental upstream session.
+
+librdkafka, aiokafka and sarama list every partition in every Fetch and get
+every partition back.  ``FetchTranslator`` (one per upstream connection) turns
+each such full fetch into the next request of a KIP-227 session upstream, and
+each upstream response back into the *complete* full response a sessionless
+broker would have given: partitions the incremental response left out are
+filled in from ``PartitionStateCache`` (see there for why that is exact).
+
+The session mirrors the client: partitions the client stops listing are
+forgotten upstream, new ones are added, and a changed fetch offset, log start
+offset, partition max bytes or leader epoch is sent as an altered partition, so
+the broker never returns data the client did not ask for.
+
+Versions: the client may speak Fetch v4-v18; the upstream request uses the
+highest version the upstream supports (``upstream_max_version``), except that a
+client on topic names whose topics have no known id yet makes the request use
+v12 (names) and reports the names in ``UpstreamFetch.missing_topic_ids`` so the
+relay can ask upstream Metadata for them (rate-limit that: a topic that does not
+exist never gets an id).
+
+Two differences from a sessionless broker remain, both shared with Kafka's own
+Java client: when the response-level max_bytes runs out, the broker fills
+partitions in session order (which rotates partitions that returned data to
+the end, KIP-227) instead of the client's order; and the last stable offset of
+an omitted partition is the last one reported, since the broker does not
+include a partition for a changed LSO alone (on a real broker the LSO moves
+with a transaction marker, which also moves the high watermark).
+
+Usage, per upstream connection and one client fetch at a time::
+
+    step = translator.begin(client_request)      # -> UpstreamFetch
+    while True:
+        send step.request upstream, decode the response at step.request.__version__
+        step = translator.complete(response)     # -> UpstreamFetch | ClientReply
+        if isinstance(step, ClientReply):
+            answer the client with step.response (already at the client's version)
+            break
+
+``complete`` asks for a resend when the session had to be reset (session
+errors, responses that break the session rules); after ``max_resends`` resends
+the client gets the error.  If the upstream connection fails, call ``abort``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from ..protocol.codec import request_schema, response_schema
+from .client import (
+    FETCH_SESSION_ID_NOT_FOUND,
+    FETCH_SESSION_TOPIC_ID_ERROR,
+    INVALID_FETCH_SESSION_EPOCH,
+    MIN_SESSION_VERSION,
+    FetchParams,
+    FetchSessionClient,
+    PartitionKey,
+    SessionRequest,
+    Verdict,
+)
+from .partition_cache import PartitionStateCache
+from .topic_ids import TopicIdMap
+
+FETCH_API_KEY = 1
+MIN_CLIENT_VERSION = 4
+MAX_VERSION = 18
+FIRST_TOPIC_ID_VERSION = 13
+LAST_TOPIC_NAME_VERSION = 12
+
+UNKNOWN_SERVER_ERROR = -1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+UNKNOWN_TOPIC_ID = 100
+INCONSISTENT_TOPIC_ID = 103
+READ_COMMITTED = 1
+_SESSION_ERRORS = frozenset(
+    {FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR}
+)
+
+
+def is_sessionless_consumer_fetch(request: Any) -> bool:
+    """True for a consumer's Fetch (v4+) that does not use a fetch session.
+
+    v7+ clients without sessions send session id 0 and epoch -1 (FINAL): every
+    request is a full fetch, and the broker must not create a session.
+    """
+    version = int(request.__version__)
+    if int(request.__api_key__) != FETCH_API_KEY or version < MIN_CLIENT_VERSION:
+        return False
+    if _replica_id(request) >= 0:
+        return False
+    if version >= MIN_SESSION_VERSION:
+        return int(request.session_id) == 0 and int(request.session_epoch) == -1
+    return True
+
+
+def _replica_id(request: Any) -> int:
+    state = getattr(request, "replica_state", None)
+    if state is not None:
+        return int(state.replica_id)
+    return int(getattr(request, "replica_id", -1))
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamFetch:
+    """Send ``request`` (a kio FetchRequest) to the upstream broker."""
+
+    request: Any
+    missing_topic_ids: tuple[str, ...] = ()
+    """Topic names whose ids are unknown; the relay should learn them from Metadata."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientReply:
+    """Answer the client with ``response`` (a kio FetchResponse at the client's version)."""
+
+    response: Any
+
+
+@dataclass(slots=True)
+class _ClientPartition:
+    topic_name: str | None
+    topic_id: uuid.UUID | None
+    partition: int
+    params: FetchParams
+    key: PartitionKey | None = None
+    """Upstream key; None when the topic cannot be addressed upstream."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: Any
+    partitions: list[_ClientPartition]
+    wanted: dict[PartitionKey, FetchParams]
+    uses_topic_ids: bool
+    version: int
+    session_request: SessionRequest
+    missing: tuple[str, ...]
+    resends: int = 0
+    by_key: dict[PartitionKey, _ClientPartition] = field(default_factory=dict)
+
+
+class TranslationError(Exception):
+    """The caller used the translator out of order, or gave it a fetch it cannot serve."""
+
+
+class FetchTranslator:
+    """A sessionless client's full fetches, served through one upstream fetch session."""
+
+    def __init__(
+        self,
+        topic_ids: TopicIdMap,
+        *,
+        upstream_max_version: int,
+        max_resends: int = 2,
+        sessionless_backoff: int = 8,
+    ) -> None:
+        if upstream_max_version < MIN_CLIENT_VERSION:
+            raise ValueError(f"upstream Fetch v{upstream_max_version} is too old (need v4+)")
+        if max_resends < 1:
+            raise ValueError("max_resends must be >= 1")
+        self.topic_ids = topic_ids
+        self.upstream_max_version = min(upstream_max_version, MAX_VERSION)
+        self.max_resends = max_resends
+        self.session = FetchSessionClient(sessionless_backoff=sessionless_backoff)
+        self.cache = PartitionStateCache()
+        self._pending: _Pending | None = None
+
+    # -- requests ------------------------------------------------------------------------
+
+    def begin(self, request: Any) -> UpstreamFetch:
+        """Start serving a client's full fetch: the first request to send upstream."""
+        if self._pending is not None:
+            raise TranslationError("a client fetch is already being served on this session")
+        if not is_sessionless_consumer_fetch(request):
+            raise TranslationError("not a sessionless consumer fetch (v4+)")
+        partitions = list(_client_partitions(request))
+        client_on_ids = int(request.__version__) >= FIRST_TOPIC_ID_VERSION
+        missing: tuple[str, ...] = ()
+        version = self.upstream_max_version
+        if version >= FIRST_TOPIC_ID_VERSION and not client_on_ids:
+            names = [p.topic_name for p in partitions if p.topic_name is not None]
+            missing = tuple(self.topic_ids.missing_ids(names))
+            if missing:
+                version = LAST_TOPIC_NAME_VERSION
+        uses_topic_ids = version >= FIRST_TOPIC_ID_VERSION
+
+        wanted: dict[PartitionKey, FetchParams] = {}
+        by_key: dict[PartitionKey, _ClientPartition] = {}
+        for cp in partitions:
+            cp.key = self._upstream_key(cp, uses_topic_ids)
+            if cp.key is not None:
+                wanted[cp.key] = cp.params
+                by_key[cp.key] = cp
+        session_request = self.session.build(
+            wanted,
+            uses_topic_ids=uses_topic_ids,
+            supports_sessions=version >= MIN_SESSION_VERSION,
+        )
+        self._pending = _Pending(
+            request=request,
+            partitions=partitions,
+            wanted=wanted,
+            uses_topic_ids=uses_topic_ids,
+            version=version,
+            session_request=session_request,
+            missing=missing,
+            by_key=by_key,
+        )
+        return UpstreamFetch(self._upstream_request(self._pending), missing)
+
+    def _upstream_key(self, cp: _ClientPartition, uses_topic_ids: bool) -> PartitionKey | None:
+        if uses_topic_ids:
+            topic_id = cp.topic_id
+            if topic_id is None and cp.topic_name is not None:
+                topic_id = self.topic_ids.id_for(cp.topic_name)
+            return None if topic_id is None else PartitionKey(topic_id, cp.partition)
+        name = cp.topic_name
+        if name is None and cp.topic_id is not None:
+            name = self.topic_ids.name_for(cp.topic_id)
+        return None if name is None else PartitionKey(name, cp.partition)
+
+    def _upstream_request(self, pending: _Pending) -> Any:
+        mod = _module(request_schema(FETCH_API_KEY, pending.version))
+        sreq = pending.session_request
+        client = pending.request
+        topics = [
+            _make(
+                mod.FetchTopic,
+                topic=topic,
+                topic_id=topic,
+                partitions=tuple(
+                    _make(
+                        mod.FetchPartition,
+                        partition=key.partition,
+                        fetch_offset=params.fetch_offset,
+                        partition_max_bytes=params.partition_max_bytes,
+                        log_start_offset=params.log_start_offset,
+                        current_leader_epoch=params.current_leader_epoch,
+                        last_fetched_epoch=params.last_fetched_epoch,
+                    )
+                    for key, params in items
+                ),
+            )
+            for topic, items in _group(sreq.to_send.items(), lambda kv: kv[0].topic)
+        ]
+        forgotten = [
+            _make(
+                mod.ForgottenTopic,
+                topic=topic,
+                topic_id=topic,
+                partitions=tuple(key.partition for key in keys),
+            )
+            for topic, keys in _group(sreq.to_forget, lambda k: k.topic)
+        ]
+        return _make(
+            mod.FetchRequest,
+            replica_id=-1,
+            max_wait=client.max_wait,
+            min_bytes=client.min_bytes,
+            max_bytes=getattr(client, "max_bytes", 2**31 - 1),
+            isolation_level=getattr(client, "isolation_level", 0),
+            session_id=sreq.metadata.session_id,
+            session_epoch=sreq.metadata.epoch,
+            topics=tuple(topics),
+            forgotten_topics_data=tuple(forgotten),
+            rack_id=getattr(client, "rack_id", ""),
+            cluster_id=getattr(client, "cluster_id", None),
+        )
+
+    def _resend(self, pending: _Pending) -> UpstreamFetch:
+        pending.resends += 1
+        last_try = pending.resends >= self.max_resends
+        pending.session_request = self.session.build(
+            pending.wanted,
+            uses_topic_ids=pending.uses_topic_ids,
+            # The last resend does not ask for a session, so no session error can recur.
+            supports_sessions=pending.version >= MIN_SESSION_VERSION and not last_try,
+        )
+        return UpstreamFetch(self._upstream_request(pending), pending.missing)
+
+    def abort(self) -> None:
+        """The upstream request failed (connection lost): drop the client fetch."""
+        if self._pending is not None:
+            self._pending = None
+            self.session.handle_send_error()
+
+    # -- responses -----------------------------------------------------------------------
+
+    def complete(self, response: Any) -> UpstreamFetch | ClientReply:
+        """Consume the upstream response to the last request: resend, or answer the client."""
+        pending = self._pending
+        if pending is None:
+            raise TranslationError("no client fetch is being served")
+        included = self._included(response, pending.uses_topic_ids)
+        error_code = int(getattr(response, "error_code", 0))
+        throttle_ms = _millis(response.throttle_time)
+        outcome = self.session.handle_response(
+            error_code=error_code,
+            session_id=int(getattr(response, "session_id", 0)),
+            throttle_time_ms=throttle_ms,
+            partitions=(key for key, _ in included),
+        )
+        if outcome.verdict is Verdict.THROTTLED or (
+            outcome.ok and not included and throttle_ms > 0
+        ):
+            # KIP-219: a throttled broker answers with no partitions, and so would a
+            # sessionless one.
+            self._pending = None
+            return ClientReply(self._client_response(pending, {}, response, empty=True))
+        if outcome.ok:
+            data = dict(included)
+            unusable = [
+                key
+                for key in pending.session_request.session_partitions
+                if key not in data and self.cache.lookup(key) is None
+            ]
+            if not unusable:
+                return ClientReply(self._finish(pending, data, response))
+            self.session.revoke_last_response(
+                f"omitted {len(unusable)} partition(s) with no usable state, e.g. {unusable[0]}"
+            )
+        if pending.resends < self.max_resends:
+            return self._resend(pending)
+        self._pending = None
+        if outcome.verdict is Verdict.ERROR and error_code not in _SESSION_ERRORS:
+            code = error_code
+        else:
+            code = UNKNOWN_SERVER_ERROR
+        return ClientReply(self._error_response(pending, code, response))
+
+    def _included(self, response: Any, uses_topic_ids: bool) -> list[tuple[PartitionKey, Any]]:
+        out: list[tuple[PartitionKey, Any]] = []
+        for topic in response.responses:
+            ref = topic.topic_id if uses_topic_ids else topic.topic
+            for pd in topic.partitions:
+                out.append((PartitionKey(ref, int(pd.partition_index)), pd))
+        return out
+
+    def _finish(self, pending: _Pending, data: dict[PartitionKey, Any], response: Any) -> Any:
+        self._pending = None
+        for key, pd in data.items():
+            if key not in pending.by_key:
+                continue
+            code = int(pd.error_code)
+            self.cache.record(
+                key,
+                high_watermark=int(pd.high_watermark),
+                last_stable_offset=int(getattr(pd, "last_stable_offset", -1)),
+                log_start_offset=int(getattr(pd, "log_start_offset", -1)),
+                error_code=code,
+            )
+            name = pending.by_key[key].topic_name
+            if code in (UNKNOWN_TOPIC_ID, INCONSISTENT_TOPIC_ID) and name is not None:
+                if pending.by_key[key].topic_id is None:
+                    # Our name -> id mapping is stale; learn it again from Metadata.
+                    self.topic_ids.forget_name(name)
+        self.cache.retain(pending.session_request.session_partitions)
+        return self._client_response(pending, data, response)
+
+    # -- building the client's response --------------------------------------------------
+
+    def _client_response(
+        self,
+        pending: _Pending,
+        data: dict[PartitionKey, Any],
+        upstream: Any,
+        *,
+        empty: bool = False,
+    ) -> Any:
+        client_version = int(pending.request.__version__)
+        mod = _module(response_schema(FETCH_API_KEY, client_version))
+        read_committed = int(getattr(pending.request, "isolation_level", 0)) == READ_COMMITTED
+        client_on_ids = client_version >= FIRST_TOPIC_ID_VERSION
+        topics = []
+        if not empty:
+            for ref, cps in _group(_dedupe(pending.partitions), _client_topic):
+                parts = []
+                for cp in cps:
+                    if cp.key is None:
+                        parts.append(_error_partition(mod, cp.partition, _unknown_topic(cp)))
+                    elif cp.key in data:
+                        parts.append(
+                            _convert_partition(
+                                mod,
+                                data[cp.key],
+                                client_on_ids=client_on_ids,
+                                upstream_on_ids=pending.uses_topic_ids,
+                            )
+                        )
+                    else:
+                        state = self.cache.lookup(cp.key)
+                        assert state is not None  # checked in complete()
+                        parts.append(
+                            _make(
+                                mod.PartitionData,
+                                partition_index=cp.partition,
+                                error_code=ErrorCode(0),
+                                high_watermark=state.high_watermark,
+                                last_stable_offset=state.last_stable_offset,
+                                log_start_offset=state.log_start_offset,
+                                aborted_transactions=() if read_committed else None,
+                                preferred_read_replica=-1,
+                                records=b"",
+                            )
+                        )
+                topics.append(
+                    _make(
+                        mod.FetchableTopicResponse, topic=ref, topic_id=ref, partitions=tuple(parts)
+                    )
+                )
+        endpoints = ()
+        if hasattr(mod, "NodeEndpoint"):
+            endpoints = tuple(
+                _convert(ep, mod.NodeEndpoint) for ep in getattr(upstream, "node_endpoints", ())
+            )
+        return _make(
+            mod.FetchResponse,
+            throttle_time=upstream.throttle_time,
+            error_code=ErrorCode(0),
+            session_id=0,
+            responses=tuple(topics),
+            node_endpoints=endpoints,
+        )
+
+    def _error_response(self, pending: _Pending, code: int, upstream: Any) -> Any:
+        client_version = int(pending.request.__version__)
+        mod = _module(response_schema(FETCH_API_KEY, client_version))
+        if client_version >= MIN_SESSION_VERSION:
+            # A broker's top-level error carries no partitions.
+            responses: tuple[Any, ...] = ()
+            top = code
+        else:
+            top = 0
+            responses = tuple(
+                _make(
+                    mod.FetchableTopicResponse,
+                    topic=ref,
+                    topic_id=ref,
+                    partitions=tuple(_error_partition(mod, cp.partition, code) for cp in cps),
+                )
+                for ref, cps in _group(_dedupe(pending.partitions), _client_topic)
+            )
+        return _make(
+            mod.FetchResponse,
+            throttle_time=upstream.throttle_time,
+            error_code=ErrorCode(top),
+            session_id=0,
+            responses=responses,
+        )
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _client_partitions(request: Any) -> Iterator[_ClientPartition]:
+    on_ids = int(request.__version__) >= FIRST_TOPIC_ID_VERSION
+    for topic in request.topics:
+        for p in topic.partitions:
+            yield _ClientPartition(
+                topic_name=None if on_ids else str(topic.topic),
+                topic_id=topic.topic_id if on_ids else None,
+                partition=int(p.partition),
+                params=FetchParams(
+                    fetch_offset=int(p.fetch_offset),
+                    partition_max_bytes=int(p.partition_max_bytes),
+                    log_start_offset=int(getattr(p, "log_start_offset", -1)),
+                    current_leader_epoch=int(getattr(p, "current_leader_epoch", -1)),
+                    last_fetched_epoch=int(getattr(p, "last_fetched_epoch", -1)),
+                ),
+            )
+
+
+def _client_topic(cp: _ClientPartition) -> str | uuid.UUID | None:
+    return cp.topic_id if cp.topic_name is None else cp.topic_name
+
+
+def _dedupe(partitions: list[_ClientPartition]) -> list[_ClientPartition]:
+    """One entry per (topic, partition), at its first position (a broker keys fetch data by it)."""
+    seen: set[tuple[str | uuid.UUID | None, int]] = set()
+    out = []
+    for cp in partitions:
+        ident = (_client_topic(cp), cp.partition)
+        if ident not in seen:
+            seen.add(ident)
+            out.append(cp)
+    return out
+
+
+def _group(items: Any, key: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """Consecutive runs of *items* with equal ``key(item)`` (how a broker groups topics)."""
+    run: list[Any] = []
+    current: Any = None
+    for item in items:
+        k = key(item)
+        if run and k != current:
+            yield current, run
+            run = []
+        current = k
+        run.append(item)
+    if run:
+        yield current, run
+
+
+def _unknown_topic(cp: _ClientPartition) -> int:
+    return UNKNOWN_TOPIC_ID if cp.topic_name is None else UNKNOWN_TOPIC_OR_PARTITION
+
+
+def _map_error(code: int, *, client_on_ids: bool, upstream_on_ids: bool) -> int:
+    if upstream_on_ids and not client_on_ids and code in (UNKNOWN_TOPIC_ID, INCONSISTENT_TOPIC_ID):
+        return UNKNOWN_TOPIC_OR_PARTITION
+    if client_on_ids and not upstream_on_ids and code == UNKNOWN_TOPIC_OR_PARTITION:
+        return UNKNOWN_TOPIC_ID
+    return code
+
+
+def _convert_partition(
+    mod: ModuleType, pd: Any, *, client_on_ids: bool, upstream_on_ids: bool
+) -> Any:
+    code = _map_error(
+        int(pd.error_code), client_on_ids=client_on_ids, upstream_on_ids=upstream_on_ids
+    )
+    aborted = getattr(pd, "aborted_transactions", None)
+    kwargs: dict[str, Any] = {
+        "partition_index": pd.partition_index,
+        "error_code": ErrorCode(code),
+        "high_watermark": pd.high_watermark,
+        "last_stable_offset": getattr(pd, "last_stable_offset", -1),
+        "log_start_offset": getattr(pd, "log_start_offset", -1),
+        "aborted_transactions": None
+        if aborted is None
+        else tuple(_convert(a, mod.AbortedTransaction) for a in aborted),
+        "preferred_read_replica": getattr(pd, "preferred_read_replica", -1),
+        "records": pd.records,
+    }
+    for name, cls_name in (
+        ("diverging_epoch", "EpochEndOffset"),
+        ("current_leader", "LeaderIdAndEpoch"),
+        ("snapshot_id", "SnapshotId"),
+    ):
+        value = getattr(pd, name, None)
+        if value is not None and hasattr(mod, cls_name):
+            kwargs[name] = _convert(value, getattr(mod, cls_name))
+    return _make(mod.PartitionData, **kwargs)
+
+
+def _error_partition(mod: ModuleType, partition: int, code: int) -> Any:
+    """What a broker answers for a partition it cannot serve (FetchResponse.partitionResponse)."""
+    return _make(
+        mod.PartitionData,
+        partition_index=partition,
+        error_code=ErrorCode(code),
+        high_watermark=-1,
+        last_stable_offset=-1,
+        log_start_offset=-1,
+        aborted_transactions=None,
+        preferred_read_replica=-1,
+        records=b"",
+    )
+
+
+def _module(schema: Any) -> ModuleType:
+    if schema is None:
+        raise TranslationError("kio has no Fetch schema for this version")
+    return sys.modules[schema.__module__]
+
+
+@cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def _make(cls: Any, **kwargs: Any) -> Any:
+    """Instantiate a kio class with the keyword arguments that exist at its version."""
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def _convert(obj: Any, cls: Any) -> Any:
+    """The same nested entity at another version (fields the target lacks are dropped)."""
+    kind: type = type(obj)
+    return _make(cls, **{name: getattr(obj, name) for name in _field_names(kind)})
+
+
+def _millis(value: Any) -> int:
+    if isinstance(value, timedelta):
+        return int(value / timedelta(milliseconds=1))
+    return int(value)
