@@ -1,0 +1,495 @@
+"""Real Kafka clients through the proxy to a 3-node dev cluster.
+
+The dev cluster and the proxy run in one trio thread (``ProxyStack``); the
+clients (confluent-kafka/librdkafka, kafka-python, aiokafka, kcat) only ever
+see the proxy's bootstrap address.  Every test checks that each record arrives
+exactly once, in order per partition, byte-identical, and the tests that can
+inspect the client's metadata check it lists only proxy addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import subprocess
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from proxy import config
+from proxy.devbroker.cluster import DevCluster
+from proxy.server.proxy import Proxy
+
+pytestmark = pytest.mark.integration
+
+DEADLINE = 60.0  # seconds; every client loop below is bounded by it
+
+
+class ProxyStack:
+    """A DevCluster and a Proxy in front of it, served by trio in a background thread."""
+
+    def __init__(self, nodes: int = 3) -> None:
+        self.nodes = nodes
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="proxy-stack", daemon=True)
+        self.cluster: DevCluster
+        self.proxy: Proxy
+        self._token: trio.lowlevel.TrioToken
+        self._stop: trio.Event
+
+    def start(self) -> ProxyStack:
+        self._thread.start()
+        if not self._ready.wait(timeout=30):
+            raise RuntimeError("proxy stack did not start in 30 s")
+        if self._error is not None:
+            raise RuntimeError("proxy stack failed") from self._error
+        return self
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._stop = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        async with DevCluster(nodes=self.nodes) as cluster:
+            settings = config.validate(
+                {
+                    "upstream": [cluster.bootstrap],
+                    "listen": "127.0.0.1:0",
+                    "broker_port_base": 0,
+                    "connect_timeout_seconds": 5,
+                    "retry_backoff_initial_seconds": 0.05,
+                    "retry_backoff_max_seconds": 0.5,
+                }
+            )
+            async with trio.open_nursery() as nursery:
+                proxy = await nursery.start(Proxy(settings).serve)
+                with trio.fail_after(20):
+                    await proxy.discovered.wait()
+                self.cluster, self.proxy = cluster, proxy
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive(), "proxy stack did not stop"
+
+    # --- helpers for tests (thread-safe) ---
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.proxy.bootstrap is not None
+        return f"127.0.0.1:{self.proxy.bootstrap.port}"
+
+    def proxy_addresses(self) -> set[tuple[str, int]]:
+        return trio.from_thread.run_sync(
+            lambda: set(self.proxy.book.advertised.values()), trio_token=self._token
+        )
+
+    def broker_addresses(self) -> set[tuple[str, int]]:
+        return trio.from_thread.run_sync(
+            lambda: {(n.host, n.port) for n in self.cluster.nodes}, trio_token=self._token
+        )
+
+    def create_topic(self, partitions: int) -> str:
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        trio.from_thread.run_sync(
+            self.cluster.create_topic, name, partitions, trio_token=self._token
+        )
+        return name
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        return trio.from_thread.run_sync(
+            self.cluster.leader_of, topic, partition, trio_token=self._token
+        )
+
+    def stop_node(self, node_id: int) -> None:
+        trio.from_thread.run(self.cluster.stop_node, node_id, trio_token=self._token)
+
+    def restart_node(self, node_id: int) -> None:
+        trio.from_thread.run(self.cluster.restart_node, node_id, trio_token=self._token)
+
+    def topic_names(self) -> set[str]:
+        return trio.from_thread.run_sync(
+            lambda: set(self.cluster.state.topics), trio_token=self._token
+        )
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[ProxyStack]:
+    s = ProxyStack().start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+# --- record bookkeeping -------------------------------------------------------------------
+
+
+Record = tuple[int, bytes | None, bytes]  # partition, key, value
+
+
+def make_records(partitions: int, per_partition: int, tag: str) -> list[Record]:
+    return [
+        (p, f"k{p}-{i}".encode(), f"{tag}|p{p}|{i}|".encode() + bytes([i % 256]) * (i % 50))
+        for i in range(per_partition)
+        for p in range(partitions)
+    ]
+
+
+def assert_exactly_once_in_order(sent: list[Record], received: list[Record]) -> None:
+    by_partition_sent: dict[int, list[Record]] = defaultdict(list)
+    by_partition_got: dict[int, list[Record]] = defaultdict(list)
+    for r in sent:
+        by_partition_sent[r[0]].append(r)
+    for r in received:
+        by_partition_got[r[0]].append(r)
+    assert set(by_partition_got) == set(by_partition_sent)
+    for p in by_partition_sent:
+        assert by_partition_got[p] == by_partition_sent[p], f"partition {p} differs"
+
+
+def until(deadline: float, done: Callable[[], bool]) -> Iterator[int]:
+    for n in itertools.count():
+        if done():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("client did not finish before the deadline")
+        yield n
+
+
+def assert_only_proxy_addresses(stack: ProxyStack, seen: set[tuple[str, int]]) -> None:
+    assert seen, "the client reported no brokers"
+    assert seen <= stack.proxy_addresses()
+    assert not seen & stack.broker_addresses()
+
+
+# --- kcat ---------------------------------------------------------------------------------
+
+
+def kcat(*args: str, stdin: bytes | None = None) -> str:
+    done = subprocess.run(
+        ["kcat", *args], input=stdin, capture_output=True, timeout=DEADLINE, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return done.stdout.decode()
+
+
+def test_kcat_metadata_produce_consume(stack: ProxyStack) -> None:
+    topic = stack.create_topic(3)
+    listing = kcat("-b", stack.bootstrap, "-L", "-t", topic)
+    brokers = {
+        (host, int(port)) for host, port in re.findall(r"broker \d+ at ([^:\s]+):(\d+)", listing)
+    }
+    assert len(brokers) == 3
+    assert_only_proxy_addresses(stack, brokers)
+    lines = [f"line-{i}-{'x' * (i % 7)}" for i in range(200)]
+    for p in range(3):
+        kcat(
+            "-b",
+            stack.bootstrap,
+            "-P",
+            "-t",
+            topic,
+            "-p",
+            str(p),
+            stdin="\n".join(lines).encode() + b"\n",
+        )
+    for p in range(3):
+        out = kcat("-b", stack.bootstrap, "-C", "-t", topic, "-p", str(p), "-e", "-f", "%o %s\n")
+        assert out.splitlines() == [f"{i} {line}" for i, line in enumerate(lines)]
+
+
+# --- confluent-kafka ----------------------------------------------------------------------
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+
+def confluent_produce(stack: ProxyStack, topic: str, records: list[Record], **conf: Any) -> None:
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": stack.bootstrap, "linger.ms": 5, **conf}
+    )
+    errors: list[Any] = []
+    for p, k, v in records:
+        producer.produce(
+            topic, v, k, partition=p, on_delivery=lambda err, msg: err and errors.append(err)
+        )
+        producer.poll(0)
+    assert producer.flush(DEADLINE) == 0
+    assert not errors
+
+
+def confluent_consume(
+    stack: ProxyStack, topic: str, partitions: int, count: int, group: str | None = None
+) -> tuple[list[Record], set[tuple[str, int]]]:
+    conf = {
+        "bootstrap.servers": stack.bootstrap,
+        "group.id": group or f"g-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
+    consumer = confluent_kafka.Consumer(conf)
+    try:
+        if group is None:
+            consumer.assign(
+                [
+                    confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                    for p in range(partitions)
+                ]
+            )
+        else:
+            consumer.subscribe([topic])
+        got: list[Record] = []
+        for _ in until(time.monotonic() + DEADLINE, lambda: len(got) >= count):
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got.append((msg.partition(), msg.key(), msg.value()))
+        metadata = consumer.list_topics(topic, timeout=10)
+        seen = {(b.host, b.port) for b in metadata.brokers.values()}
+        return got, seen
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("acks", "compression"),
+    [
+        ("0", "none"),
+        ("1", "gzip"),
+        ("all", "snappy"),
+        ("all", "lz4"),
+        ("1", "zstd"),
+        ("all", "none"),
+    ],
+)
+def test_confluent_produce_and_assign_consume(
+    stack: ProxyStack, acks: str, compression: str
+) -> None:
+    topic = stack.create_topic(4)
+    records = make_records(4, 150, f"ck-{acks}-{compression}")
+    confluent_produce(stack, topic, records, acks=acks, **{"compression.type": compression})
+    got, seen = confluent_consume(stack, topic, 4, len(records))
+    assert_exactly_once_in_order(records, got)
+    assert_only_proxy_addresses(stack, seen)
+
+
+def test_confluent_group_subscribe(stack: ProxyStack) -> None:
+    topic = stack.create_topic(6)
+    records = make_records(6, 50, "ck-group")
+    confluent_produce(stack, topic, records, acks="all")
+    got, seen = confluent_consume(
+        stack, topic, 6, len(records), group=f"grp-{uuid.uuid4().hex[:6]}"
+    )
+    assert_exactly_once_in_order(records, got)
+    assert_only_proxy_addresses(stack, seen)
+
+
+def test_confluent_admin_creates_topics(stack: ProxyStack) -> None:
+    admin_module = pytest.importorskip("confluent_kafka.admin")
+    admin = admin_module.AdminClient({"bootstrap.servers": stack.bootstrap})
+    name = f"admin-{uuid.uuid4().hex[:8]}"
+    futures = admin.create_topics(
+        [admin_module.NewTopic(name, num_partitions=5, replication_factor=1)]
+    )
+    futures[name].result(timeout=DEADLINE)
+    assert name in stack.topic_names()
+    md = admin.list_topics(name, timeout=10)
+    assert len(md.topics[name].partitions) == 5
+    assert_only_proxy_addresses(stack, {(b.host, b.port) for b in md.brokers.values()})
+
+
+# --- kafka-python -------------------------------------------------------------------------
+
+kafka = pytest.importorskip("kafka")
+
+
+@pytest.mark.parametrize(
+    ("acks", "compression"), [(0, None), (1, "gzip"), ("all", None), ("all", "lz4")]
+)
+def test_kafka_python_produce_and_consume(
+    stack: ProxyStack, acks: Any, compression: str | None
+) -> None:
+    topic = stack.create_topic(3)
+    records = make_records(3, 100, f"kp-{acks}-{compression}")
+    producer = kafka.KafkaProducer(
+        bootstrap_servers=stack.bootstrap, acks=acks, compression_type=compression, linger_ms=5
+    )
+    try:
+        futures = [producer.send(topic, value=v, key=k, partition=p) for p, k, v in records]
+        producer.flush(timeout=DEADLINE)
+        for f in futures:
+            f.get(timeout=DEADLINE)
+    finally:
+        producer.close(timeout=10)
+    consumer = kafka.KafkaConsumer(
+        bootstrap_servers=stack.bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=int(DEADLINE * 1000),
+    )
+    try:
+        consumer.assign([kafka.TopicPartition(topic, p) for p in range(3)])
+        consumer.seek_to_beginning()
+        got: list[Record] = []
+        for _ in until(time.monotonic() + DEADLINE, lambda: len(got) >= len(records)):
+            for tp, msgs in consumer.poll(timeout_ms=200).items():
+                got.extend((tp.partition, m.key, m.value) for m in msgs)
+        seen = {(b.host, b.port) for b in consumer._client.cluster.brokers()}
+    finally:
+        consumer.close()
+    assert_exactly_once_in_order(records, got)
+    assert_only_proxy_addresses(stack, seen)
+
+
+def test_kafka_python_group_subscribe(stack: ProxyStack) -> None:
+    topic = stack.create_topic(4)
+    records = make_records(4, 60, "kp-group")
+    producer = kafka.KafkaProducer(bootstrap_servers=stack.bootstrap, acks="all")
+    try:
+        for p, k, v in records:
+            producer.send(topic, value=v, key=k, partition=p)
+        producer.flush(timeout=DEADLINE)
+    finally:
+        producer.close(timeout=10)
+    consumer = kafka.KafkaConsumer(
+        topic,
+        bootstrap_servers=stack.bootstrap,
+        group_id=f"kpg-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    try:
+        got: list[Record] = []
+        for _ in until(time.monotonic() + DEADLINE, lambda: len(got) >= len(records)):
+            for tp, msgs in consumer.poll(timeout_ms=200).items():
+                got.extend((tp.partition, m.key, m.value) for m in msgs)
+        consumer.commit()
+    finally:
+        consumer.close()
+    assert_exactly_once_in_order(records, got)
+
+
+# --- aiokafka -----------------------------------------------------------------------------
+
+aiokafka = pytest.importorskip("aiokafka")
+
+
+@pytest.mark.parametrize(
+    ("acks", "compression", "group"), [(1, None, False), ("all", "gzip", True), (0, None, True)]
+)
+def test_aiokafka_produce_and_consume(
+    stack: ProxyStack, acks: Any, compression: str | None, group: bool
+) -> None:
+    topic = stack.create_topic(3)
+    records = make_records(3, 80, f"ak-{acks}-{compression}")
+
+    async def scenario() -> tuple[list[Record], set[tuple[str, int]]]:
+        producer = aiokafka.AIOKafkaProducer(
+            bootstrap_servers=stack.bootstrap, acks=acks, compression_type=compression
+        )
+        await producer.start()
+        try:
+            for p, k, v in records:
+                await producer.send(topic, value=v, key=k, partition=p)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        if group:
+            consumer = aiokafka.AIOKafkaConsumer(
+                topic,
+                bootstrap_servers=stack.bootstrap,
+                group_id=f"akg-{uuid.uuid4().hex[:6]}",
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+            )
+        else:
+            consumer = aiokafka.AIOKafkaConsumer(
+                bootstrap_servers=stack.bootstrap,
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+            )
+        await consumer.start()
+        try:
+            if not group:
+                consumer.assign([aiokafka.TopicPartition(topic, p) for p in range(3)])
+                await consumer.seek_to_beginning()
+            got: list[Record] = []
+            while len(got) < len(records):
+                batch = await consumer.getmany(timeout_ms=200)
+                for tp, msgs in batch.items():
+                    got.extend((tp.partition, m.key, m.value) for m in msgs)
+            seen = {(b.host, b.port) for b in consumer._client.cluster.brokers()}
+            return got, seen
+        finally:
+            await consumer.stop()
+
+    async def bounded() -> tuple[list[Record], set[tuple[str, int]]]:
+        return await asyncio.wait_for(scenario(), DEADLINE)
+
+    got, seen = asyncio.run(bounded())
+    assert_exactly_once_in_order(records, got)
+    assert_only_proxy_addresses(stack, seen)
+
+
+# --- failure: a broker stops mid-consumption and comes back --------------------------------
+
+
+def test_node_restart_mid_consumption_confluent(stack: ProxyStack) -> None:
+    topic = stack.create_topic(6)
+    first = make_records(6, 40, "before")
+    confluent_produce(stack, topic, first, acks="all")
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": stack.bootstrap,
+            "group.id": f"restart-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "reconnect.backoff.ms": 50,
+            "reconnect.backoff.max.ms": 500,
+        }
+    )
+    try:
+        consumer.assign(
+            [
+                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                for p in range(6)
+            ]
+        )
+        got: list[Record] = []
+
+        def drain(target: int) -> None:
+            for _ in until(time.monotonic() + DEADLINE, lambda: len(got) >= target):
+                msg = consumer.poll(0.2)
+                if msg is None or msg.error() is not None:
+                    continue  # transport errors while the node is down are expected
+                got.append((msg.partition(), msg.key(), msg.value()))
+
+        drain(len(first))
+        victim = stack.leader_of(topic, 1)
+        stack.stop_node(victim)
+        for _ in range(10):  # keep polling while the node is down
+            msg = consumer.poll(0.1)
+            assert msg is None or msg.error() is not None
+        stack.restart_node(victim)
+        second = make_records(6, 40, "after")
+        confluent_produce(stack, topic, second, acks="all")
+        drain(len(first) + len(second))
+    finally:
+        consumer.close()
+    assert_exactly_once_in_order(first + second, got)
