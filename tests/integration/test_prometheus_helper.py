@@ -8,6 +8,7 @@ that change between scrapes.  The full proxy-under-load scrape test (issue 6's
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +27,20 @@ pytestmark = pytest.mark.integration
 P = "kafka_fetch_proxy_"
 TIMEOUT = 90
 T = TypeVar("T")
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/kafka-fetch-proxy-dashboard.json"
+
+
+def dashboard_queries() -> list[str]:
+    """The dashboard's panel queries with Grafana's variables filled in."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+    assert exprs
+    return [
+        e.replace("$__rate_interval", "1m").replace("$job", ".*").replace("$instance", ".*")
+        for e in exprs
+    ]
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -70,6 +85,13 @@ async def test_prometheus_scrapes_the_observe_endpoint(tmp_path: Path) -> None:
                 for spec in CATALOGUE:
                     if spec.kind != "histogram" and not spec.labels:
                         assert spec.name in names, spec.name
+
+                # every dashboard query is valid PromQL over these series
+                # (a syntax error would be an HTTP 400, raised by prom.query)
+                with_data = 0
+                for expr in dashboard_queries():
+                    with_data += bool(await in_thread(prom.query, expr))
+                assert with_data >= 5  # rate() needs two scrapes; gauges answer at once
 
                 # later scrapes see later values
                 for _ in range(5):
