@@ -50,10 +50,18 @@ from .offsets import (
     resolve,
 )
 
-try:  # PySpark >= 4.2: admission control for streaming sources
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+try:  # PySpark >= 4.2: admission control and Trigger.AvailableNow for streaming sources
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
 except ImportError:  # pragma: no cover - older PySpark calls latestOffset() without arguments
-    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        pass
+
 
 BASE_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, "
@@ -239,7 +247,7 @@ class KafkaProxySource(DataSource):
 
 class _RangeReading:
     def __init__(self, options: Mapping[str, str], include_headers: bool) -> None:
-        self.options = dict(options)
+        self.options = options  # PySpark's CaseInsensitiveDict: keep it, keys are lower-cased
         self.include_headers = include_headers
         self.planner = _Planner(options)
         raw = options.get("maxRecordsPerPartition")
@@ -276,7 +284,7 @@ class _BatchReader(_RangeReading, DataSourceReader):
         return self._input_partitions(plan_ranges(starts, ends))
 
 
-class _StreamReader(_RangeReading, DataSourceStreamReader):
+class _StreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str], include_headers: bool) -> None:
         super().__init__(options, include_headers)
         raw = options.get("maxOffsetsPerTrigger")
@@ -284,6 +292,12 @@ class _StreamReader(_RangeReading, DataSourceStreamReader):
         if self.max_offsets is not None and self.max_offsets <= 0:
             raise OffsetOptionError("option 'maxOffsetsPerTrigger' must be a positive integer")
         self._last_end: dict[TopicPartition, int] | None = None
+        self._target: dict[TopicPartition, int] | None = None  # Trigger.AvailableNow
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: read up to the log ends as they are now, then stop."""
+        tps = self.planner.partitions()
+        self._target = {tp: high for tp, (_low, high) in self.planner.watermarks(tps).items()}
 
     def initialOffset(self) -> dict[str, dict[str, int]]:
         tps = self.planner.partitions()
@@ -308,17 +322,20 @@ class _StreamReader(_RangeReading, DataSourceStreamReader):
         tps = self.planner.partitions()
         marks = self.planner.watermarks(tps)
         latest = {tp: high for tp, (_low, high) in marks.items()}
+        if self._target is not None:
+            latest = {tp: min(high, self._target.get(tp, 0)) for tp, high in latest.items()}
         if start is not None:
             begin = _from_json_offsets(start)
         else:  # PySpark < 4.2 does not pass the start: remember our last answer
             begin = dict(self._last_end or latest)
         for tp, (low, _high) in marks.items():
             begin.setdefault(tp, low)  # a partition added since: read it from the start
+            latest[tp] = max(latest[tp], begin[tp])
         cap: int | None
         if limit is None:
             cap = self.max_offsets
         elif ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            cap = limit.maxRows
+            cap = limit.max_rows
         else:
             cap = None  # ReadAllAvailable
         end = cap_offsets(begin, latest, cap) if cap else latest

@@ -1,0 +1,338 @@
+"""The fleet report: aggregate decision logs from any number of proxies with Spark.
+
+Input: decision-log files (JSON lines, ``schemas/decision-log.schema.json``),
+given as files, directories or globs.  Output directory:
+
+* ``starvation_by_partition/`` (Parquet): per topic-partition, events in which it
+  was starved, max and p99 of the rounds it had gone unserved while data waited;
+* ``limit_hits_by_policy/``: per client policy and limit, how many shaped
+  responses that limit held data back in (weighted by 1/sample_rate);
+* ``savings/``: per proxy instance, upstream fetch bytes saved by incremental
+  sessions (sessionless-equivalent minus actual) and record bytes served from
+  the reuse buffer instead of fetched again (weighted);
+* ``trimmed/``: per policy, record bytes and records held back by limits (weighted);
+* ``latency_by_client/``: per client id, p50/p90/p99/max shaped-fetch latency (ms);
+* ``report.html`` with PNG charts beside it.
+
+Run: ``python -m pipeline.fleet_report --input logs/ --output report/`` (``local[*]``)
+or ``spark-submit --master spark://... pipeline/fleet_report.py --input ... --output ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import html
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+if __package__ in (None, ""):  # spark-submit runs this file as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from pipeline.spark import session, spark_schema
+else:
+    from .spark import session, spark_schema
+
+SCHEMA_FILE = "decision-log.schema.json"
+SUPPORTED_SCHEMA_VERSION = 1
+TABLES = (
+    "starvation_by_partition",
+    "limit_hits_by_policy",
+    "savings",
+    "trimmed",
+    "latency_by_client",
+)
+
+
+class Progress:
+    """Stage-by-stage progress on stderr, with elapsed time, for long runs."""
+
+    def __init__(self, stages: int) -> None:
+        self.stages = stages
+        self.done = 0
+        self.start = time.monotonic()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        print(f"[{self.done}/{self.stages} {elapsed:6.1f}s] {what}", file=sys.stderr, flush=True)
+
+
+def expand_inputs(inputs: Sequence[str]) -> list[str]:
+    """Files from files, directories (every file below, recursively) and globs; sorted, unique."""
+    found: set[str] = set()
+    for item in inputs:
+        matches = glob.glob(item, recursive=True) or [item]
+        for m in matches:
+            p = Path(m)
+            if p.is_dir():
+                found.update(
+                    str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith(".")
+                )
+            elif p.is_file():
+                found.add(str(p))
+            else:
+                raise FileNotFoundError(f"input {item!r} matches no file")
+    if not found:
+        raise FileNotFoundError("no input files")
+    return sorted(found)
+
+
+def load_events(spark: SparkSession, files: list[str]) -> tuple[DataFrame, int, int]:
+    """(valid events of the supported version, malformed lines, events of other versions)."""
+    schema = spark_schema(SCHEMA_FILE).add("_corrupt_record", "string")
+    raw = (
+        spark.read.schema(schema)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", "_corrupt_record")
+        .json(files)
+        .cache()
+    )
+    malformed = raw.filter(F.col("_corrupt_record").isNotNull()).count()
+    ok = raw.filter(F.col("_corrupt_record").isNull()).drop("_corrupt_record")
+    other = ok.filter(F.col("schema_version") != SUPPORTED_SCHEMA_VERSION).count()
+    events = ok.filter(F.col("schema_version") == SUPPORTED_SCHEMA_VERSION)
+    return events.withColumn("weight", 1.0 / F.col("sample_rate")), malformed, other
+
+
+def starvation_by_partition(events: DataFrame) -> DataFrame:
+    s = events.select(F.explode("starved_partitions").alias("s")).select("s.*")
+    return (
+        s.groupBy("topic", "partition")
+        .agg(
+            F.count("*").alias("starved_events"),
+            F.max("rounds").alias("max_rounds"),
+            F.percentile("rounds", 0.99).alias("p99_rounds"),
+        )
+        .orderBy(F.desc("max_rounds"), "topic", "partition")
+    )
+
+
+def limit_hits_by_policy(events: DataFrame) -> DataFrame:
+    return (
+        events.select("policy", "weight", F.explode("limits_applied").alias("limit"))
+        .groupBy("policy", "limit")
+        .agg(F.count("*").alias("events"), F.sum("weight").alias("estimated_responses"))
+        .orderBy("policy", "limit")
+    )
+
+
+def savings(events: DataFrame) -> DataFrame:
+    return (
+        events.groupBy(F.coalesce("instance", F.lit("(unnamed)")).alias("instance"))
+        .agg(
+            F.count("*").alias("events"),
+            F.sum(F.col("weight") * F.col("sessionless_fetch_bytes")).alias(
+                "sessionless_fetch_bytes"
+            ),
+            F.sum(F.col("weight") * F.col("upstream_fetch_bytes")).alias("upstream_fetch_bytes"),
+            F.sum(
+                F.col("weight") * (F.col("sessionless_fetch_bytes") - F.col("upstream_fetch_bytes"))
+            ).alias("session_saved_bytes"),
+            F.sum(F.col("weight") * F.col("reused_record_bytes")).alias("reuse_saved_bytes"),
+        )
+        .orderBy("instance")
+    )
+
+
+def trimmed(events: DataFrame) -> DataFrame:
+    held_bytes = (
+        F.col("upstream_record_bytes")
+        + F.col("reused_record_bytes")
+        - F.col("delivered_record_bytes")
+    )
+    return (
+        events.groupBy("policy")
+        .agg(
+            F.count("*").alias("events"),
+            F.sum(F.col("weight") * held_bytes).alias("trimmed_record_bytes"),
+            F.sum(F.col("weight") * F.col("buffered_record_bytes")).alias("buffered_record_bytes"),
+            F.sum(F.col("weight") * F.col("dropped_partial_bytes")).alias("dropped_partial_bytes"),
+            F.sum(F.col("weight") * F.col("delivered_records")).alias("delivered_records"),
+            F.sum(F.col("weight") * F.col("upstream_records")).alias("upstream_records"),
+        )
+        .orderBy("policy")
+    )
+
+
+def latency_by_client(events: DataFrame) -> DataFrame:
+    return (
+        events.groupBy(F.coalesce("client_id", F.lit("(null)")).alias("client_id"))
+        .agg(
+            F.count("*").alias("events"),
+            F.percentile("latency_ms", 0.5).alias("p50_ms"),
+            F.percentile("latency_ms", 0.9).alias("p90_ms"),
+            F.percentile("latency_ms", 0.99).alias("p99_ms"),
+            F.max("latency_ms").alias("max_ms"),
+        )
+        .orderBy("client_id")
+    )
+
+
+def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    charts = []
+
+    def bar(name: str, title: str, labels: list[str], series: dict[str, list[float]]) -> None:
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        n = max(len(labels), 1)
+        width = 0.8 / max(len(series), 1)
+        for i, (label, values) in enumerate(series.items()):
+            ax.bar([x + i * width for x in range(len(values))], values, width, label=label)
+        ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))])
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title)
+        if len(series) > 1:
+            ax.legend(fontsize=8)
+        ax.set_xlim(-0.5, n)
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=100)
+        plt.close(fig)
+        charts.append((f"{name}.png", title))
+
+    starv = tables["starvation_by_partition"][:20]
+    bar(
+        "starvation",
+        "Starvation: rounds unserved while data waited (top 20 partitions)",
+        [f"{r['topic']}-{r['partition']}" for r in starv],
+        {
+            "max": [float(r["max_rounds"] or 0) for r in starv],  # type: ignore[arg-type]
+            "p99": [float(r["p99_rounds"] or 0) for r in starv],  # type: ignore[arg-type]
+        },
+    )
+    hits = tables["limit_hits_by_policy"]
+    bar(
+        "limit_hits",
+        "Limit hits by client policy (estimated responses)",
+        [f"{r['policy']}/{r['limit']}" for r in hits],
+        {"responses": [float(r["estimated_responses"] or 0) for r in hits]},  # type: ignore[arg-type]
+    )
+    lat = tables["latency_by_client"][:20]
+    bar(
+        "latency",
+        "Shaped-fetch latency per client (ms)",
+        [str(r["client_id"]) for r in lat],
+        {
+            q: [float(r[f"{q}_ms"] or 0) for r in lat]  # type: ignore[arg-type]
+            for q in ("p50", "p90", "p99")
+        },
+    )
+    sav = tables["savings"]
+    bar(
+        "savings",
+        "Upstream bytes saved per proxy instance",
+        [str(r["instance"]) for r in sav],
+        {
+            "incremental sessions": [float(r["session_saved_bytes"] or 0) for r in sav],  # type: ignore[arg-type]
+            "reuse buffer": [float(r["reuse_saved_bytes"] or 0) for r in sav],  # type: ignore[arg-type]
+        },
+    )
+    return charts
+
+
+def _html_table(rows: list[dict[str, object]], limit: int = 50) -> str:
+    if not rows:
+        return "<p><em>no rows</em></p>"
+    cols = list(rows[0])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:,.2f}"
+        return html.escape(str(v))
+
+    body = "".join(
+        "<tr>" + "".join(f"<td>{cell(r[c])}</td>" for c in cols) + "</tr>" for r in rows[:limit]
+    )
+    more = (
+        f"<p>({len(rows) - limit} more rows in the Parquet table)</p>" if len(rows) > limit else ""
+    )
+    return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+def write_html(
+    out: Path,
+    tables: dict[str, list[dict[str, object]]],
+    charts: list[tuple[str, str]],
+    summary: dict[str, object],
+) -> Path:
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>kafka-fetch-proxy fleet report</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
+        "<h1>kafka-fetch-proxy fleet report</h1><ul>",
+        *(f"<li>{html.escape(k)}: {html.escape(str(v))}</li>" for k, v in summary.items()),
+        "</ul>",
+    ]
+    for png, title in charts:
+        parts.append(f"<h3>{html.escape(title)}</h3><img src='{html.escape(png)}' alt=''>")
+    for name in TABLES:
+        parts.append(f"<h2>{html.escape(name)}</h2>{_html_table(tables[name])}")
+    path = out / "report.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def run(inputs: Sequence[str], output: str, master: str | None = None) -> dict[str, object]:
+    progress = Progress(stages=4 + len(TABLES))
+    files = expand_inputs(inputs)
+    progress.step(f"found {len(files)} input file(s)")
+    spark = session("kafka-fetch-proxy fleet report", master)
+    events, malformed, other = load_events(spark, files)
+    n = events.count()
+    progress.step(f"read {n} events ({malformed} malformed lines, {other} of other versions)")
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    builders = {
+        "starvation_by_partition": starvation_by_partition,
+        "limit_hits_by_policy": limit_hits_by_policy,
+        "savings": savings,
+        "trimmed": trimmed,
+        "latency_by_client": latency_by_client,
+    }
+    tables: dict[str, list[dict[str, object]]] = {}
+    for name in TABLES:
+        df = builders[name](events)
+        df.write.mode("overwrite").parquet(str(out / name))
+        tables[name] = [r.asDict() for r in spark.read.parquet(str(out / name)).collect()]
+        progress.step(f"wrote {name} ({len(tables[name])} rows)")
+    charts = _charts(out, tables)
+    progress.step(f"drew {len(charts)} charts")
+    summary: dict[str, object] = {
+        "input files": len(files),
+        "events": n,
+        "malformed lines": malformed,
+        "events of other schema versions (skipped)": other,
+    }
+    report = write_html(out, tables, charts, summary)
+    progress.step(f"wrote {report}")
+    events.unpersist()
+    return {"events": n, "malformed": malformed, "other_versions": other, "tables": tables}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", nargs="+", required=True, help="files, directories or globs")
+    parser.add_argument("--output", required=True, help="output directory")
+    parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
+    args = parser.parse_args(argv)
+    try:
+        run(args.input, args.output, args.master)
+    except FileNotFoundError as exc:
+        print(f"fleet-report: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    sys.exit(main())
