@@ -359,3 +359,49 @@ def test_a_failing_sink_drops_events_and_keeps_going() -> None:
         DecisionLog(closed, sampler=FractionSampler(1.0)).log(FakeDecision(), **log_kwargs())
         is None
     )
+
+
+def test_converts_the_shaping_layers_decision_record() -> None:
+    from proxy.shaping.decision import ShapingDecision
+    from proxy.shaping.limits import Limits
+
+    decision = ShapingDecision(
+        api_version=13,
+        requested_max_bytes=52_428_800,
+        upstream_max_bytes=65_536,
+        limits=Limits(max_response_bytes=65_536, max_partition_records=50),
+        partitions=6,
+        partitions_with_data=4,
+        partitions_served=3,
+        partitions_trimmed=2,
+        partitions_starved=1,
+        max_starvation=2,
+        upstream_bytes=70_000,
+        upstream_records=700,
+        reused_bytes=1_000,
+        delivered_bytes=60_000,
+        delivered_records=150,
+        buffered_bytes=11_000,
+        dropped_partial_bytes=500,
+        limited_by=frozenset({"response_bytes", "partition_records"}),
+        progress_exemption=True,
+    )
+    sink = io.StringIO()
+    DecisionLog(sink, sampler=FractionSampler(1.0)).log(
+        decision, **log_kwargs(), starved_partitions={("orders", 5): 2}
+    )
+    obj = json.loads(sink.getvalue())
+    VALIDATOR.validate(obj)
+    assert obj["limits_applied"] == ["max_partition_records", "max_response_bytes"]
+    assert obj["limits"] == {
+        "max_response_bytes": 65_536,
+        "max_partition_bytes": None,
+        "max_records": None,
+        "max_partition_records": 50,
+    }
+    assert obj["partitions_requested"] == 6
+    assert obj["max_starvation_rounds"] == 2
+    assert (obj["upstream_record_bytes"], obj["reused_record_bytes"]) == (70_000, 1_000)
+    assert (obj["delivered_record_bytes"], obj["delivered_records"]) == (60_000, 150)
+    assert obj["buffered_record_bytes"] == 11_000
+    assert obj["progress_exemption"] is True
