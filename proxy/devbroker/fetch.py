@@ -30,8 +30,8 @@ partition whose first batch does not fit returns nothing (Kafka replaces an
 incomplete first entry with an empty record set for v3+).
 
 Partition errors are Kafka's, in Kafka's order: UNKNOWN_TOPIC_ID (v13+ id not
-known) and UNKNOWN_TOPIC_OR_PARTITION before reading (null records, listed
-after the partitions that were read); then per read NOT_LEADER_OR_FOLLOWER,
+known) and UNKNOWN_TOPIC_OR_PARTITION before reading (empty aborted list,
+listed after the partitions that were read); then per read NOT_LEADER_OR_FOLLOWER,
 INCONSISTENT_TOPIC_ID, FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH (checked
 against current_leader_epoch), OFFSET_OUT_OF_RANGE, and a diverging epoch
 when last_fetched_epoch disagrees with the leader epoch cache (rebuilt from
@@ -107,8 +107,7 @@ class PartitionResult:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    records: bytes | None = None
-    """None: the records field is null (partitions Kafka rejects before reading)."""
+    records: bytes = b""
     aborted_transactions: tuple[Any, ...] | None = None
     diverging_epoch: tuple[int, int] | None = None
     """(epoch, end_offset) when the fetch offset diverges from this log (KIP-320/595)."""
@@ -116,7 +115,7 @@ class PartitionResult:
 
     @property
     def records_size(self) -> int:
-        return 0 if self.records is None else len(self.records)
+        return len(self.records)
 
     def outcome(self) -> PartitionOutcome:
         return PartitionOutcome(
@@ -128,9 +127,18 @@ class PartitionResult:
         )
 
 
-def _error_result(error: int, *, records: bytes | None = b"") -> PartitionResult:
-    # A read that failed reports unknown offsets and an empty (not null) record set.
-    return PartitionResult(error, records=records)
+def _error_result(error: int) -> PartitionResult:
+    """A read that failed: unknown offsets, no records, a null aborted-transactions list."""
+    return PartitionResult(error)
+
+
+def _refused(error: int) -> PartitionResult:
+    """A partition refused before reading (FetchResponse.partitionResponse).
+
+    Its aborted-transactions list is the schema default (empty, not null); its
+    null records become an empty record set when KafkaApis builds the response.
+    """
+    return PartitionResult(error, aborted_transactions=())
 
 
 def _partition_outcome(result: PartitionResult) -> PartitionOutcome:
@@ -254,9 +262,9 @@ class NodeFetcher:
         interesting: list[tuple[TopicIdPartition, PartitionRequest]] = []
         for tp, req in context.partitions():
             if tp.topic is None:
-                erroneous.append((tp, _error_result(UNKNOWN_TOPIC_ID, records=None)))
+                erroneous.append((tp, _refused(UNKNOWN_TOPIC_ID)))
             elif self.state.partition(tp.topic, tp.partition) is None:
-                erroneous.append((tp, _error_result(UNKNOWN_TOPIC_OR_PARTITION, records=None)))
+                erroneous.append((tp, _refused(UNKNOWN_TOPIC_OR_PARTITION)))
             else:
                 interesting.append((tp, req))
 
@@ -611,7 +619,11 @@ class PendingFetch:
         )
 
     def _error_response(self, error: int) -> Any:
-        """FetchRequest.getErrorResponse: top-level error; < v13 also every requested partition."""
+        """FetchRequest.getErrorResponse: top-level error; < v13 also every requested partition.
+
+        This response skips KafkaApis' conversion step, so its partitions keep
+        partitionResponse's null records (and empty aborted-transactions list).
+        """
         version = self._params.version
         schema = _schema(version)
         responses: tuple[Any, ...] = ()
@@ -626,7 +638,7 @@ class PendingFetch:
                             partition_index=p.partition,
                             error_code=ErrorCode(error),
                             high_watermark=-1,
-                            aborted_transactions=None,
+                            aborted_transactions=(),
                             records=None,
                         )
                         for p in t.partitions

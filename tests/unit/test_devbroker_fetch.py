@@ -469,22 +469,30 @@ def test_complete_without_poll_reads() -> None:
 # -- partition errors -------------------------------------------------------------------
 
 
-def test_unknown_topic_or_partition_has_null_records() -> None:
+def test_unknown_topic_or_partition() -> None:
+    """Refused before reading: records end up empty (KafkaApis converts null), aborted list empty."""
     c = Cluster(t=1)
     resp = fetch(c, 12, [P("nope"), P("t", 7)])
     got = [
-        (k, p.partition_index, int(p.error_code), p.records, p.high_watermark)
+        (
+            k,
+            p.partition_index,
+            int(p.error_code),
+            p.records,
+            p.high_watermark,
+            p.aborted_transactions,
+        )
         for k, p in partitions(resp)
     ]
-    assert got == [("nope", 0, 3, None, -1), ("t", 7, 3, None, -1)]
+    assert got == [("nope", 0, 3, b"", -1, ()), ("t", 7, 3, b"", -1, ())]
 
 
 def test_unknown_topic_id_from_v13() -> None:
     c = Cluster(t=1)
     ghost = uuid.uuid4()
     resp = fetch(c, 13, [P("t"), P("x", topic_id=ghost)])
-    got = [(k, int(p.error_code), p.records) for k, p in partitions(resp)]
-    assert got == [(c.topic("t").topic_id, 0, b""), (ghost, 100, None)]
+    got = [(k, int(p.error_code), p.aborted_transactions) for k, p in partitions(resp)]
+    assert got == [(c.topic("t").topic_id, 0, None), (ghost, 100, ())]
 
 
 def test_refused_partitions_come_after_the_read_ones() -> None:
@@ -509,7 +517,7 @@ def test_offset_out_of_range(offset: int) -> None:
         -1,
         -1,
     )
-    assert pd.records == b""  # a failed read carries an empty record set, not null
+    assert pd.records == b"" and pd.aborted_transactions is None
 
 
 def test_offset_below_log_start_is_out_of_range() -> None:
@@ -597,8 +605,8 @@ def test_invalid_isolation_level_fails_the_request(v: int, per_partition: bool) 
     c = Cluster(t=2)
     resp = fetch(c, v, [P("t", 0), P("t", 1)], isolation=2, session_id=0, epoch=0)
     assert int(resp.error_code) == -1 and resp.session_id == 0
-    got = [int(p.error_code) for _k, p in partitions(resp)]
-    assert got == ([-1, -1] if per_partition else [])
+    got = [(int(p.error_code), p.records, p.aborted_transactions) for _k, p in partitions(resp)]
+    assert got == ([(-1, None, ())] * 2 if per_partition else [])
 
 
 def test_follower_fetch_is_refused_by_a_single_replica_partition() -> None:
