@@ -61,7 +61,11 @@ class Connection:
             nursery.start_soon(self._guard, self._client_loop, nursery.cancel_scope)
             nursery.start_soon(self._guard, self._upstream_loop, nursery.cancel_scope)
         reason = self.outcome.reason or "cancelled"
-        fields: dict[str, object] = {"reason": reason, "in_flight": self.relay.in_flight}
+        fields: dict[str, object] = {
+            "reason": reason,
+            "in_flight": self.relay.in_flight,
+            "client_id": self._client_id,
+        }
         if self.outcome.error:
             fields["error"] = self.outcome.error
         level = "warning" if reason in ("protocol_error", "internal_error") else "info"

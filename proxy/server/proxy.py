@@ -16,6 +16,7 @@ are probed again with backoff and shown in ``readiness()``.
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 import ssl
 from dataclasses import fields
@@ -40,7 +41,14 @@ from .upstream import client_ssl_context, open_upstream, server_ssl_context
 
 log = structlog.get_logger("proxy.server")
 
-_CONNECT_ERRORS = (OSError, ssl.SSLError, trio.TooSlowError, ProtocolError)
+_CONNECT_ERRORS = (
+    OSError,
+    ssl.SSLError,
+    trio.TooSlowError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    ProtocolError,
+)
 _CLOSE_CAUSES = {
     "client_closed": "peer_closed",
     "upstream_closed": "upstream_closed",
@@ -68,6 +76,7 @@ class Proxy:
         self.reachable: dict[int, bool] = {}
         self.upstream_seen = False
         self.discovered = trio.Event()
+        self._state_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._conn_ids = itertools.count(1)
         self._bootstrap_turn = 0
@@ -84,6 +93,11 @@ class Proxy:
             checks[f"broker_{node_id}_reachable"] = self.reachable[node_id]
         ready = checks["bootstrap_listener_bound"] and checks["upstream_reachable"]
         return ready, checks
+
+    async def wait_ready(self) -> None:
+        """Return once ``readiness()`` says ready."""
+        while not self.readiness()[0]:
+            await self._state_changed.wait()
 
     def broker_address(self, node_id: int) -> tuple[str, int] | None:
         return self.book.advertised.get(node_id)
@@ -209,6 +223,8 @@ class Proxy:
     def _mark(self, node_id: int, reachable: bool) -> None:
         was = self.reachable.get(node_id)
         self.reachable[node_id] = reachable
+        self._state_changed.set()
+        self._state_changed = trio.Event()
         if was is not None and was != reachable:
             log.info("broker_reachable" if reachable else "broker_unreachable", node_id=node_id)
         if self.metrics is not None:
@@ -224,8 +240,9 @@ class Proxy:
                 try:
                     with trio.fail_after(self.settings.connect_timeout_seconds):
                         brokers = await self._fetch_brokers(address)
-                except _CONNECT_ERRORS as exc:
-                    log.warning(
+                except Exception as exc:  # discovery must never take the proxy down
+                    log.log(
+                        logging.WARNING if isinstance(exc, _CONNECT_ERRORS) else logging.ERROR,
                         "upstream_unreachable",
                         upstream=str(address),
                         attempt=attempt,
@@ -255,7 +272,7 @@ class Proxy:
                 with trio.fail_after(self.settings.connect_timeout_seconds):
                     stream = await open_upstream(address, self.upstream_ssl)
                 await trio.aclose_forcefully(stream)
-            except _CONNECT_ERRORS as exc:
+            except Exception as exc:  # probing must never take the proxy down
                 self._mark(node_id, False)
                 log.warning(
                     "broker_unreachable",
