@@ -29,7 +29,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from .. import __version__
 from .labels import (
@@ -317,8 +324,14 @@ class Metrics:
         node_label_cap: int = 64,
         policy_label_cap: int = 32,
         client_id_label_cap: int = 0,
+        process_metrics: bool = True,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        if process_metrics:
+            # the client library's standard process_* (CPU, RSS, open fds) and
+            # python_info series, unprefixed as everywhere else
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
         self._node = BoundedLabel(node_label_cap)
         self._policy = BoundedLabel(policy_label_cap)
         self._client_id = BoundedLabel(client_id_label_cap, max_length=128)

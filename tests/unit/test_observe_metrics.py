@@ -272,3 +272,11 @@ def test_label_sets_stay_bounded_whatever_the_input(
     counts = metrics.label_value_counts()
     for short, limit in bound.items():
         assert counts[P + short] <= limit, (short, counts[P + short])
+
+
+def test_process_metrics_are_on_the_same_registry_unless_disabled() -> None:
+    _, with_process = fresh()
+    assert (with_process.get_sample_value("process_resident_memory_bytes") or 0) > 0
+    bare = CollectorRegistry()
+    Metrics(bare, process_metrics=False)
+    assert bare.get_sample_value("process_resident_memory_bytes") is None
