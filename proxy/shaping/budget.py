@@ -18,9 +18,12 @@ A fetch's life:
 3. When the response arrives, ``grant.resize(actual_record_bytes)``: the data
    is in memory already, so this may exceed the budget (only when a single
    batch is larger than the grant); ``overshoot_bytes`` records by how much.
-4. After trimming, resize down to what waits to be written to the client,
-   move the trimmed-away remainder to the reuse buffer's own reservation,
-   and ``release()`` once the response is written.
+4. After trimming, the trimmed-away batches the reuse buffer keeps move to
+   their own reservations (``split``), the rest shrinks to what waits to be
+   written to the client, and ``release()`` once the response is written.
+   Batches the buffer hands back for a later fetch move into that fetch's
+   reservation (``absorb``).  :class:`~proxy.shaping.shaper.FetchShaper` does
+   steps 3 and 4 when given the grant.
 """
 
 from __future__ import annotations
@@ -66,6 +69,26 @@ class Reservation:
         self._nbytes += nbytes
         self._budget._adjust(nbytes)
         return True
+
+    def split(self, nbytes: int) -> Reservation:
+        """Move *nbytes* of this reservation into a new one (the budget's total is unchanged)."""
+        if self.released:
+            raise RuntimeError("reservation already released")
+        if not 0 <= nbytes <= self._nbytes:
+            raise ValueError("can only split off between 0 and the reservation's size")
+        self._nbytes -= nbytes
+        return Reservation(self._budget, nbytes)
+
+    def absorb(self, other: Reservation) -> None:
+        """Take over *other*'s bytes (the budget's total is unchanged); *other* ends released."""
+        if self.released:
+            raise RuntimeError("reservation already released")
+        if other._budget is not self._budget:
+            raise ValueError("reservations belong to different budgets")
+        if other.released:
+            return
+        self._nbytes += other._nbytes
+        other._nbytes = -1
 
     def release(self) -> None:
         """Give everything back (idempotent)."""

@@ -81,11 +81,14 @@ class ReuseBuffer:
         high_watermark: int,
         last_stable_offset: int = -1,
         log_start_offset: int = -1,
+        source: Reservation | None = None,
     ) -> int:
         """Keep the leading whole batches of *run* that fit; return the bytes kept.
 
         *fetch_offset* is where the client will fetch next (the offset after
-        the last batch it was given).  Replaces any entry for *key*.
+        the last batch it was given).  Replaces any entry for *key*.  With a
+        budget, the kept bytes are split off *source* (the reservation that
+        already counts them, e.g. the fetch's) or else newly reserved.
         """
         self.drop(key, counted=False)
         if not run.headers or run.headers[-1].next_offset <= fetch_offset:
@@ -101,7 +104,10 @@ class ReuseBuffer:
         kept, _ = run.split(count)
         reservation = None
         if self._budget is not None:
-            reservation = self._budget.try_reserve(kept.size)
+            if source is not None and not source.released and source.nbytes >= kept.size:
+                reservation = source.split(kept.size)
+            else:
+                reservation = self._budget.try_reserve(kept.size)
             if reservation is None:
                 return 0
         prefix = Prefix(kept, high_watermark, last_stable_offset, log_start_offset)
@@ -125,12 +131,23 @@ class ReuseBuffer:
         return end
 
     def take(
-        self, key: PartitionKey, fetch_offset: int, leader_epoch: int = NO_EPOCH
+        self,
+        key: PartitionKey,
+        fetch_offset: int,
+        leader_epoch: int = NO_EPOCH,
+        *,
+        into: Reservation | None = None,
     ) -> Prefix | None:
-        """Remove and return the held batches for a fetch at *fetch_offset*, if they match."""
+        """Remove and return the held batches for a fetch at *fetch_offset*, if they match.
+
+        The bytes stay in memory until delivered: with *into* (the fetch's
+        reservation) their accounting moves there instead of being released.
+        """
         entry = self._match(key, fetch_offset, leader_epoch)
         if entry is None:
             return None
+        if into is not None and entry.reservation is not None:
+            into.absorb(entry.reservation)
         self._remove(key)
         return entry.prefix
 

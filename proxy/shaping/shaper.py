@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .budget import MemoryBudget
+from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
 from .decision import ShapingDecision
 from .keys import PartitionKey, topic_key
@@ -55,6 +55,8 @@ class PreparedFetch:
     upstream_offsets: Mapping[PartitionKey, int]
     """Partitions whose upstream fetch offset differs from the client's (past held batches)."""
     epochs: Mapping[PartitionKey, int]
+    grant: Reservation | None = None
+    """The memory budget's reservation for this fetch (see :meth:`FetchShaper.prepare`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +89,18 @@ class FetchShaper:
         request: Any,
         *,
         max_bytes_cap: int | None = None,
+        grant: Reservation | None = None,
         session_offsets: Mapping[PartitionKey, tuple[int, int]] | None = None,
         session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
     ) -> PreparedFetch:
         """Shape the client's *request* for upstream.
 
-        *max_bytes_cap*: the memory budget's grant.  *session_offsets*: for an
+        *grant*: the memory budget's reservation for this fetch
+        (``MemoryBudget.acquire_fetch``); its size caps the upstream max_bytes
+        unless *max_bytes_cap* is given, batches taken from the reuse buffer
+        move into it, and :meth:`finish` resizes it to the data in memory and
+        then to the bytes delivered.  The caller releases it once the response
+        is written.  *session_offsets*: for an
         incremental fetch, (fetch offset, current leader epoch) of the session
         partitions the request does not repeat, so held batches for them are
         used too (their new upstream offsets come back in ``upstream_offsets``).
@@ -115,11 +123,13 @@ class FetchShaper:
         for key, offset in client_offsets.items():
             if key not in self.buffer:
                 continue
-            prefix = self.buffer.take(key, offset, epochs[key])
+            prefix = self.buffer.take(key, offset, epochs[key], into=grant)
             if prefix is not None and prefix.run.next_offset is not None:
                 prefixes[key] = prefix
                 upstream_offsets[key] = prefix.run.next_offset
                 upstream_epochs[key] = prefix.run.headers[-1].partition_leader_epoch
+        if max_bytes_cap is None and grant is not None:
+            max_bytes_cap = max(0, grant.nbytes - sum(p.run.size for p in prefixes.values()))
         upstream = clamp_request(request, limits, max_bytes_cap=max_bytes_cap)
         if upstream_offsets:
             upstream = _with_offsets(upstream, upstream_offsets, upstream_epochs)
@@ -136,10 +146,18 @@ class FetchShaper:
             client_offsets=client_offsets,
             upstream_offsets=upstream_offsets,
             epochs=epochs,
+            grant=grant,
         )
 
     def finish(self, prepared: PreparedFetch, response: Any) -> ShapedResponse:
         """Trim upstream's *response* for the client and keep what was trimmed away."""
+        grant = prepared.grant
+        if grant is not None:
+            in_memory = sum(p.run.size for p in prepared.prefixes.values())
+            for topic in response.responses:
+                for pd in topic.partitions:
+                    in_memory += len(pd.records or b"")
+            grant.resize(in_memory)
         for topic in response.responses:
             tkey = topic_key(topic)
             for pd in topic.partitions:
@@ -182,7 +200,10 @@ class FetchShaper:
                 high_watermark=hw,
                 last_stable_offset=lso,
                 log_start_offset=lso_start,
+                source=grant,
             )
+        if grant is not None:
+            grant.resize(result.delivered_bytes)
         decision = ShapingDecision.from_trim(
             result,
             api_version=int(type(response).__version__),

@@ -164,17 +164,32 @@ def delivered(response: Any) -> dict[PartitionKey, list[bytes]]:
 class ModelBroker:
     """Kafka's readFromLog over devbroker PartitionLogs, for one topic."""
 
-    def __init__(self, version: int, logs: Mapping[int, PartitionLog]) -> None:
+    def __init__(
+        self, version: int, logs: Mapping[int, PartitionLog], *, session_order: bool = False
+    ) -> None:
+        """*session_order*: read partitions in the order of an incremental fetch
+        session, moving those that returned data to the end (KIP-227), instead
+        of the request's order."""
         self.version = version
         self.logs = logs
         self.bytes_sent = 0
+        self.whole_bytes_sent = 0
+        self.session_order = session_order
+        self._order: list[int] = []
 
     def fetch(self, request: Any) -> Any:
         limit = int(request.max_bytes)
         min_one = True
         parts = []
-        for topic in request.topics:
-            for p in topic.partitions:
+        wanted = [p for topic in request.topics for p in topic.partitions]
+        if self.session_order:
+            by_index = {int(p.partition): p for p in wanted}
+            self._order = [i for i in self._order if i in by_index]
+            self._order += [i for i in by_index if i not in self._order]
+            wanted = [by_index[i] for i in self._order]
+        returned = []
+        for p in wanted:
+            if True:
                 log = self.logs[int(p.partition)]
                 data = bytes(
                     log.read(
@@ -185,9 +200,13 @@ class ModelBroker:
                 )
                 if data:
                     min_one = False
+                    returned.append(int(p.partition))
                 limit = max(0, limit - len(data))
                 self.bytes_sent += len(data)
+                self.whole_bytes_sent += records.complete_prefix_size(data)
                 parts.append(
                     make_partition(self.version, int(p.partition), data, hw=log.high_watermark)
                 )
+        if self.session_order:
+            self._order = [i for i in self._order if i not in returned] + returned
         return make_response(self.version, parts)

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import pytest
+from shaping_support import batch
+
+from proxy.shaping.budget import MemoryBudget
+from proxy.shaping.buffer import ReuseBuffer
+from proxy.shaping.trim import parse_records
+
+K = ("t", 0)
+
+
+def run(base: int, *counts: int) -> bytes:
+    out = b""
+    for c in counts:
+        out += batch(base, c)
+        base += c
+    return out
+
+
+def held(base: int, *counts: int):  # type: ignore[no-untyped-def]
+    return parse_records(run(base, *counts))[0]
+
+
+def test_serves_at_matching_offset_and_moves_upstream_offset() -> None:
+    buf = ReuseBuffer(10_000)
+    r = held(5, 2, 3)
+    assert buf.put(K, 5, r, leader_epoch=3, high_watermark=100) == r.size
+    assert buf.size == r.size and K in buf and len(buf) == 1
+    assert buf.upstream_offset(K, 5, 3) == 10
+    prefix = buf.take(K, 5, 3)
+    assert prefix is not None and prefix.run.data == r.data and prefix.high_watermark == 100
+    assert buf.size == 0 and buf.take(K, 5, 3) is None
+
+
+@pytest.mark.parametrize("offset,epoch", [(4, 3), (6, 3), (5, 4), (5, -1)])
+def test_dropped_when_offset_or_epoch_do_not_match(offset: int, epoch: int) -> None:
+    buf = ReuseBuffer(10_000)
+    buf.put(K, 5, held(5, 2), leader_epoch=3, high_watermark=100)
+    assert buf.upstream_offset(K, offset, epoch) == offset
+    assert K not in buf and buf.size == 0 and buf.dropped == 1
+
+
+def test_dropped_on_error_epoch_change_and_high_watermark_going_back() -> None:
+    buf = ReuseBuffer(10_000)
+    buf.put(K, 5, held(5, 2), leader_epoch=3, high_watermark=100)
+    assert not buf.observe(K, error_code=0, high_watermark=100, leader_epoch=3)
+    assert not buf.observe(K, high_watermark=150, leader_epoch=-1)  # unknown epoch: no change
+    assert buf.observe(K, high_watermark=99)
+    buf.put(K, 5, held(5, 2), leader_epoch=3, high_watermark=100)
+    assert buf.observe(K, error_code=6)
+    buf.put(K, 5, held(5, 2), leader_epoch=3, high_watermark=100)
+    assert buf.observe(K, leader_epoch=4)
+    assert buf.size == 0 and buf.dropped == 3
+    assert not buf.observe(K, error_code=1)  # nothing held
+
+
+def test_bounded_keeps_leading_whole_batches_only() -> None:
+    one = len(batch(0, 1))
+    buf = ReuseBuffer(2 * one + 10)
+    assert buf.put(K, 0, held(0, 1, 1, 1), high_watermark=9) == 2 * one
+    assert buf.put(("t", 1), 0, held(0, 1), high_watermark=9) == 0  # no room left
+    p = buf.peek(K)
+    assert p is not None and len(p.run.headers) == 2 and p.run.next_offset == 2
+    buf.put(K, 0, held(0, 1), high_watermark=9)  # replaces
+    assert buf.size == one
+    assert buf.put(K, 5, held(0, 1, 1), high_watermark=9) == 0  # nothing past the offset
+    assert buf.put(K, 5, parse_records(b"")[0], high_watermark=9) == 0
+    with pytest.raises(ValueError):
+        ReuseBuffer(-1)
+
+
+def test_counts_against_the_memory_budget() -> None:
+    r = held(0, 2, 2)
+    budget = MemoryBudget(r.size + 5)
+    buf = ReuseBuffer(10_000, budget=budget)
+    assert buf.put(K, 0, r, high_watermark=9) == r.size
+    assert budget.used == r.size
+    other = ReuseBuffer(10_000, budget=budget)
+    assert other.put(K, 0, r, high_watermark=9) == 0  # the budget has no room: not kept
+    buf.drop(K)
+    assert budget.used == 0
+    buf.put(K, 0, r, high_watermark=9)
+    buf.clear()
+    assert budget.used == 0 and buf.size == 0 and list(buf.keys()) == []
