@@ -313,6 +313,9 @@ def test_confluent_admin_creates_topics(stack: ProxyStack) -> None:
     md = admin.list_topics(name, timeout=10)
     assert len(md.topics[name].partitions) == 5
     assert_only_proxy_addresses(stack, {(b.host, b.port) for b in md.brokers.values()})
+    cluster = admin.describe_cluster(request_timeout=10).result(timeout=DEADLINE)  # DescribeCluster
+    assert_only_proxy_addresses(stack, {(n.host, n.port) for n in cluster.nodes})
+    assert len(cluster.nodes) == 3
 
 
 # --- kafka-python -------------------------------------------------------------------------

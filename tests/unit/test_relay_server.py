@@ -6,13 +6,20 @@ connection closes that connection only; an upstream drop closes the client.
 
 from __future__ import annotations
 
+import datetime
 import socket
 import struct
 from typing import Any
 
 import trio
+from kio.schema.api_versions.v0 import request as av0req
+from kio.schema.api_versions.v0 import response as av0
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v12 import response as md12
 from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.types import BrokerId
+from kio.static.primitive import i16, i32, i32Timedelta
 
 from proxy import config
 from proxy.devbroker.cluster import DevCluster
@@ -120,4 +127,90 @@ async def test_metadata_through_proxy_has_proxy_addresses_and_garbage_does_not_h
             cid, _ = codec.decode_response(18, 3, await request(other, d1, API_VERSIONS))
             assert cid == 7
             await other.aclose()
+            nursery.cancel_scope.cancel()
+
+
+class FakeBroker:
+    """A one-node upstream that announces whatever brokers the test lists (Metadata v12 only)."""
+
+    def __init__(self) -> None:
+        self.extra: list[tuple[int, str, int]] = []
+        self.port = 0
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder(1 << 20)
+        while data := await stream.receive_some(65536):
+            decoder.feed(data)
+            for frame in decoder.frames():
+                header = codec.parse_request_header(frame)
+                if header.api_key == 18:
+                    resp: Any = av0.ApiVersionsResponse(
+                        error_code=ErrorCode.none,
+                        api_keys=(
+                            av0.ApiVersion(api_key=i16(18), min_version=i16(0), max_version=i16(3)),
+                            av0.ApiVersion(api_key=i16(3), min_version=i16(1), max_version=i16(12)),
+                        ),
+                    )
+                    out = codec.encode_response_header(
+                        header.correlation_id, 0
+                    ) + codec.encode_body(resp)
+                else:
+                    assert (header.api_key, header.api_version) == (3, 12)
+                    brokers = [(0, "127.0.0.1", self.port), *self.extra]
+                    resp = md12.MetadataResponse(
+                        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+                        brokers=tuple(
+                            md12.MetadataResponseBroker(node_id=BrokerId(n), host=h, port=i32(p))
+                            for n, h, p in brokers
+                        ),
+                        cluster_id="fake",
+                        controller_id=BrokerId(0),
+                        topics=(),
+                    )
+                    out = codec.encode_response(resp, header.correlation_id)
+                await stream.send_all(encode_frame(out))
+
+
+async def test_broker_seen_later_gets_a_listener_before_the_client_hears_of_it() -> None:
+    explicit = free_port()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            fake = FakeBroker()
+            await nursery.start(fake.serve)
+            proxy = await nursery.start(
+                Proxy(settings(f"127.0.0.1:{fake.port}", broker_ports={"1000": explicit})).serve
+            )
+            await proxy.discovered.wait()
+            assert proxy.broker_address(0) is not None and proxy.broker_address(7) is None
+            fake.extra = [(7, "127.0.0.1", fake.port), (1000, "127.0.0.1", fake.port)]
+            client = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap.port)
+            decoder = FrameDecoder(1 << 20)
+            md = codec.encode_request(
+                MetadataRequest(
+                    topics=None,
+                    allow_auto_topic_creation=False,
+                    include_topic_authorized_operations=False,
+                ),
+                1,
+                "t",
+            )
+            _, body = codec.decode_response(3, 12, await request(client, decoder, md))
+            ports = {b.node_id: b.port for b in body.brokers}
+            assert ports[1000] == explicit  # the explicit node-id -> port map
+            assert ports[7] == proxy.broker_address(7)[1]
+            # the new listener accepted connections before the response reached us
+            for node in (7, 1000):
+                conn = await trio.open_tcp_stream("127.0.0.1", ports[node])
+                ask = codec.encode_request(av0req.ApiVersionsRequest(), 5, "t")
+                response = await request(conn, FrameDecoder(1 << 20), ask)
+                cid, _ = codec.decode_response(18, 0, response)
+                assert cid == 5
+                await conn.aclose()
+            await client.aclose()
             nursery.cancel_scope.cancel()
