@@ -82,6 +82,11 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 UNKNOWN_TOPIC_ID = 100
 INCONSISTENT_TOPIC_ID = 103
 READ_COMMITTED = 1
+TOPIC_AUTHORIZATION_FAILED = 29
+_PRE_READ_ERRORS = frozenset(
+    {UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, TOPIC_AUTHORIZATION_FAILED}
+)
+"""Errors KafkaApis.handleFetchRequest gives before reading (its ``erroneous`` partitions)."""
 _SESSION_ERRORS = frozenset(
     {FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR}
 )
@@ -381,43 +386,43 @@ class FetchTranslator:
         mod = _module(response_schema(FETCH_API_KEY, client_version))
         read_committed = int(getattr(pending.request, "isolation_level", 0)) == READ_COMMITTED
         client_on_ids = client_version >= FIRST_TOPIC_ID_VERSION
-        topics = []
-        if not empty:
-            for ref, cps in _group(_dedupe(pending.partitions), _client_topic):
-                parts = []
-                for cp in cps:
-                    if cp.key is None:
-                        parts.append(_error_partition(mod, cp.partition, _unknown_topic(cp)))
-                    elif cp.key in data:
-                        parts.append(
-                            _convert_partition(
-                                mod,
-                                data[cp.key],
-                                client_on_ids=client_on_ids,
-                                upstream_on_ids=pending.uses_topic_ids,
-                            )
-                        )
-                    else:
-                        state = self.cache.lookup(cp.key)
-                        assert state is not None  # checked in complete()
-                        parts.append(
-                            _make(
-                                mod.PartitionData,
-                                partition_index=cp.partition,
-                                error_code=ErrorCode(0),
-                                high_watermark=state.high_watermark,
-                                last_stable_offset=state.last_stable_offset,
-                                log_start_offset=state.log_start_offset,
-                                aborted_transactions=() if read_committed else None,
-                                preferred_read_replica=-1,
-                                records=b"",
-                            )
-                        )
-                topics.append(
-                    _make(
-                        mod.FetchableTopicResponse, topic=ref, topic_id=ref, partitions=tuple(parts)
-                    )
+        answered: list[tuple[str | uuid.UUID | None, Any]] = []
+        for cp in [] if empty else _dedupe(pending.partitions):
+            if cp.key is None:
+                pd = _error_partition(mod, cp.partition, _unknown_topic(cp))
+            elif cp.key in data:
+                pd = _convert_partition(
+                    mod,
+                    data[cp.key],
+                    client_on_ids=client_on_ids,
+                    upstream_on_ids=pending.uses_topic_ids,
                 )
+            else:
+                state = self.cache.lookup(cp.key)
+                assert state is not None  # checked in complete()
+                pd = _make(
+                    mod.PartitionData,
+                    partition_index=cp.partition,
+                    error_code=ErrorCode(0),
+                    high_watermark=state.high_watermark,
+                    last_stable_offset=state.last_stable_offset,
+                    log_start_offset=state.log_start_offset,
+                    aborted_transactions=() if read_committed else None,
+                    preferred_read_replica=-1,
+                    records=b"",
+                )
+            answered.append((_client_topic(cp), pd))
+        # KafkaApis lists the partitions it refused before reading after the others.
+        answered.sort(key=lambda item: int(item[1].error_code) in _PRE_READ_ERRORS)
+        topics = [
+            _make(
+                mod.FetchableTopicResponse,
+                topic=ref,
+                topic_id=ref,
+                partitions=tuple(pd for _, pd in items),
+            )
+            for ref, items in _group(answered, lambda item: item[0])
+        ]
         endpoints = ()
         if hasattr(mod, "NodeEndpoint"):
             endpoints = tuple(
@@ -564,7 +569,7 @@ def _error_partition(mod: ModuleType, partition: int, code: int) -> Any:
         log_start_offset=-1,
         aborted_transactions=None,
         preferred_read_replica=-1,
-        records=b"",
+        records=None,
     )
 
 

@@ -31,6 +31,7 @@ FETCH_SESSION_ID_NOT_FOUND = 70
 INVALID_FETCH_SESSION_EPOCH = 71
 UNKNOWN_TOPIC_ID = 100
 FETCH_SESSION_TOPIC_ID_ERROR = 106
+PRE_READ_ERRORS = (UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID)
 
 
 @dataclass
@@ -157,7 +158,8 @@ class ModelBroker:
             "log_start_offset": -1,
             "aborted": None,
             "preferred": -1,
-            "records": b"",
+            # Refused before reading (KafkaApis' "erroneous"): null records; read errors: empty.
+            "records": None if code in PRE_READ_ERRORS else b"",
         }
 
     # -- request handling ---------------------------------------------------------------
@@ -319,6 +321,8 @@ class ModelBroker:
         count_throttle: bool = True,
     ) -> Any:
         mod = _mod(version)
+        # KafkaApis answers the partitions it refused before reading after the others.
+        data = sorted(data, key=lambda item: item[1]["error_code"] in PRE_READ_ERRORS)
         topics: list[Any] = []
         run: list[Any] = []
         current: Any = object()

@@ -1,0 +1,188 @@
+"""The translator against the dev broker's own sans-I/O Fetch path and session cache.
+
+A second, independent broker model (proxy.devbroker.fetch + proxy.sessions.broker,
+written from Kafka's broker) with real RecordBatch v2 bytes: for any sequence of
+appends, session evictions and client fetches, the full response the translator
+synthesizes from the upstream session equals what the same broker answers the
+client's sessionless fetch directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import struct
+import sys
+from datetime import timedelta
+from typing import Any
+
+from crc32c import crc32c
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.devbroker.fetch import NodeFetcher
+from proxy.devbroker.state import ClusterState
+from proxy.protocol import records
+from proxy.protocol.codec import (
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    request_schema,
+)
+from proxy.sessions.broker import FetchSessionCache
+from proxy.sessions.topic_ids import TopicIdMap
+from proxy.sessions.translate import ClientReply, FetchTranslator, UpstreamFetch
+
+TOPICS = {"orders": 4, "events": 3}
+
+
+def batch(count: int) -> bytes:
+    after_crc = (
+        struct.pack(">hiqqqhii", 0, count - 1, 1000, 1000 + count, -1, -1, -1, count) + b"v" * 20
+    )
+    body = struct.pack(">ibI", 0, 2, crc32c(after_crc)) + after_crc
+    return struct.pack(">qi", 0, len(body)) + body
+
+
+class Upstream:
+    def __init__(self, *, max_slots: int = 1000) -> None:
+        self.state = ClusterState("dev", [1])
+        for name, n in TOPICS.items():
+            self.state.create_topic(name, n)
+        self.sessions = FetchSessionCache(max_slots=max_slots, rng=random.Random(7))
+        self.fetcher = NodeFetcher(1, self.state, self.sessions)
+        self.direct = NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(8)))
+        self.requests = 0
+
+    def append(self, topic: str, p: int, count: int) -> None:
+        part = self.state.partition(topic, p)
+        assert part is not None
+        part.log.append(batch(count), part.leader_epoch)
+
+    def answer(self, fetcher: NodeFetcher, request: Any) -> Any:
+        version = int(request.__version__)
+        header, decoded = decode_request(encode_request(request, 9, "t"))
+        pending = fetcher.begin(decoded, header.api_version)
+        assert pending.poll()  # max_wait is 0: answered at once
+        response = pending.complete()
+        _, back = decode_response(1, version, encode_response(response, 9))
+        return back
+
+    def ids(self) -> TopicIdMap:
+        ids = TopicIdMap()
+        for name, t in self.state.topics.items():
+            ids.learn(name, t.topic_id)
+        return ids
+
+
+def client_fetch(up: Upstream, version: int, parts: list[tuple[str, int, int]]) -> Any:
+    mod = sys.modules[request_schema(1, version).__module__]
+    topics: list[tuple[Any, list[Any]]] = []
+    for name, p, offset in parts:
+        ref: Any = up.state.topics[name].topic_id if version >= 13 else name
+        fp = _make(
+            mod.FetchPartition, partition=p, fetch_offset=offset, partition_max_bytes=1 << 20
+        )
+        if topics and topics[-1][0] == ref:
+            topics[-1][1].append(fp)
+        else:
+            topics.append((ref, [fp]))
+    return _make(
+        mod.FetchRequest,
+        replica_id=-1,
+        max_wait=timedelta(0),
+        min_bytes=1,
+        max_bytes=50 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=tuple(
+            _make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(ps))
+            for ref, ps in topics
+        ),
+        forgotten_topics_data=(),
+    )
+
+
+def _make(cls: Any, **kwargs: Any) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def serve(tr: FetchTranslator, up: Upstream, request: Any) -> tuple[Any, list[Any]]:
+    sent = []
+    step: UpstreamFetch | ClientReply = tr.begin(request)
+    while isinstance(step, UpstreamFetch):
+        sent.append(step.request)
+        step = tr.complete(up.answer(up.fetcher, step.request))
+    return step.response, sent
+
+
+PARTITIONS = [(t, p) for t, n in TOPICS.items() for p in range(n)]
+
+other_steps = st.one_of(
+    st.tuples(st.just("append"), st.sampled_from(PARTITIONS), st.integers(1, 4)),
+    st.tuples(st.just("evict")),
+    st.tuples(st.just("seek"), st.sampled_from(PARTITIONS), st.integers(0, 12)),
+)
+fetch_steps = st.tuples(
+    st.just("fetch"),
+    st.one_of(st.lists(st.sampled_from(PARTITIONS), unique=True), st.just(PARTITIONS)),
+)
+step_strategy = st.booleans().flatmap(lambda fetch: fetch_steps if fetch else other_steps)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    upstream_version=st.integers(7, 17),
+    client_version=st.integers(4, 17),
+    max_slots=st.sampled_from([0, 1000]),
+    steps=st.lists(step_strategy, min_size=5, max_size=40),
+)
+def test_synthesized_responses_equal_the_dev_broker_sessionless_answer(
+    upstream_version: int, client_version: int, max_slots: int, steps: list[tuple[Any, ...]]
+) -> None:
+    client_version = min(client_version, upstream_version)
+    up = Upstream(max_slots=max_slots)
+    tr = FetchTranslator(up.ids(), upstream_max_version=upstream_version)
+    positions = dict.fromkeys(PARTITIONS, 0)
+    for step in steps:
+        if step[0] == "append":
+            up.append(*step[1], step[2])
+        elif step[0] == "evict":
+            up.sessions.clear()
+        elif step[0] == "seek":
+            positions[step[1]] = step[2]
+        else:
+            req = client_fetch(up, client_version, [(t, p, positions[(t, p)]) for t, p in step[1]])
+            resp, _ = serve(tr, up, req)
+            assert resp == up.answer(up.direct, req)
+            session = up.sessions.get(tr.session.session_id)
+            if session is not None:  # the upstream session mirrors the client's partitions
+                assert session.size == len(step[1])
+            for t in resp.responses:
+                name = t.topic if client_version < 13 else up.state.topics_by_id[t.topic_id].name
+                for pd in t.partitions:
+                    if pd.records:
+                        positions[(name, int(pd.partition_index))] = list(
+                            records.iter_batches(pd.records)
+                        )[-1].next_offset
+                    elif int(pd.error_code) == 1:
+                        positions[(name, int(pd.partition_index))] = 0
+
+
+def test_idle_consumer_sends_and_receives_almost_nothing_upstream() -> None:
+    """The point of the exercise: an idle full-fetch consumer costs O(changes), not O(partitions)."""
+    up = Upstream()
+    tr = FetchTranslator(up.ids(), upstream_max_version=17)
+    req = client_fetch(up, 11, [(t, p, 0) for t, p in PARTITIONS])
+    first, sent = serve(tr, up, req)
+    full_bytes = len(encode_request(sent[0], 1, "t"))
+    for _ in range(3):
+        resp, sent = serve(tr, up, req)
+        assert resp == first
+        upstream_response = up.answer(up.direct, req)
+        assert resp == upstream_response
+        assert sent[0].topics == () and sent[0].forgotten_topics_data == ()
+        assert len(encode_request(sent[0], 1, "t")) < full_bytes / 3
