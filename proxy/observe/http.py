@@ -14,8 +14,9 @@ relay's state without locks.
 Bounds: a request head above :data:`MAX_REQUEST_HEAD_BYTES` or a body above
 :data:`MAX_REQUEST_BODY_BYTES` is refused (431/413); each request must arrive within
 ``request_timeout`` seconds and an idle keep-alive connection is closed after
-``idle_timeout``; at most ``max_connections`` connections are served at once (the rest
-get 503).  Malformed requests get 400 and close their connection, nothing else.
+``idle_timeout``; a peer must take its response within :data:`SEND_TIMEOUT_SECONDS`;
+at most ``max_connections`` connections are served at once (the rest get 503).
+Malformed requests get 400 and close their connection, nothing else.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from prometheus_client.exposition import choose_encoder
 
 MAX_REQUEST_HEAD_BYTES = 8 * 1024
 MAX_REQUEST_BODY_BYTES = 4 * 1024
+SEND_TIMEOUT_SECONDS = 10.0
 _RECEIVE_CHUNK = 4096
 
 METRICS_PATH = "/metrics"
@@ -280,4 +282,8 @@ async def _send(
     end = conn.send(h11.EndOfMessage())
     assert end is not None
     out += end
-    await stream.send_all(out)
+    # a peer that does not read its response must not hold a connection slot forever
+    with trio.move_on_after(SEND_TIMEOUT_SECONDS):
+        await stream.send_all(out)
+        return
+    raise _Closed

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.observe.http import (
     MAX_REQUEST_BODY_BYTES,
     MAX_REQUEST_HEAD_BYTES,
+    SEND_TIMEOUT_SECONDS,
     ObserveApp,
     Readiness,
     _serve_connection,
@@ -278,6 +279,22 @@ async def test_idle_and_slow_requests_time_out(autojump_clock: trio.testing.Mock
             body = await serve_memory(app, nursery, request_timeout=5, idle_timeout=30)
             await body.send_all(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
             assert (await read_all(body)).startswith(b"HTTP/1.1 408 ")
+
+
+async def test_a_peer_that_never_reads_loses_its_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    app, _, _ = make_app()
+    client, server = trio.testing.lockstep_stream_pair()  # send_all waits for the reader
+    limiter = trio.CapacityLimiter(1)
+    with trio.fail_after(SEND_TIMEOUT_SECONDS + 5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve_connection, app, server, limiter, 5, 30)
+            await client.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            start = trio.current_time()
+        # the server gave up on the send and released its slot
+        assert trio.current_time() - start == pytest.approx(SEND_TIMEOUT_SECONDS)
+        assert limiter.borrowed_tokens == 0
 
 
 @settings(max_examples=100, deadline=None)
