@@ -41,6 +41,8 @@ class ShapingDecision:
     """Trimmed-away bytes kept in the reuse buffer for the next fetch."""
     dropped_partial_bytes: int
     """Bytes of partial trailing batches upstream sent and we dropped."""
+    unshaped_partitions: int = 0
+    """Partitions passed through untouched (legacy message format)."""
     limited_by: frozenset[str] = field(default_factory=frozenset)
     """Limits that held whole batches back: response_bytes, response_records, partition_bytes, partition_records."""
     progress_exemption: bool = False
@@ -78,6 +80,7 @@ class ShapingDecision:
             delivered_records=result.delivered_records,
             buffered_bytes=buffered_bytes,
             dropped_partial_bytes=sum(o.dropped_partial_bytes for o in outs),
+            unshaped_partitions=sum(1 for o in outs if not o.shaped),
             limited_by=result.limited_by,
             progress_exemption=any(o.exempt for o in outs),
         )

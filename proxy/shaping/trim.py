@@ -112,6 +112,11 @@ class Prefix:
     log_start_offset: int = -1
 
 
+def is_legacy(data: bytes | None) -> bool:
+    """True when *data* starts with a message set older than RecordBatch v2 (magic 0/1)."""
+    return data is not None and len(data) > 16 and data[16] in (0, 1)
+
+
 def parse_records(data: bytes | None, aborted: Aborted | None = None) -> tuple[Run, int]:
     """The whole batches of a partition's records field, and the partial bytes dropped.
 
@@ -209,6 +214,8 @@ class PartitionOutcome:
     """Limits that kept whole batches back ("partition_bytes", "response_records", ...)."""
     remainder: Run
     """Whole batches offered but not delivered (for the reuse buffer)."""
+    shaped: bool = True
+    """False: passed through untouched (legacy message format)."""
 
     @property
     def had_data(self) -> bool:
@@ -304,18 +311,26 @@ def trim_response(
     that partition (the upstream fetch for it started where the run ends).
     *order* receives the partitions that have whole batches on offer, in
     response order, and returns the serve order (a permutation of them);
-    default: response order.  Partitions with an error pass through untouched.
+    default: response order.  Partitions with an error pass through untouched,
+    and so do partitions whose data is in a legacy message format (magic 0 or
+    1: no v2 headers to count by; only brokers before 4.0 can hold such data):
+    their outcome says ``shaped=False``.
     """
     prefixes = prefixes or {}
     runs: dict[PartitionKey, Run] = {}
     upstream: dict[PartitionKey, tuple[int, int, int, int]] = {}
     errors: dict[PartitionKey, int] = {}
+    legacy: set[PartitionKey] = set()
     for topic in response.responses:
         tkey = topic_key(topic)
         for pd in topic.partitions:
             key = (tkey, int(pd.partition_index))
             if pd.error_code != NONE_ERROR:
                 errors[key] = int(pd.error_code)
+                continue
+            if is_legacy(pd.records):
+                legacy.add(key)
+                errors[key] = NONE_ERROR
                 continue
             aborted = _aborted_of(pd)
             run, partial = parse_records(pd.records, aborted)
@@ -353,21 +368,23 @@ def trim_response(
             key = (tkey, int(pd.partition_index))
             if key in errors:
                 up_bytes = len(pd.records or b"")
+                passed = up_bytes if key in legacy else 0
                 outcomes[key] = PartitionOutcome(
-                    key,
-                    errors[key],
-                    up_bytes,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    None,
-                    False,
-                    frozenset(),
-                    Run(b"", ()),
+                    key=key,
+                    error_code=errors[key],
+                    upstream_bytes=up_bytes,
+                    upstream_records=0,
+                    offered_bytes=passed,
+                    reused_bytes=0,
+                    delivered_bytes=passed,
+                    delivered_records=0,
+                    delivered_batches=0,
+                    dropped_partial_bytes=0,
+                    next_offset=None,
+                    exempt=False,
+                    limited_by=frozenset(),
+                    remainder=Run(b"", ()),
+                    shaped=key not in legacy,
                 )
                 new_parts.append(pd)
                 continue

@@ -85,7 +85,7 @@ def test_budget_never_exceeded_when_responses_stay_within_their_grant(
     capacity: int, floor: int, ops: list[tuple[str, int]]
 ) -> None:
     b = MemoryBudget(capacity, floor=min(floor, capacity))
-    held: list[tuple[Reservation, int]] = []  # reservation, its grant
+    held: list[list[object]] = []  # [reservation, its grant, settled]
     for op, n in ops:
         if op == "fetch":
             r = b.acquire_fetch(n)
@@ -93,17 +93,22 @@ def test_budget_never_exceeded_when_responses_stay_within_their_grant(
                 assert b.headroom < min(n, b.floor)
             else:
                 assert min(n, b.floor) <= r.nbytes <= n
-                held.append((r, r.nbytes))
+                held.append([r, r.nbytes, False])
         elif op == "buffer":
             r = b.try_reserve(n)
             if r is not None:
-                held.append((r, r.nbytes))
+                held.append([r, r.nbytes, True])
         elif held:
-            r, grant = held[n % len(held)]
-            if op == "settle" and not r.released:
-                r.resize(n % (grant + 1))
+            entry = held[n % len(held)]
+            r, grant, settled = entry
+            assert isinstance(r, Reservation) and isinstance(grant, int)
+            if op == "settle" and not settled and not r.released:
+                r.resize(n % (grant + 1))  # a response never carries more than its grant
+                entry[2] = True
             else:
                 r.release()
         assert 0 <= b.used <= capacity
-        assert b.used == sum(r.nbytes for r, _ in held if not r.released)
+        assert b.used == sum(
+            e[0].nbytes for e in held if isinstance(e[0], Reservation) and not e[0].released
+        )
     assert b.peak <= capacity and b.overshoot_bytes == 0

@@ -140,7 +140,7 @@ def test_metadata_kept_on_trimmed_partitions() -> None:
 
 def test_invalid_batches_raise_protocol_error() -> None:
     bad = bytearray(batch(0, 1))
-    bad[16] = 1
+    bad[16] = 3
     with pytest.raises(records.InvalidRecordBatch):
         trim_response(make_response(V, [make_partition(V, 0, bytes(bad))]), ResponseLimits())
 
@@ -419,3 +419,21 @@ def test_trim_property(
     if any(list(records.iter_batches(d)) for d in datas):
         assert total_batches >= 1
         assert res.serve_order and got[res.serve_order[0]]
+
+
+def test_legacy_message_format_passes_through_unshaped() -> None:
+    # A magic v1 message (offset, size, crc, magic=1, attributes, timestamp, key, value).
+    import struct
+
+    body = struct.pack(">bbq", 1, 0, 0) + struct.pack(">i", -1) + struct.pack(">i", 3) + b"abc"
+    msg = struct.pack(">I", 0) + body
+    legacy = struct.pack(">qi", 0, len(msg)) + msg
+    assert legacy[16] == 1
+    pd = make_partition(V, 0, legacy * 3)
+    res = trim_response(
+        make_response(V, [pd, make_partition(V, 1, seq(0, 2))]), ResponseLimits(response_bytes=1)
+    )
+    assert res.response.responses[0].partitions[0] is pd
+    o = res.outcomes[k(0)]
+    assert not o.shaped and o.delivered_bytes == len(legacy) * 3 and o.next_offset is None
+    assert res.outcomes[k(1)].delivered_batches == 1  # the v2 partition is still shaped
