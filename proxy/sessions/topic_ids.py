@@ -12,7 +12,8 @@ Bounded: at most ``max_topics`` entries; the least recently learnt go first.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 ZERO_UUID = uuid.UUID(int=0)
@@ -66,6 +67,10 @@ class TopicIdMap:
 
     def name_for(self, topic_id: uuid.UUID) -> str | None:
         return self._by_id.get(topic_id)
+
+    def names_by_id(self) -> Mapping[uuid.UUID, str]:
+        """A read-only live view of id -> name."""
+        return MappingProxyType(self._by_id)
 
     def missing_ids(self, names: Iterable[str]) -> list[str]:
         """Names (deduplicated, in order) for which no id is known."""

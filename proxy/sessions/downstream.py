@@ -1,0 +1,238 @@
+"""Serve any consumer's Fetch, with or without a fetch session, through the upstream session.
+
+Toward the client the proxy is the broker: ``FetchSessionCache`` (the broker side
+of KIP-227, :mod:`proxy.sessions.broker`) checks the client's (session id,
+epoch), updates its session and says which partitions this fetch covers.
+Those partitions, as one sessionless full fetch, go to the ``FetchTranslator``
+of the upstream connection, whose complete answer is handed back to the
+session context, which picks what the client gets (all of it for a full fetch;
+for an incremental one, only partitions with records, a new high watermark or
+log start offset, an error, a preferred replica or a diverging epoch, with
+move-to-end rotation).  A client's session therefore never depends on the
+upstream session: an upstream reset is invisible to it.
+
+Session errors (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH,
+FETCH_SESSION_TOPIC_ID_ERROR) are answered at once without going upstream,
+as a broker answers them.  Sessionless fetches (epoch -1, or Fetch v4-v6) go
+through the same path and come back unchanged.
+
+Usage mirrors the translator::
+
+    step = server.begin(request)           # -> UpstreamFetch | ClientReply
+    while isinstance(step, UpstreamFetch):
+        step = server.complete(upstream_response_to(step.request))
+    reply with step.response
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from ..protocol.codec import request_schema, response_schema
+from .broker import (
+    FetchContext,
+    FetchSessionCache,
+    PartitionRequest,
+    SessionErrorContext,
+    SessionResponse,
+    TopicIdPartition,
+    outcome_of_kio_partition,
+)
+from .translate import (
+    FETCH_API_KEY,
+    FIRST_TOPIC_ID_VERSION,
+    MIN_CLIENT_VERSION,
+    ClientReply,
+    FetchTranslator,
+    TranslationError,
+    UpstreamFetch,
+    _group,
+    _make,
+    _module,
+    _replica_id,
+)
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: Any
+    context: FetchContext
+    by_ref: dict[tuple[str | uuid.UUID | None, int], TopicIdPartition]
+
+
+class SessionFetchServer:
+    """The broker side of fetch sessions toward one client connection, fed by a translator."""
+
+    def __init__(self, sessions: FetchSessionCache, translator: FetchTranslator) -> None:
+        self.sessions = sessions
+        self.translator = translator
+        self._pending: _Pending | None = None
+
+    def begin(self, request: Any) -> UpstreamFetch | ClientReply:
+        if self._pending is not None:
+            raise TranslationError("a client fetch is already being served on this connection")
+        version = int(request.__version__)
+        if int(request.__api_key__) != FETCH_API_KEY or version < MIN_CLIENT_VERSION:
+            raise TranslationError("not a Fetch v4+ request")
+        if _replica_id(request) >= 0:
+            raise TranslationError("follower fetches are not served by the proxy")
+        on_ids = version >= FIRST_TOPIC_ID_VERSION
+        names = self.translator.topic_ids.names_by_id()
+
+        def tp(topic: Any, partition: int) -> TopicIdPartition:
+            if on_ids:
+                return TopicIdPartition(topic.topic_id, names.get(topic.topic_id), partition)
+            return TopicIdPartition(None, topic.topic, partition)
+
+        fetch_data: dict[TopicIdPartition, PartitionRequest] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                fetch_data[tp(topic, int(p.partition))] = PartitionRequest(
+                    fetch_offset=int(p.fetch_offset),
+                    max_bytes=int(p.partition_max_bytes),
+                    log_start_offset=int(getattr(p, "log_start_offset", -1)),
+                    current_leader_epoch=_epoch_or_none(getattr(p, "current_leader_epoch", -1)),
+                    last_fetched_epoch=_epoch_or_none(getattr(p, "last_fetched_epoch", -1)),
+                )
+        to_forget = [
+            tp(topic, int(p))
+            for topic in getattr(request, "forgotten_topics_data", ())
+            for p in topic.partitions
+        ]
+        context = self.sessions.new_context(
+            version,
+            int(getattr(request, "session_id", 0)),
+            int(getattr(request, "session_epoch", -1)),
+            False,
+            fetch_data,
+            to_forget,
+            names,
+        )
+        if isinstance(context, SessionErrorContext):
+            result: SessionResponse[Any] = context.update_and_generate_response_data(
+                {}, outcome_of_kio_partition
+            )
+            return ClientReply(_response(version, result, None))
+        effective = context.partitions()
+        by_ref = {(_ref(t, on_ids), t.partition): t for t, _ in effective}
+        self._pending = _Pending(request, context, by_ref)
+        try:
+            return self.translator.begin(_sessionless_request(request, effective, on_ids))
+        except BaseException:
+            self._pending = None
+            raise
+
+    def complete(self, response: Any) -> UpstreamFetch | ClientReply:
+        pending = self._pending
+        if pending is None:
+            raise TranslationError("no client fetch is being served")
+        step = self.translator.complete(response)
+        if isinstance(step, UpstreamFetch):
+            return step
+        self._pending = None
+        full = step.response
+        version = int(pending.request.__version__)
+        if int(getattr(full, "error_code", 0)) != 0:
+            # The upstream kept failing: the client's session moved on, so it must reset.
+            return ClientReply(full)
+        updates: dict[TopicIdPartition, Any] = {}
+        on_ids = version >= FIRST_TOPIC_ID_VERSION
+        for topic in full.responses:
+            ref = topic.topic_id if on_ids else topic.topic
+            for pd in topic.partitions:
+                updates[pending.by_ref[(ref, int(pd.partition_index))]] = pd
+        if not updates and pending.by_ref:
+            # Throttled (KIP-219): the translator answered with no partitions.
+            result: SessionResponse[Any] = pending.context.throttled_response()
+        else:
+            result = pending.context.update_and_generate_response_data(
+                updates, outcome_of_kio_partition
+            )
+        return ClientReply(_response(version, result, full))
+
+    def abort(self) -> None:
+        """The upstream request failed; the client gets no answer on this connection."""
+        if self._pending is not None:
+            self._pending = None
+            self.translator.abort()
+
+
+def _epoch_or_none(value: Any) -> int | None:
+    value = int(value)
+    return None if value < 0 else value
+
+
+def _ref(tp: TopicIdPartition, on_ids: bool) -> str | uuid.UUID | None:
+    return tp.topic_id if on_ids else tp.topic
+
+
+def _sessionless_request(
+    request: Any, effective: list[tuple[TopicIdPartition, PartitionRequest]], on_ids: bool
+) -> Any:
+    """The client's fetch as one sessionless full fetch at its own version."""
+    mod = _module(request_schema(FETCH_API_KEY, int(request.__version__)))
+    topics = tuple(
+        _make(
+            mod.FetchTopic,
+            topic=ref,
+            topic_id=ref,
+            partitions=tuple(
+                _make(
+                    mod.FetchPartition,
+                    partition=t.partition,
+                    fetch_offset=req.fetch_offset,
+                    partition_max_bytes=req.max_bytes,
+                    log_start_offset=req.log_start_offset,
+                    current_leader_epoch=-1
+                    if req.current_leader_epoch is None
+                    else req.current_leader_epoch,
+                    last_fetched_epoch=-1
+                    if req.last_fetched_epoch is None
+                    else req.last_fetched_epoch,
+                )
+                for t, req in items
+            ),
+        )
+        for ref, items in _group(effective, lambda item: _ref(item[0], on_ids))
+    )
+    return _make(
+        mod.FetchRequest,
+        replica_id=-1,
+        max_wait=request.max_wait,
+        min_bytes=request.min_bytes,
+        max_bytes=getattr(request, "max_bytes", 2**31 - 1),
+        isolation_level=getattr(request, "isolation_level", 0),
+        session_id=0,
+        session_epoch=-1,
+        topics=topics,
+        forgotten_topics_data=(),
+        rack_id=getattr(request, "rack_id", ""),
+        cluster_id=getattr(request, "cluster_id", None),
+    )
+
+
+def _response(version: int, result: SessionResponse[Any], full: Any | None) -> Any:
+    mod = _module(response_schema(FETCH_API_KEY, version))
+    on_ids = version >= FIRST_TOPIC_ID_VERSION
+    topics = tuple(
+        _make(
+            mod.FetchableTopicResponse,
+            topic=ref,
+            topic_id=ref,
+            partitions=tuple(pd for _, pd in items),
+        )
+        for ref, items in _group(result.partitions, lambda item: _ref(item[0], on_ids))
+    )
+    return _make(
+        mod.FetchResponse,
+        throttle_time=full.throttle_time if full is not None else timedelta(0),
+        error_code=ErrorCode(result.error_code),
+        session_id=result.session_id,
+        responses=topics,
+        node_endpoints=getattr(full, "node_endpoints", ()) if full is not None else (),
+    )
