@@ -15,6 +15,11 @@ fetch offsets past them.  ``finish`` applies upstream's word to the buffer
 (errors, leader epochs, high watermarks), trims the response in serve-rotation
 order, keeps what was trimmed away in the buffer and builds the decision.
 
+Upstream fetch offsets are decided afresh by every ``prepare``: the end of the
+held batches when they match the client's offset, else the client's offset.
+The session layer applies them each time, so a discarded buffer entry needs
+no separate rewind.
+
 Limits can be replaced at any time (config reload); the next ``prepare`` uses
 the new ones.
 """
@@ -25,6 +30,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from kio.schema.errors import ErrorCode
 
 from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
@@ -158,21 +165,34 @@ class FetchShaper:
                 for pd in topic.partitions:
                     in_memory += len(pd.records or b"")
             grant.resize(in_memory)
+        prefixes = dict(prepared.prefixes)
+        discarded: set[PartitionKey] = set()
         for topic in response.responses:
             tkey = topic_key(topic)
             for pd in topic.partitions:
                 key = (tkey, int(pd.partition_index))
                 leader = getattr(pd, "current_leader", None)
+                epoch = None if leader is None else int(leader.leader_epoch)
                 self.buffer.observe(
                     key,
                     error_code=int(pd.error_code),
                     high_watermark=int(pd.high_watermark),
-                    leader_epoch=None if leader is None else int(leader.leader_epoch),
+                    leader_epoch=epoch,
                 )
+                prefix = prefixes.get(key)
+                if prefix is not None and (
+                    pd.error_code != 0
+                    or pd.high_watermark < prefix.high_watermark
+                    or (epoch not in (None, NO_EPOCH) and epoch != prepared.epochs.get(key, epoch))
+                ):
+                    del prefixes[key]
+                    discarded.add(key)
+        if discarded:
+            response = _withhold(response, discarded)
         result = trim_response(
             response,
             prepared.response_limits,
-            prefixes=prepared.prefixes,
+            prefixes=prefixes,
             order=self.serve_rotation.order,
         )
         with_data = [k for k in result.serve_order]
@@ -244,6 +264,32 @@ class FetchShaper:
             else:
                 topics.append(dataclasses.replace(topic, partitions=(p,)))
         return dataclasses.replace(request, topics=tuple(topics))
+
+
+def _withhold(response: Any, keys: set[PartitionKey]) -> Any:
+    """*response* without the data fetched past discarded held batches.
+
+    Upstream read those partitions from the end of the held batches, not from
+    the client's offset; with the held batches gone (the log was truncated,
+    the leader changed, the partition failed), that data would leave a gap.
+    An OFFSET_OUT_OF_RANGE there concerns the offset we asked, not the
+    client's, so it becomes an empty partition too.  Other errors go to the
+    client.  Either way the client fetches again from its own offset, and the
+    next :meth:`FetchShaper.prepare` asks upstream from there.
+    """
+    topics = []
+    for topic in response.responses:
+        tkey = topic_key(topic)
+        parts = []
+        for pd in topic.partitions:
+            if (tkey, int(pd.partition_index)) in keys:
+                if pd.error_code == ErrorCode.offset_out_of_range:
+                    pd = dataclasses.replace(pd, error_code=ErrorCode.none, records=b"")
+                elif pd.records:
+                    pd = dataclasses.replace(pd, records=b"")
+            parts.append(pd)
+        topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
+    return dataclasses.replace(response, responses=tuple(topics))
 
 
 def _with_offsets(

@@ -287,3 +287,46 @@ def test_connections_sharing_a_budget_never_exceed_it(
         g.release()  # type: ignore[attr-defined]
     assert budget.peak <= budget.capacity and budget.overshoot_bytes == 0
     assert budget.used == 0
+
+
+def _held_after_first_fetch() -> FetchShaper:
+    shaper = FetchShaper(Limits(max_partition_records=2), buffer_capacity=10_000)
+    data = batch(0, 2) + batch(2, 2) + batch(4, 2)
+    prepared = shaper.prepare(make_request(V, {0: (0, 10_000)}))
+    shaper.finish(prepared, make_response(V, [make_partition(V, 0, data, hw=6)]))
+    return shaper
+
+
+def test_high_watermark_going_back_discards_held_batches_and_data_read_past_them() -> None:
+    shaper = _held_after_first_fetch()
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000)}))
+    assert prepared.upstream_offsets == {(T, 0): 6}
+    shaped = shaper.finish(prepared, make_response(V, [make_partition(V, 0, batch(6, 1), hw=3)]))
+    assert delivered(shaped.response)[(T, 0)] == []  # no gap: nothing rather than offset 6
+    assert shaped.next_offsets == {} and shaper.buffer.size == 0
+    # The next fetch goes upstream from the client's own offset again.
+    assert shaper.prepare(make_request(V, {0: (2, 10_000)})).upstream_offsets == {}
+
+
+def test_offset_out_of_range_past_held_batches_is_not_the_clients_error() -> None:
+    shaper = _held_after_first_fetch()
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000)}))
+    shaped = shaper.finish(prepared, make_response(V, [make_partition(V, 0, b"", error=1)]))
+    pd = shaped.response.responses[0].partitions[0]
+    assert pd.error_code == 0 and pd.records == b""
+
+
+def test_other_errors_reach_the_client_and_drop_held_batches() -> None:
+    shaper = _held_after_first_fetch()
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000)}))
+    shaped = shaper.finish(prepared, make_response(V, [make_partition(V, 0, b"", error=6)]))
+    assert shaped.response.responses[0].partitions[0].error_code == 6
+    assert shaper.buffer.size == 0
+
+
+def test_leader_epoch_change_drops_held_batches() -> None:
+    shaper = _held_after_first_fetch()
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000)}))
+    resp = make_response(V, [make_partition(V, 0, batch(6, 1), hw=7, leader_epoch=9)])
+    shaped = shaper.finish(prepared, resp)
+    assert delivered(shaped.response)[(T, 0)] == [] and shaped.next_offsets == {}
