@@ -154,6 +154,21 @@ class _Pending:
     by_key: dict[PartitionKey, _ClientPartition] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class TranslatorStats:
+    """Counters for metrics and logs (the relay reads them; the core never logs)."""
+
+    full_requests: int = 0
+    incremental_requests: int = 0
+    resends: int = 0
+    """Upstream requests repeated within one client fetch after a session reset."""
+    session_errors: int = 0
+    """Top-level errors in upstream responses."""
+    invalid_responses: int = 0
+    """Upstream responses that broke the session rules."""
+    last_problem: str | None = None
+
+
 class TranslationError(Exception):
     """The caller used the translator out of order, or gave it a fetch it cannot serve."""
 
@@ -179,6 +194,7 @@ class FetchTranslator:
         self.session = FetchSessionClient(sessionless_backoff=sessionless_backoff)
         self.cache = PartitionStateCache()
         self._pending: _Pending | None = None
+        self.stats = TranslatorStats()
 
     # -- requests ------------------------------------------------------------------------
 
@@ -211,6 +227,7 @@ class FetchTranslator:
             uses_topic_ids=uses_topic_ids,
             supports_sessions=version >= MIN_SESSION_VERSION,
         )
+        self._count(session_request)
         self._pending = _Pending(
             request=request,
             partitions=partitions,
@@ -222,6 +239,12 @@ class FetchTranslator:
             by_key=by_key,
         )
         return UpstreamFetch(self._upstream_request(self._pending), missing)
+
+    def _count(self, request: SessionRequest) -> None:
+        if request.is_full:
+            self.stats.full_requests += 1
+        else:
+            self.stats.incremental_requests += 1
 
     def _upstream_key(self, cp: _ClientPartition, uses_topic_ids: bool) -> PartitionKey | None:
         if uses_topic_ids:
@@ -291,6 +314,8 @@ class FetchTranslator:
             # The last resend does not ask for a session, so no session error can recur.
             supports_sessions=pending.version >= MIN_SESSION_VERSION and not last_try,
         )
+        self.stats.resends += 1
+        self._count(pending.session_request)
         return UpstreamFetch(self._upstream_request(pending), pending.missing)
 
     def abort(self) -> None:
@@ -315,6 +340,12 @@ class FetchTranslator:
             throttle_time_ms=throttle_ms,
             partitions=(key for key, _ in included),
         )
+        if outcome.verdict is Verdict.ERROR:
+            self.stats.session_errors += 1
+            self.stats.last_problem = outcome.problem
+        elif outcome.verdict is Verdict.INVALID:
+            self.stats.invalid_responses += 1
+            self.stats.last_problem = outcome.problem
         if outcome.verdict is Verdict.THROTTLED or (
             outcome.ok and not included and throttle_ms > 0
         ):
@@ -331,9 +362,12 @@ class FetchTranslator:
             ]
             if not unusable:
                 return ClientReply(self._finish(pending, data, response))
-            self.session.revoke_last_response(
+            problem = (
                 f"omitted {len(unusable)} partition(s) with no usable state, e.g. {unusable[0]}"
             )
+            self.session.revoke_last_response(problem)
+            self.stats.invalid_responses += 1
+            self.stats.last_problem = problem
         if pending.resends < self.max_resends:
             return self._resend(pending)
         self._pending = None

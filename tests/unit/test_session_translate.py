@@ -193,6 +193,12 @@ def test_session_resets_are_invisible_to_the_client(fault: str) -> None:
     assert resp == broker.sessionless(req)
     expected_retry = (0, 0) if fault == "evict" else (sent[0].session_id, 0)
     assert (sent[1].session_id, sent[1].session_epoch) == expected_retry
+    stats = tr.stats
+    assert stats.resends == 1 and stats.last_problem
+    assert (stats.session_errors, stats.invalid_responses) == (
+        (0, 1) if fault == "corrupt" else (1, 0)
+    )
+    assert (stats.full_requests, stats.incremental_requests) == (2, 2)
 
 
 def test_cache_full_falls_back_to_sessionless_fetches() -> None:

@@ -186,3 +186,27 @@ def test_idle_consumer_sends_and_receives_almost_nothing_upstream() -> None:
         assert resp == upstream_response
         assert sent[0].topics == () and sent[0].forgotten_topics_data == ()
         assert len(encode_request(sent[0], 1, "t")) < full_bytes / 3
+
+
+def test_idle_thousand_partition_consumer_moves_twenty_times_fewer_bytes() -> None:
+    """The issue's measurement at the sans-I/O level: bytes per idle fetch round, both ways."""
+    up = Upstream()
+    for i in range(10):
+        up.state.create_topic(f"t{i}", 100)
+    parts = [(f"t{i}", p, 0) for i in range(10) for p in range(100)]
+    tr = FetchTranslator(up.ids(), upstream_max_version=17)
+    for version in (4, 11, 12):  # librdkafka, aiokafka, ... speak names
+        req = client_fetch(up, version, parts)
+        direct = len(encode_request(req, 1, "rdkafka")) + len(
+            encode_response(up.answer(up.direct, req), 1)
+        )
+        serve(tr, up, req)  # the session's full fetch
+        step = tr.begin(req)
+        assert isinstance(step, UpstreamFetch)
+        upstream_response = up.answer(up.fetcher, step.request)
+        proxied = len(encode_request(step.request, 1, "proxy")) + len(
+            encode_response(upstream_response, 1)
+        )
+        reply = tr.complete(upstream_response)
+        assert isinstance(reply, ClientReply) and reply.response == up.answer(up.direct, req)
+        assert direct >= 20 * proxied, (direct, proxied)
