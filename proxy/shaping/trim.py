@@ -127,7 +127,8 @@ def parse_records(data: bytes | None, aborted: Aborted | None = None) -> tuple[R
         return Run(b"", (), aborted), 0
     headers = tuple(records.iter_batches(data))
     end = headers[-1].end if headers else 0
-    whole = bytes(data[:end]) if end != len(data) else bytes(data)
+    # Keep upstream's object when it is all whole batches: no copy on the common path.
+    whole = bytes(data[:end]) if end != len(data) else data
     return Run(whole, headers, aborted), len(data) - end
 
 
@@ -459,7 +460,7 @@ def _aborted_of(pd: Any) -> Aborted | None:
 def _rebuild_partition(pd: Any, head: Run) -> Any:
     """*pd* carrying *head* as its records, with the aborted list for that range."""
     changes: dict[str, Any] = {}
-    if head.data != (pd.records or b""):
+    if head.data is not pd.records and head.data != (pd.records or b""):
         changes["records"] = head.data if (head.data or pd.records is not None) else None
     aborted = _aborted_within(head.aborted, head.headers)
     if aborted != _aborted_of(pd):
