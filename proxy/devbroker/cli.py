@@ -1,0 +1,92 @@
+"""``kafka-fetch-proxy devbroker``: run the dev cluster until Ctrl-C.
+
+    kafka-fetch-proxy devbroker --nodes 3 --port 29092 --topic orders:12 --topic x:3
+
+Node i listens on port+i (port 0: free ports).  The first line on stdout is
+``bootstrap=HOST:PORT``; one ``node=ID address=HOST:PORT`` line per node follows.
+SIGINT and SIGTERM stop it with exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+import trio
+
+from .cluster import DevCluster
+
+
+def _topic(spec: str) -> tuple[str, int]:
+    name, sep, count = spec.rpartition(":")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME:PARTITIONS, got {spec!r}")
+    try:
+        partitions = int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"partition count of {spec!r} is not a number") from None
+    if partitions <= 0:
+        raise argparse.ArgumentTypeError(f"partition count of {spec!r} must be positive")
+    return name, partitions
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "devbroker",
+        help="run an in-memory multi-node Kafka cluster for demos and tests",
+        description="Run a strict in-memory Kafka cluster (one loopback port per node).",
+    )
+    p.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on and advertise")
+    p.add_argument(
+        "--port", type=int, default=29092, help="port of node 0; node i uses port+i (0: free ports)"
+    )
+    p.add_argument(
+        "--topic",
+        type=_topic,
+        action="append",
+        default=[],
+        metavar="NAME:PARTITIONS",
+        help="create a topic at start (repeatable)",
+    )
+    p.add_argument(
+        "--session-cache-slots", type=int, default=1000, help="fetch session cache size per node"
+    )
+    p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nodes <= 0:
+        print("--nodes must be positive", file=sys.stderr)
+        return 2
+    topics = dict(args.topic)
+    if len(topics) != len(args.topic):
+        print("a topic is given twice", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    try:
+        trio.run(_serve, args, topics)
+    except OSError as exc:
+        print(f"cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(args: argparse.Namespace, topics: dict[str, int]) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with DevCluster(
+            nodes=args.nodes,
+            topics=topics,
+            host=args.host,
+            port=args.port,
+            session_cache_slots=args.session_cache_slots,
+        ) as cluster:
+            print(f"bootstrap={cluster.bootstrap}", flush=True)
+            for node in cluster.nodes:
+                print(f"node={node.node_id} address={node.address}", flush=True)
+            async for _sig in signals:
+                break

@@ -1,0 +1,178 @@
+"""Produce and InitProducerId on the dev cluster, with Kafka's validation and error codes."""
+
+from __future__ import annotations
+
+import pytest
+from kio.schema.errors import ErrorCode as E
+from support.batches import make_batch
+from support.dispatch import Close, Harness, NoReply, Reply
+
+from proxy.protocol import records
+
+PRODUCE, INIT_PRODUCER_ID = 0, 22
+ZSTD, GZIP = 4, 1
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness(3, {"orders": 12})
+
+
+def produce_request(
+    h: Harness,
+    partition: int,
+    data: bytes | None,
+    *,
+    acks: int = -1,
+    version: int = 12,
+    topic: str = "orders",
+) -> object:
+    return h.request(
+        PRODUCE,
+        version,
+        {
+            "transactional_id": None,
+            "acks": acks,
+            "timeout": 1000,
+            "topic_data": [
+                {"name": topic, "partition_data": [{"index": partition, "records": data}]}
+            ],
+        },
+    )
+
+
+def produce(
+    h: Harness, partition: int, data: bytes | None, *, node: int | None = None, **kw: object
+) -> object:
+    target = h.leader_of("orders", partition) if node is None else node
+    resp = h.call(target, produce_request(h, partition, data, **kw))  # type: ignore[arg-type]
+    return resp.responses[0].partition_responses[0]
+
+
+def test_produce_assigns_offsets_by_rewriting_the_header(h: Harness) -> None:
+    first = produce(h, 3, make_batch(0, 3))
+    second = produce(h, 3, make_batch(0, 2, b"other"))
+    assert (first.error_code, first.base_offset) == (E.none, 0)
+    assert (second.error_code, second.base_offset) == (E.none, 3)
+    part = h.state.partition("orders", 3)
+    assert part is not None
+    stored = bytes(part.log.data)
+    headers = list(records.iter_batches(stored))
+    assert [(b.base_offset, b.records_count) for b in headers] == [(0, 3), (3, 2)]
+    assert all(records.verify_crc(stored, b) for b in headers)
+    # Everything but base offset and leader epoch is kept byte for byte.
+    original = make_batch(0, 2, b"other")
+    assert stored[headers[1].position + 16 :] == original[16:]
+
+
+@pytest.mark.parametrize("version", [3, 7, 9, 12])
+def test_produce_each_version(h: Harness, version: int) -> None:
+    assert produce(h, 0, make_batch(0, 1), version=version).error_code == E.none
+
+
+def test_not_leader_gets_not_leader_or_follower_with_the_new_leader(h: Harness) -> None:
+    leader = h.leader_of("orders", 1)
+    other = (leader + 1) % 3
+    resp = h.call(other, produce_request(h, 1, make_batch(0, 1)))
+    part = resp.responses[0].partition_responses[0]
+    assert part.error_code == E.not_leader_or_follower
+    assert part.current_leader.leader_id == leader
+    assert [(n.node_id, n.port) for n in resp.node_endpoints] == [(leader, 9000 + leader)]
+    assert h.state.partition("orders", 1).log.log_end_offset == 0  # type: ignore[union-attr]
+
+
+def test_refusals(h: Harness) -> None:
+    corrupt = bytearray(make_batch(0, 2))
+    corrupt[-1] ^= 0xFF
+    old_magic = bytearray(make_batch(0, 1))
+    old_magic[16] = 1
+    assert produce(h, 0, bytes(corrupt)).error_code == E.corrupt_message
+    assert produce(h, 0, make_batch(0, 1) + make_batch(1, 1)).error_code == E.invalid_record
+    assert produce(h, 0, bytes(old_magic)).error_code == E.invalid_record
+    assert produce(h, 0, None).error_code == E.invalid_record
+    assert produce(h, 0, make_batch(0, 1)[:40]).error_code == E.corrupt_message
+    assert (
+        produce(h, 0, make_batch(0, 1, attributes=ZSTD), version=6).error_code
+        == E.unsupported_compression_type
+    )
+    assert produce(h, 0, make_batch(0, 1, attributes=ZSTD), version=7).error_code == E.none
+    assert produce(h, 0, make_batch(0, 1), acks=2).error_code == E.invalid_required_acks
+    assert produce(h, 0, make_batch(0, 1, b"x" * 1_100_000)).error_code == E.message_too_large
+    assert (
+        produce(
+            h,
+            0,
+            make_batch(
+                0,
+                1,
+                attributes=records.TRANSACTIONAL_MASK,
+                producer_id=5,
+                producer_epoch=0,
+                base_sequence=0,
+            ),
+        ).error_code
+        == E.invalid_txn_state
+    )
+    unknown = h.call(0, produce_request(h, 0, make_batch(0, 1), topic="missing"))
+    assert unknown.responses[0].partition_responses[0].error_code == E.unknown_topic_or_partition
+    assert h.state.partition("orders", 0).log.log_end_offset == 1  # type: ignore[union-attr]
+
+
+def test_acks_zero_sends_nothing_and_closes_on_error(h: Harness) -> None:
+    leader = h.leader_of("orders", 0)
+    assert isinstance(h.send(leader, produce_request(h, 0, make_batch(0, 1), acks=0)), NoReply)
+    assert h.state.partition("orders", 0).log.log_end_offset == 1  # type: ignore[union-attr]
+    other = (leader + 1) % 3
+    assert isinstance(h.send(other, produce_request(h, 0, make_batch(0, 1), acks=0)), Close)
+
+
+def test_acks_one_and_all_answer(h: Harness) -> None:
+    leader = h.leader_of("orders", 0)
+    for acks in (1, -1):
+        assert isinstance(h.send(leader, produce_request(h, 0, make_batch(0, 1), acks=acks)), Reply)
+
+
+def test_idempotent_producer_sequences(h: Harness) -> None:
+    init = h.call(
+        0, h.request(INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60000})
+    )
+    assert init.error_code == E.none and init.producer_epoch == 0
+    pid = init.producer_id
+
+    def batch(seq: int, n: int = 2, epoch: int = 0) -> bytes:
+        return make_batch(0, n, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+    assert produce(h, 0, batch(0)).base_offset == 0
+    assert produce(h, 0, batch(2)).base_offset == 2
+    # A retry of a recent batch is acknowledged with its first offset, not appended again.
+    dup = produce(h, 0, batch(0))
+    assert (dup.error_code, dup.base_offset) == (E.none, 0)
+    assert h.state.partition("orders", 0).log.log_end_offset == 4  # type: ignore[union-attr]
+    assert produce(h, 0, batch(7)).error_code == E.out_of_order_sequence_number
+    assert produce(h, 0, batch(4, epoch=1)).error_code == E.out_of_order_sequence_number
+    assert produce(h, 0, batch(0, epoch=1)).error_code == E.none
+    assert produce(h, 0, batch(2, epoch=0)).error_code == E.invalid_producer_epoch
+
+
+def test_init_producer_id_allocates_distinct_ids(h: Harness) -> None:
+    ids = {
+        h.call(
+            n,
+            h.request(
+                INIT_PRODUCER_ID, 5, {"transactional_id": None, "transaction_timeout": 60000}
+            ),
+        ).producer_id
+        for n in (0, 1, 2, 0)
+    }
+    assert len(ids) == 4
+    txn = h.call(
+        0, h.request(INIT_PRODUCER_ID, 5, {"transactional_id": "tx", "transaction_timeout": 60000})
+    )
+    assert txn.error_code == E.not_coordinator
+
+
+def test_gzip_batches_are_stored_untouched(h: Harness) -> None:
+    data = make_batch(0, 4, b"\x1f\x8b opaque compressed bytes", attributes=GZIP)
+    assert produce(h, 5, data).error_code == E.none
+    stored = bytes(h.state.partition("orders", 5).log.data)  # type: ignore[union-attr]
+    assert stored[16:] == data[16:]
