@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .limits import Limits
-from .trim import TrimResult
+from .trim import PartitionOutcome, TrimResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,12 @@ class ShapingDecision:
     """Limits that held whole batches back: response_bytes, response_records, partition_bytes, partition_records."""
     progress_exemption: bool = False
     """A single batch went out beyond a limit under the KIP-74 progress guarantee."""
+    trimmed_records: int = 0
+    """Records in whole batches held back by a limit (kept for reuse or dropped)."""
+    trimmed_bytes: int = 0
+    trimmed_by_limit: tuple[tuple[str, int, int], ...] = ()
+    """(limit, records, bytes) held back, per limit that stopped a partition; a
+    partition stopped by two limits at once counts under both."""
 
     @classmethod
     def from_trim(
@@ -83,6 +89,9 @@ class ShapingDecision:
             unshaped_partitions=sum(1 for o in outs if not o.shaped),
             limited_by=result.limited_by,
             progress_exemption=any(o.exempt for o in outs),
+            trimmed_records=sum(o.remainder.records for o in with_data),
+            trimmed_bytes=sum(o.remainder.size for o in with_data),
+            trimmed_by_limit=_by_limit(with_data),
         )
 
     def as_log_fields(self) -> dict[str, object]:
@@ -90,4 +99,17 @@ class ShapingDecision:
         fields = asdict(self)
         fields["limits"] = self.limits.as_dict()
         fields["limited_by"] = sorted(self.limited_by)
+        fields["trimmed_by_limit"] = [list(t) for t in self.trimmed_by_limit]
         return fields
+
+
+def _by_limit(outcomes: list[PartitionOutcome]) -> tuple[tuple[str, int, int], ...]:
+    totals: dict[str, list[int]] = {}
+    for o in outcomes:
+        if not o.remainder.headers:
+            continue
+        for name in o.limited_by:
+            entry = totals.setdefault(name, [0, 0])
+            entry[0] += o.remainder.records
+            entry[1] += o.remainder.size
+    return tuple((name, r, b) for name, (r, b) in sorted(totals.items()))

@@ -97,14 +97,19 @@ class ServeRotation(Generic[K]):
         last = self._last_served
         return sorted(keys_with_data, key=lambda k: last.get(k, -1))
 
-    def observe(self, keys_with_data: Iterable[K], served: Iterable[K]) -> None:
-        """Record one response: which partitions had data and which got some."""
+    def observe(self, keys_with_data: Iterable[K], served: Iterable[K]) -> dict[K, int]:
+        """Record one response: which partitions had data and which got some.
+
+        Returns, for each served partition, the consecutive responses it had
+        waited with data before this one (0: it was not starved).
+        """
         self._round += 1
         served_set = set(served)
+        waited: dict[K, int] = {}
         for key in served_set:
             self._last_served[key] = self._round
             self._last_served.move_to_end(key)
-            self._starved.pop(key, None)
+            waited[key] = self._starved.pop(key, 0)
         for key in keys_with_data:
             if key in served_set:
                 continue
@@ -114,6 +119,7 @@ class ServeRotation(Generic[K]):
         while len(self._last_served) > self._max:
             old, _ = self._last_served.popitem(last=False)
             self._starved.pop(old, None)
+        return waited
 
     def starvation(self, key: K) -> int:
         """Consecutive responses in which *key* had data but got none (0: served last time)."""

@@ -75,6 +75,9 @@ class ShapedResponse:
     client's next fetch offset, which the upstream session must learn."""
     decision: ShapingDecision
     result: TrimResult
+    served_after: Mapping[PartitionKey, int]
+    """Per partition served, the consecutive responses it had waited with data
+    before this one (0: not starved); for a starvation histogram."""
 
 
 class FetchShaper:
@@ -197,7 +200,7 @@ class FetchShaper:
         )
         with_data = [k for k in result.serve_order]
         served = [k for k, o in result.outcomes.items() if o.delivered_batches]
-        self.serve_rotation.observe(with_data, served)
+        waited = self.serve_rotation.observe(with_data, served)
         self.upstream_rotation.observe(
             [k for k, o in result.outcomes.items() if o.delivered_batches]
         )
@@ -233,7 +236,7 @@ class FetchShaper:
             buffered_bytes=buffered,
             max_starvation=self.serve_rotation.max_starvation,
         )
-        return ShapedResponse(result.response, result.next_offsets, decision, result)
+        return ShapedResponse(result.response, result.next_offsets, decision, result, waited)
 
     def close(self) -> None:
         """Release the buffer's memory (the connection is gone)."""

@@ -42,7 +42,7 @@ def test_serve_rotation_least_recently_served_first() -> None:
     rot.observe(["a", "b", "c"], served=["b"])
     assert rot.order(["a", "b", "c"]) == ["c", "a", "b"]
     assert rot.max_starvation == 2 and rot.starved() == {"c": 2, "a": 1}
-    rot.observe(["c"], served=["c"])
+    assert rot.observe(["c"], served=["c"]) == {"c": 2}
     assert rot.starvation("c") == 0 and rot.rounds == 3
     rot.forget(["a"])
     assert rot.starved() == {}

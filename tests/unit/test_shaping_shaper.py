@@ -217,7 +217,14 @@ def test_decision_record_is_payload_free() -> None:
     resp = make_response(
         V, [make_partition(V, 0, batch(0, 3, payload=300)), make_partition(V, 1, batch(0, 1))]
     )
-    d = shaper.finish(prepared, resp).decision
+    shaped = shaper.finish(prepared, resp)
+    d = shaped.decision
+    assert (d.trimmed_records, d.trimmed_bytes) == (1, len(batch(0, 1)))
+    assert d.trimmed_by_limit == (("response_bytes", 1, len(batch(0, 1))),)
+    assert shaped.served_after == {(T, 0): 0}
+    prepared = shaper.prepare(make_request(V, {0: (3, 10_000), 1: (0, 10_000)}, max_bytes=5000))
+    shaped = shaper.finish(prepared, make_response(V, [make_partition(V, 1, batch(0, 1))]))
+    assert shaped.served_after == {(T, 1): 1}
     assert (d.requested_max_bytes, d.upstream_max_bytes) == (5000, 100)
     assert (d.partitions, d.partitions_with_data, d.partitions_served, d.partitions_starved) == (
         2,
@@ -227,6 +234,7 @@ def test_decision_record_is_payload_free() -> None:
     )
     assert d.progress_exemption and d.limited_by == {"response_bytes"} and d.max_starvation == 1
     fields = d.as_log_fields()
+    assert fields["trimmed_by_limit"] == [["response_bytes", 1, len(batch(0, 1))]]
     assert fields["limits"]["max_response_bytes"] == 100
     assert all(not isinstance(v, bytes) for v in fields.values())
 
