@@ -7,6 +7,8 @@ Modules, one per feature:
 
 - :mod:`.limits`: the configured :class:`~.limits.Limits`, request clamping and
   the per-response :class:`~.limits.ResponseLimits`.
+- :mod:`.policy`: per-client policies (client_id / listener globs) over the
+  global limits.
 - :mod:`.trim`: trimming a Fetch response to whole batches within the limits
   (KIP-74 progress guarantee, aborted transactions kept consistent).
 - :mod:`.rotation`: upstream round-robin order and serve-order rotation with a
