@@ -1,0 +1,315 @@
+"""The classic group protocol on the dev cluster, on a hand-moved clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode as E
+from support.dispatch import Harness, Reply, Wait
+
+from proxy.devbroker.admin import coordinator_node
+
+JOIN, SYNC, HEARTBEAT, LEAVE, COMMIT, FETCH_OFFSETS = 11, 14, 12, 13, 8, 9
+GROUP = "g"
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness(3, {"orders": 4})
+
+
+def coord(h: Harness) -> int:
+    return coordinator_node(h.state.node_ids, GROUP)
+
+
+def join(
+    h: Harness,
+    member_id: str = "",
+    *,
+    version: int = 9,
+    session: int = 10000,
+    protocols: list[tuple[str, bytes]] | None = None,
+    node: int | None = None,
+    ptype: str = "consumer",
+) -> Any:
+    req = h.request(
+        JOIN,
+        version,
+        {
+            "group_id": GROUP,
+            "session_timeout": session,
+            "rebalance_timeout": 30000,
+            "member_id": member_id,
+            "group_instance_id": None,
+            "protocol_type": ptype,
+            "protocols": [
+                {"name": n, "metadata": m}
+                for n, m in (protocols or [("range", b"meta-" + member_id.encode())])
+            ],
+            "reason": None,
+        },
+    )
+    return h.send(coord(h) if node is None else node, req)
+
+
+def done(h: Harness, out: Any, key: int = JOIN, version: int = 9) -> Any:
+    if isinstance(out, Reply):
+        return h.decode(out, key, version)
+    assert isinstance(out, Wait)
+    return h.finish(out, key, version)
+
+
+def new_member(h: Harness) -> str:
+    resp = done(h, join(h))
+    assert resp.error_code == E.member_id_required
+    assert resp.member_id
+    return str(resp.member_id)
+
+
+def sync(
+    h: Harness,
+    member: str,
+    generation: int,
+    assignments: dict[str, bytes] | None = None,
+    version: int = 5,
+) -> Any:
+    req = h.request(
+        SYNC,
+        version,
+        {
+            "group_id": GROUP,
+            "generation_id": generation,
+            "member_id": member,
+            "group_instance_id": None,
+            "protocol_type": "consumer",
+            "protocol_name": "range",
+            "assignments": [
+                {"member_id": m, "assignment": a} for m, a in (assignments or {}).items()
+            ],
+        },
+    )
+    return h.send(coord(h), req)
+
+
+def heartbeat(h: Harness, member: str, generation: int) -> Any:
+    req = h.request(
+        HEARTBEAT,
+        4,
+        {
+            "group_id": GROUP,
+            "generation_id": generation,
+            "member_id": member,
+            "group_instance_id": None,
+        },
+    )
+    return h.call(coord(h), req).error_code
+
+
+def single_member_group(h: Harness) -> tuple[str, int]:
+    a = new_member(h)
+    resp = done(h, join(h, a))
+    assert resp.error_code == E.none
+    assert (resp.leader, resp.member_id) == (a, a)
+    synced = done(h, sync(h, a, resp.generation_id, {a: b"assign-a"}), SYNC, 5)
+    assert (synced.error_code, synced.assignment) == (E.none, b"assign-a")
+    return a, resp.generation_id
+
+
+def test_member_id_required_then_join_sync_heartbeat(h: Harness) -> None:
+    a, gen = single_member_group(h)
+    assert gen == 1
+    assert heartbeat(h, a, gen) == E.none
+
+
+def test_join_v3_assigns_member_id_at_once(h: Harness) -> None:
+    resp = done(h, join(h, version=3), JOIN, 3)
+    assert resp.error_code == E.none and resp.member_id and resp.leader == resp.member_id
+
+
+def test_not_coordinator_on_other_nodes(h: Harness) -> None:
+    other = (coord(h) + 1) % 3
+    assert done(h, join(h, node=other)).error_code == E.not_coordinator
+    req = h.request(
+        HEARTBEAT,
+        4,
+        {"group_id": GROUP, "generation_id": 1, "member_id": "m", "group_instance_id": None},
+    )
+    assert h.call(other, req).error_code == E.not_coordinator
+
+
+def test_join_refusals(h: Harness) -> None:
+    assert done(h, join(h, session=1000)).error_code == E.invalid_session_timeout
+    assert done(h, join(h, "ghost")).error_code == E.unknown_member_id
+    single_member_group(h)
+    assert done(h, join(h, ptype="connect")).error_code == E.inconsistent_group_protocol
+    assert done(h, join(h, protocols=[("sticky", b"")])).error_code == E.inconsistent_group_protocol
+
+
+def test_second_member_triggers_a_rebalance_both_get_the_new_generation(h: Harness) -> None:
+    a, gen1 = single_member_group(h)
+    b = new_member(h)
+    b_join = join(h, b)
+    assert isinstance(b_join, Wait)
+    assert h.finish(b_join, JOIN, 9) is None  # parked until a rejoins
+    assert heartbeat(h, a, gen1) == E.rebalance_in_progress
+    a_resp = done(h, join(h, a))
+    b_resp = h.finish(b_join, JOIN, 9)
+    assert b_resp is not None
+    assert a_resp.generation_id == b_resp.generation_id == gen1 + 1
+    assert a_resp.leader == b_resp.leader == a
+    assert sorted(m.member_id for m in a_resp.members) == sorted([a, b])
+    assert b_resp.members == ()
+    gen2 = a_resp.generation_id
+    # The follower's SyncGroup waits for the leader's assignment.
+    b_sync = sync(h, b, gen2)
+    assert isinstance(b_sync, Wait) and h.finish(b_sync, SYNC, 5) is None
+    a_sync = done(h, sync(h, a, gen2, {a: b"A", b: b"B"}), SYNC, 5)
+    assert a_sync.assignment == b"A"
+    b_done = h.finish(b_sync, SYNC, 5)
+    assert b_done is not None and (b_done.error_code, b_done.assignment) == (E.none, b"B")
+    assert heartbeat(h, b, gen2) == E.none
+    assert heartbeat(h, b, gen1) == E.illegal_generation
+
+
+def test_sync_refusals(h: Harness) -> None:
+    a, gen = single_member_group(h)
+    assert done(h, sync(h, a, gen + 5), SYNC, 5).error_code == E.illegal_generation
+    assert done(h, sync(h, "ghost", gen), SYNC, 5).error_code == E.unknown_member_id
+
+
+def test_silent_member_expires_after_session_timeout(h: Harness) -> None:
+    a, _gen1 = single_member_group(h)
+    b = new_member(h)
+    b_join = join(h, b)
+    a_join = join(h, a)
+    a_resp = done(h, a_join)
+    assert h.finish(b_join, JOIN, 9) is not None
+    gen2 = a_resp.generation_id
+    done(h, sync(h, a, gen2, {a: b"A", b: b"B"}), SYNC, 5)
+    done(h, sync(h, b, gen2), SYNC, 5)
+    # b goes silent; a keeps heartbeating.
+    for _ in range(3):
+        h.advance(3)
+        assert heartbeat(h, a, gen2) == E.none
+    h.advance(3)  # 12s since b's last sign of life > 10s session timeout
+    assert heartbeat(h, a, gen2) == E.rebalance_in_progress
+    rejoin = done(h, join(h, a))
+    assert rejoin.generation_id == gen2 + 1
+    assert [m.member_id for m in rejoin.members] == [a]
+    assert heartbeat(h, b, gen2) == E.unknown_member_id
+
+
+def test_rebalance_timeout_drops_members_that_do_not_rejoin(h: Harness) -> None:
+    a, _gen = single_member_group(h)
+    b = new_member(h)
+    b_join = join(h, b)
+    for _ in range(9):  # a heartbeats (sees REBALANCE_IN_PROGRESS) but never rejoins
+        h.advance(3)
+        assert h.finish(b_join, JOIN, 9) is None
+        heartbeat(h, a, 1)
+    h.advance(4)  # past the 30s rebalance timeout
+    resp = h.finish(b_join, JOIN, 9)
+    assert resp is not None and resp.error_code == E.none
+    assert (resp.leader, [m.member_id for m in resp.members]) == (b, [b])
+
+
+def test_leave_group(h: Harness) -> None:
+    a, gen = single_member_group(h)
+    req = h.request(
+        LEAVE,
+        5,
+        {
+            "group_id": GROUP,
+            "members": [
+                {"member_id": a, "group_instance_id": None, "reason": None},
+                {"member_id": "ghost", "group_instance_id": None, "reason": None},
+            ],
+        },
+    )
+    resp = h.call(coord(h), req)
+    assert resp.error_code == E.none
+    assert [(m.member_id, m.error_code) for m in resp.members] == [
+        (a, E.none),
+        ("ghost", E.unknown_member_id),
+    ]
+    assert heartbeat(h, a, gen) == E.unknown_member_id
+    v0 = h.call(coord(h), h.request(LEAVE, 0, {"group_id": GROUP, "member_id": a}))
+    assert v0.error_code == E.unknown_member_id
+
+
+def commit(
+    h: Harness,
+    member: str,
+    generation: int,
+    offsets: dict[int, int],
+    version: int = 9,
+    topic: str = "orders",
+) -> dict[int, E]:
+    req = h.request(
+        COMMIT,
+        version,
+        {
+            "group_id": GROUP,
+            "generation_id_or_member_epoch": generation,
+            "member_id": member,
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {
+                            "partition_index": p,
+                            "committed_offset": o,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": "m",
+                        }
+                        for p, o in offsets.items()
+                    ],
+                }
+            ],
+        },
+    )
+    resp = h.call(coord(h), req)
+    return {p.partition_index: p.error_code for p in resp.topics[0].partitions}
+
+
+def fetch_offsets(h: Harness, partitions: list[int] | None, version: int = 7) -> dict[int, int]:
+    topics = None if partitions is None else [{"name": "orders", "partition_indexes": partitions}]
+    resp = h.call(
+        coord(h),
+        h.request(
+            FETCH_OFFSETS, version, {"group_id": GROUP, "topics": topics, "require_stable": True}
+        ),
+    )
+    assert resp.error_code == E.none
+    return {p.partition_index: p.committed_offset for t in resp.topics for p in t.partitions}
+
+
+def test_offsets_commit_and_fetch(h: Harness) -> None:
+    # A consumer that assigns partitions itself commits with generation -1.
+    assert commit(h, "", -1, {0: 5, 1: 7}) == {0: E.none, 1: E.none}
+    assert fetch_offsets(h, [0, 1, 2]) == {0: 5, 1: 7, 2: -1}
+    assert fetch_offsets(h, None) == {0: 5, 1: 7}
+    assert commit(h, "", -1, {99: 1}) == {99: E.unknown_topic_or_partition}
+    v8 = h.call(
+        coord(h),
+        h.request(
+            FETCH_OFFSETS,
+            8,
+            {"groups": [{"group_id": GROUP, "topics": None}], "require_stable": False},
+        ),
+    )
+    assert [(p.partition_index, p.committed_offset) for p in v8.groups[0].topics[0].partitions] == [
+        (0, 5),
+        (1, 7),
+    ]
+
+
+def test_offset_commit_refusals(h: Harness) -> None:
+    assert commit(h, "m", 3, {0: 1}) == {0: E.illegal_generation}  # no such group
+    a, gen = single_member_group(h)
+    assert commit(h, "", -1, {0: 1}) == {0: E.unknown_member_id}  # group has members
+    assert commit(h, a, gen + 1, {0: 1}) == {0: E.illegal_generation}
+    assert commit(h, a, gen, {0: 9}) == {0: E.none}
+    assert fetch_offsets(h, [0]) == {0: 9}
