@@ -1,0 +1,207 @@
+"""The relay's FetchHandler for upstream fetch sessions (issue 4), sans-I/O.
+
+Plugs :class:`SessionFetchServer` (downstream session broker) and
+:class:`FetchTranslator` (upstream session client) into the relay's Fetch
+plug-in point (:mod:`proxy.relay.pipeline`): one handler per client connection,
+which has one upstream connection and therefore one upstream session.
+
+- Every consumer Fetch (sessionless or with a session) is served through the
+  upstream session; followers' fetches pass through untouched.
+- Fetches are served one at a time, in arrival order (a session's epochs are a
+  sequence); pipelined fetches wait in a queue bounded by the relay's
+  ``max_in_flight``.  The relay returns responses in client order anyway.
+- The upstream Fetch version is the highest the upstream advertised in the
+  ApiVersions response this handler observed (capped by the proxy), else the
+  client's own version.
+- Topic ids are learnt from every Metadata response the relay forwards; when a
+  names client needs ids the handler asks upstream Metadata (v10+) itself, at
+  most one request in flight and each name at most once per
+  ``metadata_retry_fetches`` fetches.
+- Responses to the client carry NodeEndpoints rewritten to the proxy's
+  addresses, like every other response.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from typing import Any
+
+from ..protocol import codec
+from ..protocol.errors import DecodeError
+from ..relay.pipeline import ClientRequest, PassThroughFetch, Upstream
+from .broker import FetchSessionCache
+from .downstream import SessionFetchServer
+from .topic_ids import TopicIdMap
+from .translate import FETCH_API_KEY, ClientReply, FetchTranslator, UpstreamFetch, _replica_id
+
+METADATA_API_KEY = 3
+API_VERSIONS_API_KEY = 18
+MIN_METADATA_WITH_IDS = 10
+MAX_METADATA_VERSION = 12
+PROXY_CLIENT_ID = "kafka-fetch-proxy"
+
+
+class SessionFetchHandler:
+    """FetchHandler: every consumer fetch of one client connection through one upstream session."""
+
+    def __init__(
+        self,
+        sessions: FetchSessionCache,
+        topic_ids: TopicIdMap,
+        *,
+        max_resends: int = 2,
+        sessionless_backoff: int = 8,
+        metadata_retry_fetches: int = 100,
+        max_asked_names: int = 10_000,
+    ) -> None:
+        self.sessions = sessions
+        self.topic_ids = topic_ids
+        self.max_resends = max_resends
+        self.sessionless_backoff = sessionless_backoff
+        self.metadata_retry_fetches = metadata_retry_fetches
+        self.max_asked_names = max_asked_names
+        self.upstream_fetch_max: int | None = None
+        self.upstream_metadata_max: int | None = None
+        self.server: SessionFetchServer | None = None
+        self._queue: deque[tuple[ClientRequest, Any]] = deque()
+        self._busy = False
+        self._fetches = 0
+        self._asked: dict[str, int] = {}
+        self._metadata_in_flight = False
+        self._passthrough = PassThroughFetch()
+
+    # -- FetchHandler -------------------------------------------------------------------
+
+    def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
+        if api_key == API_VERSIONS_API_KEY:
+            self._learn_versions(api_version, frame)
+        elif api_key == METADATA_API_KEY and api_version >= MIN_METADATA_WITH_IDS:
+            try:
+                _, response = codec.decode_response(api_key, api_version, frame)
+            except DecodeError:
+                return  # not ours to judge: the client gets the frame as it came
+            self.topic_ids.learn_metadata(response)
+
+    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
+        decoded = codec.decode_request_body(request.header, request.frame)
+        if int(request.header.api_version) < 4 or _replica_id(decoded) >= 0:
+            self._passthrough.handle_fetch(request, upstream)
+            return
+        self._queue.append((request, decoded))
+        if not self._busy:
+            self._next(upstream)
+
+    # -- serving ------------------------------------------------------------------------
+
+    def _server(self, client_version: int) -> SessionFetchServer:
+        if self.server is None:
+            translator = FetchTranslator(
+                self.topic_ids,
+                upstream_max_version=self.upstream_fetch_max or client_version,
+                max_resends=self.max_resends,
+                sessionless_backoff=self.sessionless_backoff,
+            )
+            self.server = SessionFetchServer(self.sessions, translator)
+        return self.server
+
+    def _next(self, upstream: Upstream) -> None:
+        while self._queue and not self._busy:
+            request, decoded = self._queue.popleft()
+            server = self._server(int(request.header.api_version))
+            self._fetches += 1
+            self._busy = True
+            self._step(request, upstream, server.begin(decoded))
+
+    def _step(
+        self, request: ClientRequest, upstream: Upstream, step: UpstreamFetch | ClientReply
+    ) -> None:
+        if isinstance(step, ClientReply):
+            self._reply(request, upstream, step.response)
+            return
+        self._maybe_ask_metadata(step.missing_topic_ids, upstream)
+        version = int(step.request.__version__)
+        server = self.server
+        assert server is not None
+
+        def on_response(frame: bytes) -> None:
+            _, response = codec.decode_response(FETCH_API_KEY, version, frame)
+            self._step(request, upstream, server.complete(response))
+
+        upstream.send(
+            codec.encode_request(step.request, 0, PROXY_CLIENT_ID),
+            api_key=FETCH_API_KEY,
+            api_version=version,
+            on_response=on_response,
+        )
+
+    def _reply(self, request: ClientRequest, upstream: Upstream, response: Any) -> None:
+        h = request.header
+        frame = codec.encode_response(response, h.correlation_id)
+        request.reply(upstream.rewrite_addresses(h.api_key, h.api_version, frame))
+        self._busy = False
+        self._next(upstream)
+
+    # -- topic ids and versions ---------------------------------------------------------
+
+    def _maybe_ask_metadata(self, names: tuple[str, ...], upstream: Upstream) -> None:
+        if not names or self._metadata_in_flight:
+            return
+        due = [
+            n
+            for n in names
+            if self._fetches - self._asked.get(n, -self.metadata_retry_fetches)
+            >= self.metadata_retry_fetches
+        ]
+        if not due:
+            return
+        version = min(self.upstream_metadata_max or MAX_METADATA_VERSION, MAX_METADATA_VERSION)
+        if version < MIN_METADATA_WITH_IDS:
+            return  # this upstream cannot tell us topic ids
+        for n in due:
+            self._asked.pop(n, None)
+            self._asked[n] = self._fetches
+        while len(self._asked) > self.max_asked_names:
+            del self._asked[next(iter(self._asked))]
+        schema = codec.request_schema(METADATA_API_KEY, version)
+        mod = _module_of(schema)
+        request = mod.MetadataRequest(
+            topics=tuple(mod.MetadataRequestTopic(topic_id=None, name=n) for n in due),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
+        self._metadata_in_flight = True
+
+        def on_response(frame: bytes) -> None:
+            self._metadata_in_flight = False
+            try:
+                _, response = codec.decode_response(METADATA_API_KEY, version, frame)
+            except DecodeError:
+                return
+            self.topic_ids.learn_metadata(response)
+
+        upstream.send(
+            codec.encode_request(request, 0, PROXY_CLIENT_ID),
+            api_key=METADATA_API_KEY,
+            api_version=version,
+            on_response=on_response,
+        )
+
+    def _learn_versions(self, api_version: int, frame: bytes) -> None:
+        try:
+            _, response = codec.decode_response(API_VERSIONS_API_KEY, api_version, frame)
+        except DecodeError:
+            return
+        if int(getattr(response, "error_code", 0)) != 0:
+            return
+        for entry in response.api_keys:
+            if int(entry.api_key) == FETCH_API_KEY:
+                self.upstream_fetch_max = int(entry.max_version)
+            elif int(entry.api_key) == METADATA_API_KEY:
+                self.upstream_metadata_max = int(entry.max_version)
+
+
+def _module_of(schema: Any) -> Any:
+    if schema is None:
+        raise DecodeError("kio has no Metadata schema at this version")
+    return sys.modules[schema.__module__]

@@ -1,0 +1,155 @@
+"""SessionFetchHandler in the real relay (proxy.relay.pipeline), the dev broker's dispatcher upstream.
+
+Bytes in, bytes out: client frames into the Relay, upstream frames answered by
+the dev broker's sans-I/O NodeDispatcher, client frames out.  The reference
+for every client response is the dev broker answering the same frame directly.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+from kio.schema.api_versions.v3 import request as av3
+from kio.schema.metadata.v12 import request as md12
+from test_session_translate_devbroker import batch, client_fetch
+
+from proxy.devbroker.fetch import NodeFetcher
+from proxy.devbroker.groups import GroupCoordinator
+from proxy.devbroker.node import NodeDispatcher
+from proxy.devbroker.outcome import Reply, Wait
+from proxy.devbroker.state import ClusterState
+from proxy.protocol import codec
+from proxy.relay.pipeline import Relay
+from proxy.sessions.broker import FetchSessionCache
+from proxy.sessions.handler import SessionFetchHandler
+from proxy.sessions.topic_ids import TopicIdMap
+
+
+def resolve(node_id: int, host: str, port: int) -> tuple[str, int] | None:
+    return None
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.state = ClusterState("dev", [1])
+        for name, n in {"orders": 4, "events": 3}.items():
+            self.state.create_topic(name, n)
+        self.upstream_sessions = FetchSessionCache(rng=random.Random(1))
+        self.broker = NodeDispatcher(
+            1,
+            self.state,
+            GroupCoordinator(self.state),
+            fetcher=NodeFetcher(1, self.state, self.upstream_sessions),
+        )
+        self.direct = NodeDispatcher(
+            1,
+            self.state,
+            GroupCoordinator(self.state),
+            fetcher=NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(2))),
+        )
+        self.topic_ids = TopicIdMap()
+        self.handler = SessionFetchHandler(FetchSessionCache(rng=random.Random(3)), self.topic_ids)
+        self.relay = Relay(resolve, fetch_handler=self.handler)
+        self.upstream_frames: list[bytes] = []
+
+    def answer(self, dispatcher: NodeDispatcher, frame: bytes) -> bytes:
+        outcome = dispatcher.handle(frame)
+        if isinstance(outcome, Wait):
+            assert outcome.pending.poll(0.0)
+            return codec.encode_response(outcome.pending.complete(), outcome.correlation_id)
+        assert isinstance(outcome, Reply), outcome
+        return codec.encode_response(outcome.response, outcome.correlation_id)
+
+    def send(self, *client_frames: bytes) -> list[bytes]:
+        for f in client_frames:
+            self.relay.client_frame(f)
+        for _ in range(100):
+            frames = self.relay.take_upstream()
+            if not frames:
+                break
+            self.upstream_frames.extend(frames)
+            for f in frames:
+                self.relay.upstream_frame(self.answer(self.broker, f))
+        return self.relay.take_client()
+
+    def append(self, topic: str, p: int, count: int) -> None:
+        part = self.state.partition(topic, p)
+        assert part is not None
+        part.log.append(batch(count), part.leader_epoch)
+
+
+def fetch_frame(h: Harness, version: int, cid: int, parts: list[tuple[str, int, int]]) -> bytes:
+    class _Up:
+        state = h.state
+
+    return codec.encode_request(client_fetch(_Up(), version, parts), cid, "rdkafka")  # type: ignore[arg-type]
+
+
+def api_versions_frame(cid: int) -> bytes:
+    req = av3.ApiVersionsRequest(client_software_name="t", client_software_version="1")
+    return codec.encode_request(req, cid, "rdkafka")
+
+
+ALL = [("orders", p, 0) for p in range(4)] + [("events", p, 0) for p in range(3)]
+
+
+def test_sessionless_client_through_relay_and_handler() -> None:
+    h = Harness()
+    [_api_versions] = h.send(api_versions_frame(1))
+    assert h.handler.upstream_fetch_max is not None and h.handler.upstream_fetch_max >= 13
+    h.append("events", 2, 3)
+    for cid in (2, 3, 4):
+        frame = fetch_frame(h, 11, cid, ALL)
+        [out] = h.send(frame)
+        assert out == h.answer(h.direct, frame)
+    fetches = [f for f in h.upstream_frames if codec.parse_request_header(f).api_key == 1]
+    versions = [codec.parse_request_header(f).api_version for f in fetches]
+    # No ids yet: names (v12) and a Metadata request for them; then ids (a new full fetch).
+    assert versions[0] == 12 and versions[-1] == h.handler.upstream_fetch_max
+    metadata = [f for f in h.upstream_frames if codec.parse_request_header(f).api_key == 3]
+    assert len(metadata) == 1
+    assert h.topic_ids.id_for("orders") == h.state.topics["orders"].topic_id
+    _, last = codec.decode_request(fetches[-1])
+    assert last.session_epoch >= 1 and last.topics == ()  # idle: an empty incremental fetch
+
+
+def test_pipelined_fetches_keep_their_order() -> None:
+    h = Harness()
+    h.send(api_versions_frame(1))
+    h.append("orders", 0, 2)
+    frames = [fetch_frame(h, 12, cid, ALL) for cid in (10, 11, 12)]
+    out = h.send(*frames)
+    assert [codec.peek_correlation_id(f) for f in out] == [10, 11, 12]
+    assert out == [h.answer(h.direct, f) for f in frames]
+
+
+def test_metadata_relayed_for_the_client_teaches_topic_ids() -> None:
+    h = Harness()
+    h.send(api_versions_frame(1))
+    req = md12.MetadataRequest(
+        topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    )
+    h.send(codec.encode_request(req, 5, "rdkafka"))
+    assert h.topic_ids.id_for("events") == h.state.topics["events"].topic_id
+    frame = fetch_frame(h, 12, 6, ALL)
+    [out] = h.send(frame)
+    assert out == h.answer(h.direct, frame)
+    _, sent = codec.decode_request(h.upstream_frames[-1])
+    assert sent.__version__ >= 13  # ids known: no fallback to names
+
+
+def test_follower_fetches_pass_through() -> None:
+    h = Harness()
+    mod: Any = __import__("kio.schema.fetch.v12.request", fromlist=["FetchRequest"])
+    req = mod.FetchRequest(
+        replica_id=2,
+        max_wait=timedelta(0),
+        min_bytes=1,
+        topics=(),
+        forgotten_topics_data=(),
+    )
+    frame = codec.encode_request(req, 7, "follower")
+    h.send(frame)
+    assert h.upstream_frames[-1][8:] == frame[8:]
