@@ -4,11 +4,7 @@ The proxy answers a client's ApiVersions with the upstream broker's answer,
 intersected with what the proxy can decode: for every API the proxy decodes or
 rewrites (``DECODED_APIS``) the range is capped at the versions kio's generated
 schemas know; every other API passes through opaque, so upstream's range is
-kept.  An API whose intersection is empty is removed from the list.
-SaslHandshake is advertised from v1 only: v0 is followed by raw SASL tokens
-that carry no Kafka header, so the relay could not track them; with v1 the
-tokens travel in SaslAuthenticate requests, relayed unchanged (PLAIN, SCRAM,
-any mechanism: the proxy never looks inside).  All other
+kept.  An API whose intersection is empty is removed from the list.  All other
 content (features, throttle time, unknown tagged fields) is kept byte for byte.
 
 A client that asks with an ApiVersions version newer than the proxy knows gets
@@ -34,7 +30,6 @@ from . import walk
 from .rewrite import FETCH, PRODUCE, REWRITTEN_APIS
 
 API_VERSIONS = 18
-SASL_HANDSHAKE = 17
 DECODED_APIS = frozenset(REWRITTEN_APIS | {PRODUCE, FETCH, API_VERSIONS})
 """APIs whose requests or responses the proxy parses beyond the header prefix."""
 
@@ -62,12 +57,6 @@ def kio_range(api_key: int) -> tuple[int, int] | None:
 
 def proxy_range(api_key: int, upstream: tuple[int, int]) -> tuple[int, int] | None:
     """What the proxy advertises for ``api_key`` when upstream supports ``upstream``."""
-    if api_key == SASL_HANDSHAKE:
-        # v0 is followed by raw SASL tokens without Kafka framing headers, which a
-        # relay that tracks correlation ids cannot carry; v1 wraps them in
-        # SaslAuthenticate requests, which pass through opaque.
-        low = max(upstream[0], 1)
-        return (low, upstream[1]) if low <= upstream[1] else None
     if api_key not in DECODED_APIS:
         return upstream
     ours = kio_range(api_key)

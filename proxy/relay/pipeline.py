@@ -16,6 +16,13 @@ Ordering
     queue; responses leave in slot order with the client's own correlation id,
     whatever order their handlers complete in.  Produce with acks=0 has no
     response, takes no slot and never stalls the queue.
+SASL
+    SaslHandshake v1 + SaslAuthenticate are ordinary requests, relayed opaque.
+    After a successful SaslHandshake **v0**, the client and broker exchange raw
+    SASL tokens in size-prefixed frames *without* Kafka headers; the relay
+    forwards that many token frames (PLAIN and OAUTHBEARER: one exchange,
+    SCRAM-SHA-256/512: two) untouched, one raw response each, then resumes
+    normal relaying.  Other mechanisms over v0 close the connection.
 Bounds
     At most ``max_in_flight`` client requests are awaiting a response; the edge
     stops reading from the client while ``can_accept`` is False.
@@ -110,6 +117,8 @@ class PassThroughFetch:
 class _Slot:
     correlation_id: int
     response: bytes | None = None
+    raw: bool = False
+    """A SASL v0 token exchange: the response has no correlation id to restore."""
 
 
 @dataclass(slots=True, eq=False)
@@ -131,18 +140,26 @@ class ClientRequest:
             raise ProtocolError("reply to a request that has no response")
         if slot.response is not None:
             raise ProtocolError("request answered twice")
-        if len(frame) < 4:
-            raise ProtocolError("response frame too short for a correlation id")
-        slot.response = _I32.pack(slot.correlation_id) + frame[4:]
+        if slot.raw:
+            slot.response = frame
+        else:
+            if len(frame) < 4:
+                raise ProtocolError("response frame too short for a correlation id")
+            slot.response = _I32.pack(slot.correlation_id) + frame[4:]
         self._relay._flush_slots()
 
 
 @dataclass(slots=True)
 class _Pending:
-    correlation_id: int
+    correlation_id: int | None
+    """None for a raw SASL v0 token (its response carries no correlation id)."""
     api_key: int
     api_version: int
     on_response: ResponseCallback
+
+
+SASL_HANDSHAKE = 17
+_SASL_V0_EXCHANGES = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
 
 
 def produce_acks(header: codec.RequestHeader, frame: bytes) -> int | None:
@@ -161,6 +178,20 @@ def produce_acks(header: codec.RequestHeader, frame: bytes) -> int | None:
     except (struct.error, ProtocolError) as exc:
         raise ProtocolError(f"malformed Produce request: {exc}") from exc
     return int(acks)
+
+
+_RAW_HEADER = codec.RequestHeader(-1, 0, 0, None, None, None)
+
+
+def _sasl_v0_mechanism(header: codec.RequestHeader, frame: bytes) -> str | None:
+    """The mechanism of a SaslHandshake v0 request (None for any other request)."""
+    if header.api_key != SASL_HANDSHAKE or header.api_version != 0 or header.body_offset is None:
+        return None
+    pos = header.body_offset
+    if len(frame) < pos + 2:
+        raise ProtocolError("truncated SaslHandshake request")
+    (n,) = _I16.unpack_from(frame, pos)
+    return frame[pos + 2 : pos + 2 + max(n, 0)].decode("utf-8", errors="replace")
 
 
 class Relay:
@@ -183,6 +214,7 @@ class Relay:
         self._to_upstream: list[bytes] = []
         self._to_client: list[bytes] = []
         self._next_cid = 0
+        self._raw_tokens = 0  # SASL v0 token frames still expected from the client
         self.last_header: codec.RequestHeader | None = None
         """The header of the latest client request (for log context)."""
 
@@ -210,10 +242,18 @@ class Relay:
 
     # --- inputs --------------------------------------------------------------------------
 
-    def client_frame(self, frame: bytes) -> codec.RequestHeader:
-        """A whole request frame from the client."""
+    def client_frame(self, frame: bytes) -> codec.RequestHeader | None:
+        """A whole request frame from the client (None: it was a raw SASL v0 token)."""
         if not self.can_accept:
             raise ProtocolError(f"more than {self.max_in_flight} requests in flight")
+        if self._raw_tokens:
+            self._raw_tokens -= 1
+            raw_slot = _Slot(0, raw=True)
+            self._slots.append(raw_slot)
+            self._to_upstream.append(frame)
+            token = ClientRequest(_RAW_HEADER, frame, self, raw_slot)
+            self._pending.append(_Pending(None, -1, 0, token.reply))
+            return None
         header = codec.parse_request_header(frame)
         self.last_header = header
         expects = not (header.api_key == rewrite.PRODUCE and produce_acks(header, frame) == 0)
@@ -234,6 +274,9 @@ class Relay:
 
     def upstream_frame(self, frame: bytes) -> None:
         """A whole response frame from upstream."""
+        if self._pending and self._pending[0].correlation_id is None:
+            self._pending.popleft().on_response(frame)  # a raw SASL v0 token answer
+            return
         cid = codec.peek_correlation_id(frame)
         if not self._pending:
             raise ProtocolError(f"upstream sent correlation id {cid} with no request pending")
@@ -254,7 +297,14 @@ class Relay:
             self._send(request.frame, h.api_key, h.api_version, None)
             return
 
+        mechanism = _sasl_v0_mechanism(h, request.frame)
+
         def on_response(frame: bytes) -> None:
+            if mechanism is not None and frame[4:6] == b"\x00\x00":  # error_code NONE
+                exchanges = _SASL_V0_EXCHANGES.get(mechanism)
+                if exchanges is None:
+                    raise ProtocolError(f"SASL mechanism {mechanism!r} over SaslHandshake v0")
+                self._raw_tokens = exchanges
             if h.api_key == apiversions.API_VERSIONS:
                 frame = apiversions.rewrite_api_versions(h.api_version, frame)
             elif rewrite.needs_rewrite(h.api_key, h.api_version):

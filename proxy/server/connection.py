@@ -107,6 +107,9 @@ class Connection:
                 self._capacity = trio.Event()
                 await self._capacity.wait()
             header = relay.client_frame(frame)
+            if header is None:  # a raw SASL v0 token: nothing to log
+                await self._send_upstream()
+                continue
             if header.client_id != self._client_id:
                 self._client_id = header.client_id
                 structlog.contextvars.bind_contextvars(client_id=header.client_id)

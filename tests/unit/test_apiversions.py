@@ -104,13 +104,3 @@ def test_unknown_tags_in_api_versions_survive() -> None:
     tagged = frame.replace(entry, entry[:-1] + b"\x01\x55\x01x")
     out = apiversions.rewrite_api_versions(3, tagged)
     assert b"\x01\x55\x01x" in out
-
-
-def test_sasl_handshake_starts_at_v1() -> None:
-    frame = codec.encode_response(v3({17: (0, 1), 36: (0, 2)}), 1)
-    body = codec.decode_response(18, 3, apiversions.rewrite_api_versions(3, frame))[1]
-    assert ranges(body) == {17: (1, 1), 36: (0, 2)}
-    only_v0 = codec.encode_response(v3({17: (0, 0)}), 1)
-    assert (
-        ranges(codec.decode_response(18, 3, apiversions.rewrite_api_versions(3, only_v0))[1]) == {}
-    )

@@ -218,3 +218,50 @@ def test_upstream_correlation_ids_wrap() -> None:
     relay.client_frame(metadata_request(1))
     relay.client_frame(metadata_request(2))
     assert [upstream_cid(f) for f in relay.take_upstream()] == [2**31 - 1, 0]
+
+
+def sasl_handshake_v0(cid: int, mechanism: str) -> bytes:
+    raw = mechanism.encode()
+    return struct.pack(">hhi", 17, 0, cid) + b"\x00\x03app" + struct.pack(">h", len(raw)) + raw
+
+
+def test_sasl_v0_raw_tokens_pass_untouched_then_normal_relaying_resumes() -> None:
+    relay = pipeline.Relay(resolve)
+    relay.client_frame(sasl_handshake_v0(1, "SCRAM-SHA-256"))
+    (hs,) = relay.take_upstream()
+    relay.upstream_frame(struct.pack(">i", upstream_cid(hs)) + b"\x00\x00" + b"\x00\x00\x00\x00")
+    assert codec.peek_correlation_id(relay.take_client()[0]) == 1
+    # two raw exchanges: no Kafka header on either side, bytes untouched
+    for token, answer in (
+        (b"n,,n=user,r=abc", b"r=abcdef,s=c2FsdA==,i=4096"),
+        (b"c=biws,p=xx", b"v=yy"),
+    ):
+        assert relay.client_frame(token) is None
+        assert relay.take_upstream() == [token]
+        relay.upstream_frame(answer)
+        assert relay.take_client() == [answer]
+    # the next frame is a normal request again
+    relay.client_frame(metadata_request(9))
+    (md,) = relay.take_upstream()
+    assert md[8:] == metadata_request(9)[8:]
+
+
+def test_sasl_v0_failed_handshake_stays_in_normal_mode() -> None:
+    relay = pipeline.Relay(resolve)
+    relay.client_frame(sasl_handshake_v0(1, "PLAIN"))
+    (hs,) = relay.take_upstream()
+    relay.upstream_frame(struct.pack(">i", upstream_cid(hs)) + b"\x00\x21" + b"\x00\x00\x00\x00")
+    relay.take_client()
+    header = relay.client_frame(metadata_request(2))
+    assert header is not None and header.correlation_id == 2  # parsed as a normal request
+    assert relay.in_flight == 1
+
+
+def test_sasl_v0_unknown_mechanism_closes() -> None:
+    relay = pipeline.Relay(resolve)
+    relay.client_frame(sasl_handshake_v0(1, "GSSAPI"))
+    (hs,) = relay.take_upstream()
+    with pytest.raises(ProtocolError):
+        relay.upstream_frame(
+            struct.pack(">i", upstream_cid(hs)) + b"\x00\x00" + b"\x00\x00\x00\x00"
+        )
