@@ -69,10 +69,12 @@ async def _serve(settings: config.Settings) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve)
-            if settings.metrics_listen is not None and proxy.metrics is not None:
-                await nursery.start(_serve_metrics, proxy, settings.metrics_listen)
             assert proxy.bootstrap is not None
             print(f"bootstrap={proxy.bootstrap}", flush=True)
+            if settings.metrics_listen is not None and proxy.metrics is not None:
+                port = await nursery.start(_serve_metrics, proxy, settings.metrics_listen)
+                metrics = config.HostPort(settings.metrics_listen.host, port)
+                print(f"metrics=http://{metrics}/metrics", flush=True)
             async for signum in signals:
                 log.info("shutdown", reason=signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()

@@ -170,7 +170,11 @@ class Proxy:
                 max_in_flight=self.settings.max_in_flight,
             )
             conn = Connection(
-                client, upstream, relay, max_frame_bytes=self.settings.max_frame_bytes
+                client,
+                upstream,
+                relay,
+                max_frame_bytes=self.settings.max_frame_bytes,
+                on_request=self._count_request if self.metrics is not None else None,
             )
             reason = await conn.run()
         except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
@@ -185,6 +189,12 @@ class Proxy:
             await trio.aclose_forcefully(client)
             if self.metrics is not None:
                 self.metrics.connection_closed(_CLOSE_CAUSES.get(reason, "other"))
+
+    def _count_request(self, api_key: int, api_version: int, size: int) -> None:
+        from ..observe.labels import Direction
+
+        if self.metrics is not None:
+            self.metrics.request(api_key, Direction.CLIENT_TO_PROXY, size)
 
     async def _connect_for(self, node_id: int | None) -> trio.abc.Stream | None:
         """An upstream stream for a client of ``node_id``'s listener (None: the bootstrap)."""
