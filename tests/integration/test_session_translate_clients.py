@@ -3,9 +3,13 @@
 The proxy runs with ``SessionFetchHandler`` on every connection: librdkafka
 (confluent-kafka) and aiokafka send sessionless full fetches, kafka-python
 >= 2.1 uses its own fetch sessions.  Records are produced while the consumer
-runs, and the dev cluster evicts every upstream fetch session from time to
-time; each record must arrive exactly once and in order per partition, and the
-upstream traffic must actually use incremental fetches.
+runs, and every 150 ms the dev cluster either evicts every upstream fetch
+session or skews their epochs (INVALID_FETCH_SESSION_EPOCH); each record must
+arrive exactly once and in order per partition, and the upstream traffic must
+actually use incremental fetches.  Also the issue's measurement: an idle
+librdkafka consumer of 1,000 partitions moves at least 20x fewer upstream Fetch
+bytes per fetch round through the sessions than through a pass-through proxy
+(counted on the upstream Fetch frames, length prefixes included).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,6 +28,7 @@ import trio
 
 from proxy import config
 from proxy.devbroker.cluster import DevCluster
+from proxy.relay.pipeline import ClientRequest, FetchHandler, PassThroughFetch, Upstream
 from proxy.server.proxy import Proxy
 from proxy.sessions.broker import FetchSessionCache
 from proxy.sessions.handler import SessionFetchHandler
@@ -35,6 +41,65 @@ PARTITIONS = 64
 Record = tuple[int, bytes | None, bytes]
 
 
+@dataclass
+class Traffic:
+    """Upstream Fetch traffic of the connections that were open while counting."""
+
+    requests: int = 0
+    bytes: int = 0
+    counting: bool = False
+
+
+class _CountingPort:
+    def __init__(self, upstream: Upstream, traffic: Traffic) -> None:
+        self._upstream = upstream
+        self._traffic = traffic
+
+    def send(
+        self,
+        frame: bytes,
+        *,
+        api_key: int,
+        api_version: int,
+        on_response: Callable[[bytes], None] | None,
+    ) -> None:
+        traffic = self._traffic
+        counted = traffic.counting and api_key == 1
+        if counted:
+            traffic.requests += 1
+            traffic.bytes += 4 + len(frame)  # with the length prefix, as on the socket
+
+        def counting_response(response: bytes) -> None:
+            if counted:
+                traffic.bytes += 4 + len(response)
+            assert on_response is not None
+            on_response(response)
+
+        self._upstream.send(
+            frame,
+            api_key=api_key,
+            api_version=api_version,
+            on_response=None if on_response is None else counting_response,
+        )
+
+    def rewrite_addresses(self, api_key: int, api_version: int, frame: bytes) -> bytes:
+        return self._upstream.rewrite_addresses(api_key, api_version, frame)
+
+
+class Counting:
+    """A FetchHandler wrapper counting the upstream Fetch bytes (requests and responses)."""
+
+    def __init__(self, inner: FetchHandler, traffic: Traffic) -> None:
+        self.inner = inner
+        self.traffic = traffic
+
+    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
+        self.inner.handle_fetch(request, _CountingPort(upstream, self.traffic))
+
+    def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
+        self.inner.observe(api_key, api_version, frame)
+
+
 class SessionStack:
     """DevCluster + Proxy(fetch_handler_factory=SessionFetchHandler) in a trio thread."""
 
@@ -45,15 +110,23 @@ class SessionStack:
         self.handlers: list[SessionFetchHandler] = []
         self.topic_ids = TopicIdMap()
         self.client_sessions = FetchSessionCache()
+        self.sessions_enabled = True
+        """Which FetchHandler new client connections get (sessions, or plain pass-through)."""
+        self.fetch_traffic = Traffic()
         self.cluster: DevCluster
         self.proxy: Proxy
         self._token: trio.lowlevel.TrioToken
         self._stop: trio.Event
 
-    def _factory(self) -> SessionFetchHandler:
-        handler = SessionFetchHandler(self.client_sessions, self.topic_ids)
-        self.handlers.append(handler)
-        return handler
+    def _factory(self) -> FetchHandler:
+        inner: FetchHandler
+        if self.sessions_enabled:
+            handler = SessionFetchHandler(self.client_sessions, self.topic_ids)
+            self.handlers.append(handler)
+            inner = handler
+        else:
+            inner = PassThroughFetch()
+        return Counting(inner, self.fetch_traffic)
 
     def start(self) -> SessionStack:
         self._thread.start()
@@ -114,6 +187,16 @@ class SessionStack:
 
     def evict_upstream_sessions(self) -> None:
         trio.from_thread.run_sync(self.cluster.evict_fetch_sessions, trio_token=self._token)
+
+    def skew_upstream_epochs(self) -> None:
+        """Make the next request of every upstream session fail INVALID_FETCH_SESSION_EPOCH."""
+
+        def skew() -> None:
+            for node in self.cluster.nodes:
+                for session in node.sessions.sessions():
+                    session.epoch += 1
+
+        trio.from_thread.run_sync(skew, trio_token=self._token)
 
     def upstream_stats(self) -> dict[str, int]:
         def collect() -> dict[str, int]:
@@ -205,8 +288,13 @@ class Producing:
 
 def evicting(stack: SessionStack, done: threading.Event) -> threading.Thread:
     def run() -> None:
-        while not done.wait(0.3):
-            stack.evict_upstream_sessions()
+        turn = 0
+        while not done.wait(0.15):
+            turn += 1
+            if turn % 2:
+                stack.evict_upstream_sessions()
+            else:
+                stack.skew_upstream_epochs()
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -309,3 +397,49 @@ def test_aiokafka_sessionless_consumer(stack: SessionStack) -> None:
     assert_exactly_once_in_order(records, got)
     after = stack.upstream_stats()
     assert after["incremental"] > before.get("incremental", 0)
+
+
+def idle_fetch_bytes_per_round(stack: SessionStack, topic: str, partitions: int) -> float:
+    """Upstream Fetch bytes per upstream fetch of an idle librdkafka consumer of *topic*."""
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": stack.bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 50,
+        }
+    )
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
+        warm_until = time.monotonic() + 2.0
+        while time.monotonic() < warm_until:
+            assert consumer.poll(0.1) is None
+        traffic = stack.fetch_traffic
+        trio.from_thread.run_sync(
+            lambda: setattr(traffic, "counting", True), trio_token=stack._token
+        )
+        measure_until = time.monotonic() + 2.0
+        while time.monotonic() < measure_until:
+            assert consumer.poll(0.1) is None
+        trio.from_thread.run_sync(
+            lambda: setattr(traffic, "counting", False), trio_token=stack._token
+        )
+        requests, total = traffic.requests, traffic.bytes
+        traffic.requests = traffic.bytes = 0
+    finally:
+        consumer.close()
+    assert requests >= 10, requests
+    return total / requests
+
+
+def test_idle_librdkafka_consumer_of_1000_partitions_moves_20x_fewer_upstream_bytes(
+    stack: SessionStack,
+) -> None:
+    topic = stack.create_topic(1000)
+    try:
+        stack.sessions_enabled = False
+        direct = idle_fetch_bytes_per_round(stack, topic, 1000)
+    finally:
+        stack.sessions_enabled = True
+    through_sessions = idle_fetch_bytes_per_round(stack, topic, 1000)
+    assert direct >= 20 * through_sessions, (direct, through_sessions)
