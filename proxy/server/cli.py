@@ -61,11 +61,16 @@ def _run(args: argparse.Namespace) -> int:
         trio.run(_serve, settings)
     except KeyboardInterrupt:
         pass
+    except OSError as exc:  # e.g. the listen address is taken
+        log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
+        print(f"kafka-fetch-proxy: cannot start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
 async def _serve(settings: config.Settings) -> None:
     proxy = Proxy(settings, metrics=_metrics())
+    proxy.bind()  # fails here, outside any nursery, when the address is taken
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve)

@@ -73,6 +73,7 @@ class Proxy:
         self.downstream_ssl = server_ssl_context(settings.downstream_tls)
         self.book = AddressBook(settings.advertised_host, settings.broker_port, self._bind_broker)
         self.bootstrap: HostPort | None = None
+        self._bootstrap_sock: socket.socket | None = None
         self.reachable: dict[int, bool] = {}
         self.upstream_seen = False
         self.discovered = trio.Event()
@@ -84,14 +85,19 @@ class Proxy:
     # --- public state ----------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, dict[str, bool]]:
-        """(ready, checks): ready when listeners are bound and an upstream broker answered."""
+        """(ready, checks): ready when every listener is bound and an upstream broker answered."""
         checks = {
             "bootstrap_listener_bound": self.bootstrap is not None,
+            "broker_listeners_bound": set(self.book.upstream) <= set(self.book.advertised),
             "upstream_reachable": self.upstream_seen and any(self.reachable.values()),
         }
         for node_id in sorted(self.reachable):
             checks[f"broker_{node_id}_reachable"] = self.reachable[node_id]
-        ready = checks["bootstrap_listener_bound"] and checks["upstream_reachable"]
+        ready = (
+            checks["bootstrap_listener_bound"]
+            and checks["broker_listeners_bound"]
+            and checks["upstream_reachable"]
+        )
         return ready, checks
 
     async def wait_ready(self) -> None:
@@ -104,15 +110,23 @@ class Proxy:
 
     # --- serving ---------------------------------------------------------------------------
 
+    def bind(self) -> HostPort:
+        """Bind the bootstrap listener now (OSError if the address is taken); idempotent."""
+        if self._bootstrap_sock is None:
+            listen = self.settings.listen
+            self._bootstrap_sock = _bind_socket(listen.host, listen.port)
+            self.bootstrap = HostPort(listen.host, self._bootstrap_sock.getsockname()[1])
+        assert self.bootstrap is not None
+        return self.bootstrap
+
     async def serve(
         self, *, task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        self.bind()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            listen = self.settings.listen
-            sock = _bind_socket(listen.host, listen.port)
-            self.bootstrap = HostPort(listen.host, sock.getsockname()[1])
-            nursery.start_soon(self._serve_listener, sock, None)
+            assert self._bootstrap_sock is not None
+            nursery.start_soon(self._serve_listener, self._bootstrap_sock, None)
             log.info("listener_bound", listener="bootstrap", address=str(self.bootstrap))
             nursery.start_soon(self._discover)
             task_status.started(self)

@@ -98,3 +98,30 @@ async def test_run_in_front_of_devbroker() -> None:
         finally:
             dev.send_signal(signal.SIGTERM)
             await dev.wait()
+
+
+def test_run_exits_non_zero_when_the_listen_address_is_taken() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxy",
+                "run",
+                "--upstream",
+                "127.0.0.1:1",
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+    assert done.returncode == 1
+    assert "cannot start" in done.stderr and "Address already in use" in done.stderr
