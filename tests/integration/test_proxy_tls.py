@@ -128,6 +128,10 @@ async def test_upstream_and_downstream_tls(tmp_path: Path) -> None:
             assert not c.discovered.is_set()
             assert c.readiness() == (
                 False,
-                {"bootstrap_listener_bound": True, "upstream_reachable": False},
+                {
+                    "bootstrap_listener_bound": True,
+                    "broker_listeners_bound": True,
+                    "upstream_reachable": False,
+                },
             )
             nursery.cancel_scope.cancel()
