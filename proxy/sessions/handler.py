@@ -66,6 +66,7 @@ class SessionFetchHandler:
         self.server: SessionFetchServer | None = None
         self._queue: deque[tuple[ClientRequest, Any]] = deque()
         self._busy = False
+        self._starting = False
         self._fetches = 0
         self._asked: dict[str, int] = {}
         self._metadata_in_flight = False
@@ -106,12 +107,19 @@ class SessionFetchHandler:
         return self.server
 
     def _next(self, upstream: Upstream) -> None:
-        while self._queue and not self._busy:
-            request, decoded = self._queue.popleft()
-            server = self._server(int(request.header.api_version))
-            self._fetches += 1
-            self._busy = True
-            self._step(request, upstream, server.begin(decoded))
+        """Start queued fetches until one waits for upstream (a loop: no recursion per fetch)."""
+        if self._starting:
+            return  # an outer _next is already draining the queue
+        self._starting = True
+        try:
+            while self._queue and not self._busy:
+                request, decoded = self._queue.popleft()
+                server = self._server(int(request.header.api_version))
+                self._fetches += 1
+                self._busy = True
+                self._step(request, upstream, server.begin(decoded))
+        finally:
+            self._starting = False
 
     def _step(
         self, request: ClientRequest, upstream: Upstream, step: UpstreamFetch | ClientReply

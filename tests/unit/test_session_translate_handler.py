@@ -153,3 +153,30 @@ def test_follower_fetches_pass_through() -> None:
     frame = codec.encode_request(req, 7, "follower")
     h.send(frame)
     assert h.upstream_frames[-1][8:] == frame[8:]
+
+
+def test_many_pipelined_fetches_answered_locally_do_not_recurse() -> None:
+    """Fetches in a session the proxy does not know are answered at once (70), without recursion."""
+    h = Harness()
+    h.send(api_versions_frame(1))
+    mod: Any = __import__("kio.schema.fetch.v12.request", fromlist=["FetchRequest"])
+    frames = [
+        codec.encode_request(
+            mod.FetchRequest(
+                max_wait=timedelta(0),
+                min_bytes=1,
+                session_id=999,
+                session_epoch=5,
+                topics=(),
+                forgotten_topics_data=(),
+            ),
+            cid,
+            "java",
+        )
+        for cid in range(2, 502)
+    ]
+    # They queue behind a fetch that waits for upstream, then are all answered in one go.
+    out = h.send(fetch_frame(h, 12, 1, ALL), *frames)
+    assert [codec.peek_correlation_id(f) for f in out] == list(range(1, 502))
+    _, second = codec.decode_response(1, 12, out[1])
+    assert int(second.error_code) == 70
