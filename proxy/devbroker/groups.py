@@ -309,10 +309,10 @@ class GroupCoordinator:
             )
 
         group_id = b.group_id
-        if not self.is_coordinator(node_id, group_id):
-            return error(E.not_coordinator)
         if not group_id:
             return error(E.invalid_group_id)
+        if not self.is_coordinator(node_id, group_id):
+            return error(E.not_coordinator)
         session = ms(b.session_timeout)
         rebalance_timeout = ms(getattr(b, "rebalance_timeout", b.session_timeout))
         if v == 0:
@@ -409,10 +409,10 @@ class GroupCoordinator:
         def error(code: E) -> Any:
             return respond({"error_code": code})
 
-        if not self.is_coordinator(node_id, b.group_id):
-            return error(E.not_coordinator)
         if not b.group_id:
             return error(E.invalid_group_id)
+        if not self.is_coordinator(node_id, b.group_id):
+            return error(E.not_coordinator)
         g = self.groups.get(b.group_id)
         if g is None or b.member_id not in g.members:
             return error(E.unknown_member_id)
@@ -462,10 +462,10 @@ class GroupCoordinator:
         def respond(code: E) -> Any:
             return build(cls, {"throttle_time": 0, "error_code": code})
 
-        if not self.is_coordinator(node_id, b.group_id):
-            return respond(E.not_coordinator)
         if not b.group_id:
             return respond(E.invalid_group_id)
+        if not self.is_coordinator(node_id, b.group_id):
+            return respond(E.not_coordinator)
         g = self.groups.get(b.group_id)
         if g is None or b.member_id not in g.members:
             return respond(E.unknown_member_id)
@@ -497,10 +497,10 @@ class GroupCoordinator:
             ]
             return build(cls, {"throttle_time": 0, "error_code": top, "members": members})
 
-        if not self.is_coordinator(node_id, b.group_id):
-            return respond(E.not_coordinator, [])
         if not b.group_id:
             return respond(E.invalid_group_id, [])
+        if not self.is_coordinator(node_id, b.group_id):
+            return respond(E.not_coordinator, [])
         g = self.groups.get(b.group_id)
         codes: list[E] = []
         for mid, _iid in leaving:
@@ -537,27 +537,37 @@ class GroupCoordinator:
             return build(cls, {"throttle_time": 0, "topics": topics})
 
         def everywhere(code: E) -> Any:
-            return respond(lambda _t, _p: code)
+            # Kafka answers unknown partitions before the coordinator sees the request.
+            return respond(
+                lambda t, p: (
+                    E.unknown_topic_or_partition
+                    if self.state.partition(t, p.partition_index) is None
+                    else code
+                )
+            )
 
+        # An empty group id is valid for offsets (Kafka's isValidGroupId for OffsetCommit).
         if not self.is_coordinator(node_id, b.group_id):
             return everywhere(E.not_coordinator)
-        if not b.group_id:
-            return everywhere(E.invalid_group_id)
         generation = b.generation_id_or_member_epoch
         g = self.groups.get(b.group_id)
         if g is None:
             if generation >= 0:
                 return everywhere(E.illegal_generation)
             g = self.groups[b.group_id] = Group(b.group_id)
-        elif generation < 0 and g.state is GroupState.EMPTY:
-            pass  # a commit from a consumer that manages its own assignment
-        elif g.state is GroupState.COMPLETING_REBALANCE:
-            return everywhere(E.rebalance_in_progress)
-        elif b.member_id not in g.members:
-            return everywhere(E.unknown_member_id)
-        elif generation != g.generation:
-            return everywhere(E.illegal_generation)
+        # Kafka's validateOffsetCommit, then the state check of doCommitOffsets.
+        if generation < 0 and g.state is GroupState.EMPTY:
+            pass  # a commit from a consumer that manages its own assignment (or an admin)
+        elif generation >= 0 or b.member_id:
+            if b.member_id not in g.members:
+                return everywhere(E.unknown_member_id)
+            if generation != g.generation:
+                return everywhere(E.illegal_generation)
         else:
+            return everywhere(E.unknown_member_id)  # only members commit to a non-empty group
+        if g.state is GroupState.COMPLETING_REBALANCE:
+            return everywhere(E.rebalance_in_progress)
+        if b.member_id in g.members:
             m = g.members[b.member_id]
             m.heartbeat_deadline = now + m.session_timeout_ms / 1000.0
         group = g

@@ -313,3 +313,26 @@ def test_offset_commit_refusals(h: Harness) -> None:
     assert commit(h, a, gen + 1, {0: 1}) == {0: E.illegal_generation}
     assert commit(h, a, gen, {0: 9}) == {0: E.none}
     assert fetch_offsets(h, [0]) == {0: 9}
+
+
+def test_empty_group_id(h: Harness) -> None:
+    req = h.request(
+        HEARTBEAT,
+        4,
+        {"group_id": "", "generation_id": 1, "member_id": "m", "group_instance_id": None},
+    )
+    assert {h.call(n, req).error_code for n in range(3)} == {E.invalid_group_id}
+
+
+def test_commit_during_completing_rebalance_and_unknown_partitions(h: Harness) -> None:
+    a, gen1 = single_member_group(h)
+    b = new_member(h)
+    b_join = join(h, b)
+    gen2 = done(h, join(h, a)).generation_id
+    assert h.finish(b_join, JOIN, 9) is not None
+    # Members know generation 2 but the leader has not sent the assignment yet.
+    assert commit(h, a, gen2, {0: 3, 77: 1}) == {
+        0: E.rebalance_in_progress,
+        77: E.unknown_topic_or_partition,
+    }
+    assert commit(h, a, gen1, {0: 3}) == {0: E.illegal_generation}
