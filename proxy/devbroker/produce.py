@@ -30,49 +30,97 @@ MAX_MESSAGE_BYTES = 1048588  # Kafka's message.max.bytes / max.message.bytes def
 ZSTD = 4
 
 
-def _validate_record_set(
-    version: int, data: bytes | None
-) -> tuple[E, str | None, records.BatchHeader | None]:
-    """Kafka's ProduceRequest.validateRecords plus the header checks of LogValidator."""
-    if not data:
+RECORD_OVERHEAD_V0 = 14  # LegacyRecord.RECORD_OVERHEAD_V0: the smallest size a batch may claim
+MAGIC_OFFSET = 16
+Check = tuple[E, str | None]
+OK: Check = (E.none, None)
+
+
+def validate_records(version: int, data: bytes | None) -> tuple[Check, bytes]:
+    """Kafka's ProduceRequest.validateRecords (v3+), iterating batches as ByteBufferLogInputStream.
+
+    Returns the check and the single batch (Kafka's log drops a trailing
+    partial batch, trimInvalidBytes, so only whole-batch bytes are kept).
+    """
+    buf = data or b""
+    pos, batches = 0, []
+    while len(buf) - pos >= records.LOG_OVERHEAD:
+        size = int.from_bytes(buf[pos + 8 : pos + 12], "big", signed=True)
+        if size < RECORD_OVERHEAD_V0:
+            return (
+                E.corrupt_message,
+                f"Record size {size} is less than the minimum record overhead",
+            ), b""
+        if len(buf) - pos <= MAGIC_OFFSET:
+            break
+        magic = buf[pos + MAGIC_OFFSET]
+        if magic > records.MAGIC_V2:
+            return (E.corrupt_message, f"Invalid magic found in record: {magic}"), b""
+        if len(buf) - pos < records.LOG_OVERHEAD + size:
+            break
+        batches.append((pos, magic, records.LOG_OVERHEAD + size))
+        pos += records.LOG_OVERHEAD + size
+    if not batches:
         return (
             E.invalid_record,
             f"Produce requests with version {version} must have at least one record batch per partition",
-            None,
-        )
-    try:
-        # Whole batches only; a partial trailing batch means the set is corrupt.
-        headers = list(records.iter_batches(data))
-    except records.InvalidRecordBatch as exc:
-        if len(data) > 16 and data[16] != records.MAGIC_V2:
-            return (
-                E.invalid_record,
-                f"Produce requests with version {version} are only allowed to contain record batches with magic version 2",
-                None,
-            )
-        return E.corrupt_message, str(exc), None
-    if not headers:
-        return E.corrupt_message, "record set holds no complete batch", None
-    first = headers[0]
-    if first.compression == ZSTD and version < 7:
+        ), b""
+    first_pos, magic, size = batches[0]
+    if magic != records.MAGIC_V2:
+        return (
+            E.invalid_record,
+            f"Produce requests with version {version} are only allowed to contain record batches with magic version 2",
+        ), b""
+    if (
+        version < 7
+        and len(buf) > first_pos + 22
+        and buf[first_pos + 22] & records.COMPRESSION_MASK == ZSTD
+    ):
         return (
             E.unsupported_compression_type,
-            "Produce requests with version < 7 cannot use ZStandard compression",
-            None,
-        )
-    if len(headers) > 1 or headers[-1].end != len(data):
+            f"Produce requests with version {version} are not allowed to use ZStandard compression",
+        ), b""
+    if len(batches) > 1:
         return (
             E.invalid_record,
             f"Produce requests with version {version} are only allowed to contain exactly one record batch per partition",
-            None,
-        )
-    if first.size > MAX_MESSAGE_BYTES:
-        return E.message_too_large, None, None
-    if not records.verify_crc(data, first):
-        return E.corrupt_message, "Record batch CRC mismatch", None
-    if first.is_transactional:
-        return E.invalid_txn_state, "The dev cluster does not implement transactions", None
-    return E.none, None, first
+        ), b""
+    return OK, bytes(buf[first_pos : first_pos + size])
+
+
+def validate_batch(batch: bytes) -> tuple[Check, records.BatchHeader | None]:
+    """The leader's checks before appending (UnifiedLog.analyzeAndValidateRecords, LogValidator)."""
+    if len(batch) > MAX_MESSAGE_BYTES:
+        return (
+            E.message_too_large,
+            f"The record batch size {len(batch)} exceeds the maximum {MAX_MESSAGE_BYTES}",
+        ), None
+    try:
+        h = records.read_batch_header(batch)
+    except records.InvalidRecordBatch as exc:
+        return (E.corrupt_message, f"Record batch is corrupt: {exc}"), None
+    if not records.verify_crc(batch, h):
+        return (
+            E.corrupt_message,
+            "Record is corrupt (stored crc does not match the computed crc)",
+        ), None
+    if h.last_offset_delta < 0:
+        return (E.invalid_record, "Batch has an invalid offset range"), None
+    if h.records_count <= 0:
+        return (
+            E.invalid_record,
+            f"Invalid reported count for record batch: {h.records_count}",
+        ), None
+    if h.records_count != h.last_offset_delta + 1:
+        return (E.invalid_record, "Inconsistent batch offset range and count of records"), None
+    if h.is_control:
+        return (E.invalid_record, "Clients are not allowed to write control records"), None
+    if h.producer_id >= 0 and h.base_sequence < 0:
+        return (E.invalid_record, f"Invalid sequence number {h.base_sequence}"), None
+    if h.is_transactional:
+        # No transaction coordinator: no partition was ever added to a transaction.
+        return (E.invalid_txn_state, "The dev cluster does not implement transactions"), None
+    return OK, h
 
 
 def _produce_partition(
@@ -89,15 +137,18 @@ def _produce_partition(
     part = node.state.partition(topic, index)
     if part is None:
         return out | {"error_code": E.unknown_topic_or_partition}
-    error, message, header = _validate_record_set(version, data)
+    (error, message), batch = validate_records(version, data)
     if error:
         return out | {"error_code": error, "error_message": message}
+    if acks not in (-1, 0, 1):
+        return out | {"error_code": E.invalid_required_acks}
     if part.leader != node.node_id:
         out["current_leader"] = {"leader_id": part.leader, "leader_epoch": part.leader_epoch}
         return out | {"error_code": E.not_leader_or_follower}
-    if acks not in (-1, 0, 1):
-        return out | {"error_code": E.invalid_required_acks}
-    assert header is not None and data is not None
+    (error, message), header = validate_batch(batch)
+    if error:
+        return out | {"error_code": error, "error_message": message}
+    assert header is not None
     states = part.producers if header.producer_id >= 0 else None
     if states is not None:
         seq_error, duplicate_of = states.check(header)
@@ -110,7 +161,7 @@ def _produce_partition(
                 "log_start_offset": part.log.log_start_offset,
             }
     try:
-        result = part.log.append(bytes(data), part.leader_epoch)
+        result = part.log.append(batch, part.leader_epoch)
     except CorruptRecords as exc:
         return out | {"error_code": E.corrupt_message, "error_message": str(exc)}
     if states is not None:

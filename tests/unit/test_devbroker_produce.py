@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from kio.schema.errors import ErrorCode as E
 from support.batches import make_batch
@@ -90,7 +92,21 @@ def test_refusals(h: Harness) -> None:
     assert produce(h, 0, make_batch(0, 1) + make_batch(1, 1)).error_code == E.invalid_record
     assert produce(h, 0, bytes(old_magic)).error_code == E.invalid_record
     assert produce(h, 0, None).error_code == E.invalid_record
-    assert produce(h, 0, make_batch(0, 1)[:40]).error_code == E.corrupt_message
+    assert produce(h, 0, make_batch(0, 1)[:40]).error_code == E.invalid_record  # no whole batch
+    future_magic = bytearray(make_batch(0, 1))
+    future_magic[16] = 3
+    assert produce(h, 0, bytes(future_magic)).error_code == E.corrupt_message
+    assert produce(h, 0, struct.pack(">qi", 0, 5) + b"\x00" * 5).error_code == E.corrupt_message
+    control = make_batch(0, 1, attributes=records.CONTROL_MASK)
+    assert produce(h, 0, control).error_code == E.invalid_record
+    assert (
+        produce(h, 0, make_batch(0, 1, producer_id=9, producer_epoch=0)).error_code
+        == E.invalid_record
+    )
+    miscounted = bytearray(make_batch(0, 3))
+    miscounted[57:61] = struct.pack(">i", 2)  # records count 2, offsets span 3
+    miscounted[17:21] = struct.pack(">I", records.compute_crc(miscounted))
+    assert produce(h, 0, bytes(miscounted)).error_code == E.invalid_record
     assert (
         produce(h, 0, make_batch(0, 1, attributes=ZSTD), version=6).error_code
         == E.unsupported_compression_type
