@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
+from ..observe.labels import ResetReason, Side
 from ..protocol import codec
 from ..protocol.errors import DecodeError
 from ..relay.pipeline import ClientRequest, PassThroughFetch, Upstream
@@ -34,6 +35,21 @@ from .broker import FetchSessionCache
 from .downstream import SessionFetchServer
 from .topic_ids import TopicIdMap
 from .translate import FETCH_API_KEY, ClientReply, FetchTranslator, UpstreamFetch, _replica_id
+
+_RESET_REASONS = {
+    70: ResetReason.SESSION_ID_NOT_FOUND,
+    71: ResetReason.INVALID_EPOCH,
+    106: ResetReason.TOPIC_ID_ERROR,
+}
+
+
+class SessionMetrics(Protocol):
+    """The part of ``proxy.observe.metrics.Metrics`` this handler reports to."""
+
+    def fetch_session_saved(self, *, request_bytes: int = 0, response_bytes: int = 0) -> None: ...
+
+    def fetch_session_reset(self, side: Side, reason: ResetReason | str) -> None: ...
+
 
 METADATA_API_KEY = 3
 API_VERSIONS_API_KEY = 18
@@ -54,6 +70,7 @@ class SessionFetchHandler:
         sessionless_backoff: int = 8,
         metadata_retry_fetches: int = 100,
         max_asked_names: int = 10_000,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         self.sessions = sessions
         self.topic_ids = topic_ids
@@ -71,6 +88,13 @@ class SessionFetchHandler:
         self._asked: dict[str, int] = {}
         self._metadata_in_flight = False
         self._passthrough = PassThroughFetch()
+        self.metrics = metrics
+        self.upstream_fetch_bytes = 0
+        """Fetch request and response bytes exchanged with the upstream broker (frames)."""
+        self.client_fetch_bytes = 0
+        """Fetch request and response bytes exchanged with the client (frames)."""
+        self._round = [0, 0]  # upstream request / response bytes of the fetch being served
+        self._client_sessionless = True
 
     # -- FetchHandler -------------------------------------------------------------------
 
@@ -117,6 +141,8 @@ class SessionFetchHandler:
                 server = self._server(int(request.header.api_version))
                 self._fetches += 1
                 self._busy = True
+                self._round = [0, 0]
+                self._client_sessionless = int(getattr(decoded, "session_epoch", -1)) == -1
                 self._step(request, upstream, server.begin(decoded))
         finally:
             self._starting = False
@@ -133,11 +159,22 @@ class SessionFetchHandler:
         assert server is not None
 
         def on_response(frame: bytes) -> None:
+            self._round[1] += len(frame)
             _, response = codec.decode_response(FETCH_API_KEY, version, frame)
-            self._step(request, upstream, server.complete(response))
+            invalid_before = server.translator.stats.invalid_responses
+            next_step = server.complete(response)
+            if self.metrics is not None:
+                reason = _RESET_REASONS.get(int(getattr(response, "error_code", 0)))
+                if reason is None and server.translator.stats.invalid_responses > invalid_before:
+                    reason = ResetReason.OTHER
+                if reason is not None:
+                    self.metrics.fetch_session_reset(Side.UPSTREAM, reason)
+            self._step(request, upstream, next_step)
 
+        frame = codec.encode_request(step.request, 0, PROXY_CLIENT_ID)
+        self._round[0] += len(frame)
         upstream.send(
-            codec.encode_request(step.request, 0, PROXY_CLIENT_ID),
+            frame,
             api_key=FETCH_API_KEY,
             api_version=version,
             on_response=on_response,
@@ -145,8 +182,19 @@ class SessionFetchHandler:
 
     def _reply(self, request: ClientRequest, upstream: Upstream, response: Any) -> None:
         h = request.header
-        frame = codec.encode_response(response, h.correlation_id)
-        request.reply(upstream.rewrite_addresses(h.api_key, h.api_version, frame))
+        frame = upstream.rewrite_addresses(
+            h.api_key, h.api_version, codec.encode_response(response, h.correlation_id)
+        )
+        request.reply(frame)
+        up_request, up_response = self._round
+        self.upstream_fetch_bytes += up_request + up_response
+        self.client_fetch_bytes += len(request.frame) + len(frame)
+        if self.metrics is not None and self._client_sessionless:
+            # What the client's full fetch would have cost upstream, minus what it did.
+            self.metrics.fetch_session_saved(
+                request_bytes=max(0, len(request.frame) - up_request),
+                response_bytes=max(0, len(frame) - up_response),
+            )
         self._busy = False
         self._next(upstream)
 

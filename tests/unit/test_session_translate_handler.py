@@ -180,3 +180,28 @@ def test_many_pipelined_fetches_answered_locally_do_not_recurse() -> None:
     assert [codec.peek_correlation_id(f) for f in out] == list(range(1, 502))
     _, second = codec.decode_response(1, 12, out[1])
     assert int(second.error_code) == 70
+
+
+def test_metrics_count_saved_bytes_and_upstream_session_resets() -> None:
+    from proxy.observe.metrics import PREFIX, Metrics
+
+    h = Harness()
+    metrics = Metrics(process_metrics=False)
+    h.handler.metrics = metrics
+    h.send(api_versions_frame(1))
+    frame = fetch_frame(h, 13, 2, ALL)
+    h.send(frame)  # full fetch upstream: little saved
+    for cid in (3, 4):
+        h.send(fetch_frame(h, 13, cid, ALL))
+    value = metrics.registry.get_sample_value
+    saved = value(f"{PREFIX}incremental_fetch_saved_bytes_total", {"kind": "request"})
+    assert saved is not None and saved > 2 * 0.8 * len(frame)
+    h.upstream_sessions.clear()  # evicted: the next fetch gets FETCH_SESSION_ID_NOT_FOUND
+    [out] = h.send(fetch_frame(h, 13, 5, ALL))
+    assert out == h.answer(h.direct, fetch_frame(h, 13, 5, ALL))
+    resets = value(
+        f"{PREFIX}fetch_session_resets_total",
+        {"side": "upstream", "reason": "session_id_not_found"},
+    )
+    assert resets == 1
+    assert 0 < h.handler.upstream_fetch_bytes < h.handler.client_fetch_bytes
