@@ -112,6 +112,29 @@ def handle_metadata(node: NodeDispatcher, req: Request) -> Any:
     if req.version == 0 and not requested:
         requested = None  # v0: an empty list means all topics
     topics: list[dict[str, Any]] = []
+    if requested is not None and 10 <= req.version < 12:
+        # Kafka: names cannot be null and topic ids are not supported before v12.
+        if any(t.name is None or (t.topic_id or uuid.UUID(int=0)).int for t in requested):
+            return _response(
+                req,
+                {
+                    "throttle_time": 0,
+                    "brokers": [],
+                    "cluster_id": None,
+                    "controller_id": -1,
+                    "topics": [
+                        {
+                            "error_code": E.invalid_request,
+                            "name": t.name if t.name is not None else "",
+                            "topic_id": t.topic_id,
+                            "partitions": [],
+                        }
+                        for t in requested
+                    ],
+                    "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                    "error_code": E.none,
+                },
+            )
     if requested is None:
         topics = [_topic_metadata(node, name) for name in state.topics]
     else:

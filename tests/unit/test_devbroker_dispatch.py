@@ -326,3 +326,30 @@ def test_every_supported_version_of_metadata_encodes(h: Harness) -> None:
         }
         resp = h.call(0, h.request(METADATA, v, fields))
         assert [t.name for t in resp.topics] == ["orders"], (v, schema)
+
+
+def test_metadata_v10_refuses_topic_ids(h: Harness) -> None:
+    tid = h.state.topics["orders"].topic_id
+    req = h.request(
+        METADATA,
+        10,
+        {
+            "topics": [{"name": "orders", "topic_id": tid}],
+            "include_cluster_authorized_operations": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    resp = h.call(0, req)
+    assert [(t.name, t.error_code) for t in resp.topics] == [("orders", E.invalid_request)]
+    assert resp.brokers == ()
+
+
+def test_metadata_v12_by_known_topic_id(h: Harness) -> None:
+    tid = h.state.topics["small"].topic_id
+    req = h.request(
+        METADATA,
+        12,
+        {"topics": [{"name": None, "topic_id": tid}], "include_topic_authorized_operations": False},
+    )
+    resp = h.call(0, req)
+    assert [(t.name, t.topic_id, t.error_code) for t in resp.topics] == [("small", tid, E.none)]
