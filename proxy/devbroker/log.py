@@ -13,6 +13,7 @@ Sans-I/O: no trio here.
 from __future__ import annotations
 
 import bisect
+import zlib
 from dataclasses import dataclass
 
 from ..protocol import records
@@ -121,28 +122,45 @@ class PartitionLog:
         return memoryview(self.data)[start : start + size]
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first batch whose max timestamp >= *timestamp*.
+        """(offset, timestamp) of the first record at or after *timestamp* (ListOffsets).
 
-        Like Kafka for v2 batches, the offset is the first record in that batch
-        at or after the timestamp; without decompressing we report the batch's
-        base offset when its base timestamp already qualifies, else the batch
-        base (clients then skip earlier records by timestamp themselves).
+        Like Kafka's LogSegment.findOffsetByTimestamp: the first batch whose max
+        timestamp qualifies, then the first record in it (from the log start
+        offset on) whose timestamp does.  Record timestamps are read for
+        uncompressed and gzip batches; for other codecs (whose decoders are not
+        dependencies) the batch's first offset and max timestamp are reported.
         """
         for i, pos in enumerate(self._pos):
-            if self._base[i] < self.log_start_offset:
+            if self._last[i] < self.log_start_offset:
                 continue
             h = records.read_batch_header(self.data, pos)
-            if h.max_timestamp >= timestamp:
-                return self._base[i], h.max_timestamp
+            if h.max_timestamp < timestamp:
+                continue
+            stamps = record_timestamps(self.data, h, self._base[i])
+            if stamps is None:
+                return max(self._base[i], self.log_start_offset), h.max_timestamp
+            for offset, ts in stamps:
+                if offset >= self.log_start_offset and ts >= timestamp:
+                    return offset, ts
         return None
 
     def max_timestamp(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the batch holding the largest timestamp (ListOffsets -3)."""
+        """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3, KIP-734).
+
+        The first record holding it when record timestamps are readable,
+        else the last offset of the batch holding it.
+        """
         best: tuple[int, int] | None = None
         for i, pos in enumerate(self._pos):
             h = records.read_batch_header(self.data, pos)
-            if best is None or h.max_timestamp > best[1]:
+            if best is not None and h.max_timestamp <= best[1]:
+                continue
+            stamps = record_timestamps(self.data, h, self._base[i])
+            if stamps is None:
                 best = (self._base[i] + h.last_offset_delta, h.max_timestamp)
+            else:
+                top = max(stamps, key=lambda r: (r[1], -r[0]))
+                best = (top[0], top[1])
         return best
 
     def delete_records_before(self, offset: int) -> None:
@@ -150,3 +168,49 @@ class PartitionLog:
         if offset > self.log_end_offset:
             raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset)
         self.log_start_offset = max(self.log_start_offset, offset)
+
+
+def _varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """A zigzag-encoded varint/varlong (Kafka's ByteUtils.readVarint/readVarlong)."""
+    raw = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise CorruptRecords("truncated or oversized varint in a record")
+        b = buf[pos]
+        pos += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (raw >> 1) ^ -(raw & 1), pos
+        shift += 7
+
+
+def record_timestamps(
+    data: bytes | bytearray | memoryview, h: records.BatchHeader, base_offset: int
+) -> list[tuple[int, int]] | None:
+    """(offset, timestamp) of each record of a stored batch; None when its codec is not readable.
+
+    Only for ListOffsets by timestamp, never on the fetch path.
+    """
+    body = memoryview(data)[h.position + records.HEADER_SIZE : h.end]
+    if h.compression == 1:
+        try:
+            body = memoryview(zlib.decompress(bytes(body), 16 + zlib.MAX_WBITS))
+        except zlib.error:
+            return None
+    elif h.compression != 0:
+        return None
+    out = []
+    pos = 0
+    try:
+        for i in range(h.records_count):
+            length, pos = _varint(body, pos)
+            end = pos + length
+            ts_delta, p = _varint(body, pos + 1)  # skip the attributes byte
+            offset_delta, p = _varint(body, p)
+            if length <= 0 or p > end or offset_delta != i:
+                return None
+            out.append((base_offset + offset_delta, h.base_timestamp + ts_delta))
+            pos = end
+    except CorruptRecords:
+        return None
+    return out if pos == len(body) else None

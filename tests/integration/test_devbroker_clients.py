@@ -449,3 +449,37 @@ def test_aiokafka_subscribe(cluster: ThreadedCluster) -> None:
             await consumer.stop()
 
     exp.check(asyncio.run(asyncio.wait_for(main(), DEADLINE + 15)))
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_confluent_kafka_offsets_for_times(cluster: ThreadedCluster, compression: str) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    exp = Expected("orders")
+    ck_produce(cluster.bootstrap, exp, compression, **{"linger.ms": 50})
+    per_partition = RECORDS // PARTITIONS
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "unused"})
+    try:
+        # Partition p holds timestamps BASE_TS + p + 12k at offset k.
+        wanted = [
+            TopicPartition("orders", p, BASE_TS + p + PARTITIONS * 5 - 1) for p in range(PARTITIONS)
+        ]
+        found = consumer.offsets_for_times(wanted, timeout=DEADLINE)
+        assert [(tp.partition, tp.offset) for tp in found] == [(p, 5) for p in range(PARTITIONS)]
+        late = consumer.offsets_for_times(
+            [TopicPartition("orders", 0, BASE_TS + RECORDS)], timeout=DEADLINE
+        )
+        assert late[0].offset == -1  # no record at or after that time: the end (OFFSET_END)
+    finally:
+        consumer.close()
+
+    def largest_batch() -> int:
+        assert cluster.cluster is not None
+        return max(
+            h.records_count
+            for p in cluster.cluster.state.topics["orders"].partitions
+            for h in records.iter_batches(p.log.data)
+        )
+
+    # The answers come from inside batches, not from their first offsets.
+    assert per_partition > 5 and cluster.run_sync(largest_batch) > 5

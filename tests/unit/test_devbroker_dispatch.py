@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 from kio.schema.errors import ErrorCode as E
-from support.batches import make_batch
+from support.batches import make_batch, make_record_batch
 from support.dispatch import Close, Harness, Reply
 
 from proxy.devbroker.admin import coordinator_node
@@ -353,3 +353,29 @@ def test_metadata_v12_by_known_topic_id(h: Harness) -> None:
     )
     resp = h.call(0, req)
     assert [(t.name, t.topic_id, t.error_code) for t in resp.topics] == [("small", tid, E.none)]
+
+
+@pytest.mark.parametrize("gzip_body", [False, True])
+def test_list_offsets_by_timestamp_finds_the_record(h: Harness, gzip_body: bool) -> None:
+    leader = h.leader_of("orders", 2)
+    part = h.state.partition("orders", 2)
+    assert part is not None
+    part.log.append(make_record_batch([100, 300, 200, 500], gzip_body=gzip_body), 0)
+    part.log.append(make_record_batch([600, 700], gzip_body=gzip_body), 0)
+    found = {ts: list_offsets(h, leader, 2, ts) for ts in (0, 150, 250, 400, 501, 650, 701)}
+    assert {ts: (r.offset, r.timestamp) for ts, r in found.items()} == {
+        0: (0, 100),
+        150: (1, 300),
+        250: (1, 300),
+        400: (3, 500),
+        501: (4, 600),
+        650: (5, 700),
+        701: (-1, -1),
+    }
+    top = list_offsets(h, leader, 2, -3)
+    assert (top.offset, top.timestamp) == (5, 700)
+    part.log.delete_records_before(2)
+    assert (list_offsets(h, leader, 2, 150).offset, list_offsets(h, leader, 2, 150).timestamp) == (
+        2,
+        200,
+    )
