@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -48,7 +49,9 @@ def _check(args: argparse.Namespace) -> int:
     settings = _load(args)
     if settings is None:
         return 2
-    print(json.dumps({"ok": True, "settings": settings.raw}, sort_keys=True, default=str))
+    effective = dataclasses.asdict(settings)
+    effective.pop("raw")
+    print(json.dumps({"ok": True, "settings": effective}, sort_keys=True, default=str))
     return 0
 
 
