@@ -82,6 +82,7 @@ class Settings:
     metrics_listen: HostPort | None = None
     max_frame_bytes: int = 104857600
     max_in_flight: int = 512
+    max_connections: int = 10000
     connect_timeout_seconds: float = 10.0
     retry_backoff_initial_seconds: float = 0.1
     retry_backoff_max_seconds: float = 10.0
@@ -357,6 +358,7 @@ def _build(values: Mapping[str, Any]) -> Settings:
         metrics_listen=HostPort.parse(metrics) if metrics else None,
         max_frame_bytes=int(get("max_frame_bytes")),
         max_in_flight=int(get("max_in_flight")),
+        max_connections=int(get("max_connections")),
         connect_timeout_seconds=float(get("connect_timeout_seconds")),
         retry_backoff_initial_seconds=float(get("retry_backoff_initial_seconds")),
         retry_backoff_max_seconds=float(get("retry_backoff_max_seconds")),

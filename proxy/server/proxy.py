@@ -76,6 +76,7 @@ class Proxy:
         self._bootstrap_sock: socket.socket | None = None
         self.reachable: dict[int, bool] = {}
         self.upstream_seen = False
+        self.open_connections = 0
         self.discovered = trio.Event()
         self._state_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -157,6 +158,22 @@ class Proxy:
         await trio.serve_listeners(partial(self._handle_client, node_id=node_id), [listener])
 
     async def _handle_client(self, stream: trio.SocketStream, *, node_id: int | None) -> None:
+        if self.open_connections >= self.settings.max_connections:
+            log.warning(
+                "connection_refused",
+                reason="max_connections",
+                client_addr=_peer(stream),
+                count=self.open_connections,
+            )
+            await trio.aclose_forcefully(stream)
+            return
+        self.open_connections += 1
+        try:
+            await self._serve_client(stream, node_id)
+        finally:
+            self.open_connections -= 1
+
+    async def _serve_client(self, stream: trio.SocketStream, node_id: int | None) -> None:
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(
             conn_id=f"c{next(self._conn_ids)}",

@@ -12,6 +12,7 @@ import struct
 from typing import Any
 
 import trio
+import trio.testing
 from kio.schema.api_versions.v0 import request as av0req
 from kio.schema.api_versions.v0 import response as av0
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
@@ -213,4 +214,28 @@ async def test_broker_seen_later_gets_a_listener_before_the_client_hears_of_it()
                 assert cid == 5
                 await conn.aclose()
             await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
+    with trio.fail_after(20):
+        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
+            proxy = await nursery.start(Proxy(settings(cluster.bootstrap, max_connections=1)).serve)
+            await proxy.discovered.wait()
+            port = proxy.bootstrap.port
+            first = await trio.open_tcp_stream("127.0.0.1", port)
+            await request(first, FrameDecoder(1 << 20), API_VERSIONS)  # being served
+            second = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await second.receive_some(100) == b""
+            await second.aclose()
+            await first.aclose()
+            with trio.move_on_after(5):
+                while proxy.open_connections:  # the first connection's task notices the close
+                    await trio.testing.wait_all_tasks_blocked()
+            third = await trio.open_tcp_stream("127.0.0.1", port)
+            cid, _ = codec.decode_response(
+                18, 3, await request(third, FrameDecoder(1 << 20), API_VERSIONS)
+            )
+            assert cid == 7
+            await third.aclose()
             nursery.cancel_scope.cancel()
