@@ -10,13 +10,13 @@ SIGINT and SIGTERM stop it with exit status 0.
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 from typing import Any
 
 import trio
 
+from .. import logs
 from .cluster import DevCluster
 
 
@@ -55,7 +55,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--session-cache-slots", type=int, default=1000, help="fetch session cache size per node"
     )
-    p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="JSON log lines on stderr at this level and above (default warning)",
+    )
     p.set_defaults(func=run)
 
 
@@ -67,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if len(topics) != len(args.topic):
         print("a topic is given twice", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    logs.configure(args.log_level.lower(), sys.stderr)
     try:
         trio.run(_serve, args, topics)
     except OSError as exc:

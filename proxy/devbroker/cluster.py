@@ -17,7 +17,6 @@ Fault hooks for tests: :meth:`DevCluster.evict_fetch_sessions`,
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 import uuid
@@ -25,6 +24,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+import structlog
 import trio
 
 from ..protocol import codec
@@ -34,10 +34,10 @@ from ..sessions.broker import FetchSessionCache
 from .fetch import NodeFetcher
 from .groups import GroupCoordinator
 from .node import NodeDispatcher
-from .outcome import Close, NoReply, Pending, Reply, Wait
+from .outcome import Close, NoReply, Pending, Wait
 from .state import ClusterState
 
-log = logging.getLogger("proxy.devbroker")
+log = structlog.get_logger("proxy.devbroker")
 
 RECEIVE_BYTES = 64 * 1024
 
@@ -117,21 +117,21 @@ class DevNode:
             scope.cancel()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        peer = _peer(stream)
+        structlog.contextvars.bind_contextvars(
+            node_id=self.node_id, client_addr=_peer(stream), listener="broker"
+        )
         decoder = FrameDecoder(self.cluster.max_frame_bytes)
         try:
             with trio.CancelScope() as scope:
                 self._connections.add(scope)
                 try:
-                    await self._serve_connection(stream, decoder, peer)
+                    await self._serve_connection(stream, decoder)
                 finally:
                     self._connections.discard(scope)
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _serve_connection(
-        self, stream: trio.SocketStream, decoder: FrameDecoder, peer: str
-    ) -> None:
+    async def _serve_connection(self, stream: trio.SocketStream, decoder: FrameDecoder) -> None:
         dispatcher = self.dispatcher
         cluster = self.cluster
         while True:
@@ -145,41 +145,34 @@ class DevNode:
                     decoder.feed(data)
                     continue
             except ProtocolError as exc:
-                log.warning("node %d: closing connection from %s: %s", self.node_id, peer, exc)
+                log.warning("connection_closed", reason="protocol_error", error=str(exc))
                 return
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             try:
                 outcome = dispatcher.handle(frame)
-            except Exception:
-                log.exception(
-                    "node %d: error handling a request from %s; closing", self.node_id, peer
-                )
+            except Exception as exc:  # a dev-cluster bug: drop this connection, keep serving
+                log.error("request_failed", reason="internal_error", error=repr(exc))
                 return
             if dispatcher.changed:
                 dispatcher.changed = False
                 cluster.notify()
             if isinstance(outcome, Close):
-                log.warning(
-                    "node %d: closing connection from %s: %s", self.node_id, peer, outcome.reason
-                )
+                log.warning("connection_closed", reason=outcome.kind, error=outcome.reason)
                 return
             if isinstance(outcome, NoReply):
                 continue
-            if isinstance(outcome, Wait):
-                try:
+            try:
+                if isinstance(outcome, Wait):
                     response = await self._wait(outcome.pending)
-                except Exception:
-                    log.exception(
-                        "node %d: error completing a request from %s; closing", self.node_id, peer
-                    )
-                    return
-                cluster.notify()
-                correlation_id = outcome.correlation_id
-            else:
-                assert isinstance(outcome, Reply)
-                response, correlation_id = outcome.response, outcome.correlation_id
-            payload = encode_frame(codec.encode_response(response, correlation_id))
+                    cluster.notify()
+                    correlation_id = outcome.correlation_id
+                else:
+                    response, correlation_id = outcome.response, outcome.correlation_id
+                payload = encode_frame(codec.encode_response(response, correlation_id))
+            except Exception as exc:  # a dev-cluster bug: drop this connection, keep serving
+                log.error("request_failed", reason="internal_error", error=repr(exc))
+                return
             if self.delay > 0:
                 await trio.sleep(self.delay)
             try:

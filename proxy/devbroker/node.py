@@ -15,7 +15,6 @@ Sans-I/O: no trio here.  The trio edge (``cluster.py``) reads frames, calls
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +33,6 @@ from .versions import (
     api_versions_response,
     is_supported,
 )
-
-log = logging.getLogger("proxy.devbroker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +95,10 @@ class NodeDispatcher:
             return Reply(api_versions_response(version, None), header.correlation_id)
         if not is_supported(key, version):
             if key in SUPPORTED:
-                return Close(f"api key {key} version {version} is not supported")
-            return Close(f"unknown or unsupported api key {key}")
+                return Close(
+                    f"api key {key} version {version} is not supported", "unsupported_request"
+                )
+            return Close(f"unknown or unsupported api key {key}", "unsupported_request")
         try:
             body = codec.decode_request_body(header, frame)
         except ProtocolError as exc:

@@ -34,6 +34,9 @@ class NoReply:
 @dataclass(frozen=True, slots=True)
 class Close:
     reason: str
+    """What was wrong (for the log line; never payload)."""
+    kind: str = "protocol_error"
+    """The log's ``reason`` key: protocol_error, unsupported_request or produce_failed_acks_0."""
 
 
 @dataclass(frozen=True, slots=True)

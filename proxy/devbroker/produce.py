@@ -194,7 +194,9 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
     if acks == 0:
         # Kafka sends nothing for acks=0, and closes the connection when anything
         # failed so that the producer notices.
-        return Close("acks=0 produce request failed") if failed else NoReply()
+        return (
+            Close("acks=0 produce request failed", "produce_failed_acks_0") if failed else NoReply()
+        )
     endpoints = []
     for n in sorted(leaders):
         if n in node.state.addresses and n not in node.state.stopped_nodes:
