@@ -152,11 +152,17 @@ class GroupCoordinator:
     def next_deadline(self) -> float | None:
         times: list[float] = []
         for g in self.groups.values():
-            times.extend(m.heartbeat_deadline for m in g.members.values())
+            # Members parked in JoinGroup/SyncGroup are kept alive (Kafka's shouldKeepAlive).
+            times.extend(
+                m.heartbeat_deadline
+                for m in g.members.values()
+                if m.join_waiter is None and m.sync_waiter is None
+            )
             times.extend(g.pending_members.values())
             if g.state is GroupState.PREPARING_REBALANCE and g.rebalance_deadline is not None:
                 times.append(max(g.rebalance_deadline, g.join_not_before))
-                times.append(g.join_not_before)
+                if g.join_not_before:  # an initial rebalance delay still running
+                    times.append(g.join_not_before)
             if g.state is GroupState.COMPLETING_REBALANCE and g.sync_deadline is not None:
                 times.append(g.sync_deadline)
         return min(times) if times else None
@@ -197,7 +203,7 @@ class GroupCoordinator:
         if g.state is GroupState.EMPTY and self.initial_rebalance_delay_ms > 0:
             g.join_not_before = now + min(self.initial_rebalance_delay_ms, timeout) / 1000.0
         else:
-            g.join_not_before = now
+            g.join_not_before = 0.0
         g.rebalance_deadline = now + timeout / 1000.0
         g.sync_deadline = None
         g.state = GroupState.PREPARING_REBALANCE
@@ -209,7 +215,9 @@ class GroupCoordinator:
             all(m.join_waiter is not None for m in g.members.values()) and not g.pending_members
         )
         deadline = g.rebalance_deadline if g.rebalance_deadline is not None else now
-        if (all_joined and now >= g.join_not_before) or now >= max(deadline, g.join_not_before):
+        if g.join_not_before and now >= g.join_not_before:
+            g.join_not_before = 0.0  # the initial delay is over
+        if (all_joined and not g.join_not_before) or now >= max(deadline, g.join_not_before):
             self._complete_join(g, now)
 
     def _complete_join(self, g: Group, now: float) -> None:

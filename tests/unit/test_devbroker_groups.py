@@ -336,3 +336,33 @@ def test_commit_during_completing_rebalance_and_unknown_partitions(h: Harness) -
         77: E.unknown_topic_or_partition,
     }
     assert commit(h, a, gen1, {0: 3}) == {0: E.illegal_generation}
+
+
+def test_parked_join_outlives_its_session_timeout_without_busy_waking(h: Harness) -> None:
+    a, _gen = single_member_group(h)
+    b = new_member(h)
+    b_join = join(h, b)
+    assert isinstance(b_join, Wait)
+    for _ in range(6):  # a keeps heartbeating; b waits 18s (> its 10s session) for a to rejoin
+        h.advance(3)
+        assert heartbeat(h, a, 1) == E.rebalance_in_progress
+        assert h.finish(b_join, JOIN, 9) is None
+        wake = b_join.pending.wake_at()
+        assert wake is not None and wake > h.now
+    assert done(h, join(h, a)).generation_id == 2
+    resp = h.finish(b_join, JOIN, 9)
+    assert resp is not None and resp.generation_id == 2
+
+
+def test_initial_rebalance_delay_holds_the_first_join(h: Harness) -> None:
+    h.coordinator.initial_rebalance_delay_ms = (
+        3000  # Kafka's group.initial.rebalance.delay.ms default
+    )
+    first = join(h, version=3)
+    assert isinstance(first, Wait)
+    assert h.finish(first, JOIN, 3) is None
+    wake = first.pending.wake_at()
+    assert wake == h.now + 3
+    h.advance(3)
+    resp = h.finish(first, JOIN, 3)
+    assert resp is not None and (resp.error_code, resp.generation_id) == (E.none, 1)
