@@ -76,6 +76,8 @@ class Hook(Protocol):
 
 
 def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    if pos < len(buf) and buf[pos] < 0x80:  # the common one-byte case
+        return buf[pos], pos + 1
     value = 0
     shift = 0
     while True:
@@ -134,6 +136,18 @@ class Plan:
     flexible: bool
     steps: list[tuple[str, Step]]
     tagged: dict[int, Step]
+    fast_steps: list[Step]
+    """``steps`` with runs of fixed-size fields merged: for entities nobody inspects."""
+
+
+def _merge_fixed(steps: list[tuple[str, Step]]) -> list[Step]:
+    out: list[Step] = []
+    for _, step in steps:
+        if step[0] == "fixed" and out and out[-1][0] == "fixed":
+            out[-1] = ("fixed", out[-1][1] + step[1])
+        else:
+            out.append(step)
+    return out
 
 
 def _primitive_step(kafka_type: str) -> Step:
@@ -168,7 +182,7 @@ def plan_for(cls: type) -> Plan:
             steps.append((f.name, step))
         else:
             tagged[int(tag)] = step
-    return Plan(cls, flexible, steps, tagged)
+    return Plan(cls, flexible, steps, tagged, _merge_fixed(steps))
 
 
 # --- the walk -----------------------------------------------------------------------------
@@ -217,7 +231,7 @@ class _Walker:
     def step(self, step: Step, flexible: bool, pos: int, edits: list[Edit]) -> int:
         kind = step[0]
         if kind == "fixed":
-            self._need(pos, step[1])
+            # no bounds check here: an overrun fails the next read or the final length check
             return pos + int(step[1])
         if kind == "var":
             return self._skip_var(step[1], flexible, pos)
@@ -259,25 +273,36 @@ class _Walker:
         wanted = self.wanted.get(plan.cls)
         if wanted is None:
             wanted = self.wanted[plan.cls] = self.hook.wants(plan.cls)
+        if not wanted:
+            for step in plan.fast_steps:
+                if step[0] == "fixed":
+                    pos += step[1]
+                else:
+                    pos = self.step(step, plan.flexible, pos, edits)
+            if plan.flexible:
+                pos = self.tagged_fields(plan, pos, edits)
+            return pos
         start = pos
         spans: dict[str, Span] = {}
-        inner: list[Edit] = [] if wanted else edits
+        inner: list[Edit] = []
         for name, step in plan.steps:
             field_start = pos
             pos = self.step(step, plan.flexible, pos, inner)
-            if wanted:
-                spans[name] = (field_start, pos)
+            spans[name] = (field_start, pos)
         if plan.flexible:
             pos = self.tagged_fields(plan, pos, inner)
-        if wanted:
-            replacement = self.hook(plan.cls, self.buf, spans, start, pos)
-            if replacement is not None:
-                edits.append((start, pos, replacement))
-            elif inner:
-                edits.extend(inner)
+        if pos > len(self.buf):
+            raise DecodeError("message truncated")
+        replacement = self.hook(plan.cls, self.buf, spans, start, pos)
+        if replacement is not None:
+            edits.append((start, pos, replacement))
+        elif inner:
+            edits.extend(inner)
         return pos
 
     def tagged_fields(self, plan: Plan, pos: int, edits: list[Edit]) -> int:
+        if pos < len(self.buf) and self.buf[pos] == 0:  # no tagged fields: the common case
+            return pos + 1
         n, pos = read_uvarint(self.buf, pos)
         for _ in range(n):
             field_start = pos
