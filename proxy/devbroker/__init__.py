@@ -1,0 +1,50 @@
+"""A strict in-memory Kafka cluster for tests and demos (``proxy.devbroker``).
+
+Start it from Python::
+
+    async with DevCluster(nodes=3, topics={"orders": 12}) as cluster:
+        cluster.bootstrap   # "127.0.0.1:PORT" of node 0
+
+or from the command line: ``kafka-fetch-proxy devbroker --nodes 3 --port 29092
+--topic orders:12`` (node i on port+i; the first stdout line is
+``bootstrap=HOST:PORT``).
+
+Modules, edge first:
+
+- ``cluster``: the trio edge (listeners, one task per connection, long polls,
+  fault hooks) and :class:`DevCluster`;
+- ``cli``: the ``devbroker`` subcommand;
+- ``node``: one node's sans-I/O dispatcher (frame in, outcome out);
+  ``outcome``: what it returns;
+- ``versions``: the API versions implemented, and ApiVersions;
+- ``admin``: Metadata, DescribeCluster, CreateTopics, FindCoordinator, ListOffsets;
+- ``produce`` (+ ``producers``: idempotent sequences): Produce, InitProducerId;
+- ``groups``: the classic consumer-group protocol and committed offsets;
+- ``fetch``: Fetch, with KIP-74 reads and KIP-227 sessions
+  (``proxy.sessions.broker``);
+- ``state`` and ``log``: topics, partitions, leaders and raw-batch logs;
+- ``build``: version-independent construction of kio messages.
+
+Known differences from Apache Kafka: one replica per partition (CreateTopics
+refuses a replication factor above 1); no transactions (FindCoordinator for a
+transactional id answers COORDINATOR_NOT_AVAILABLE, transactional batches get
+INVALID_TXN_STATE); static membership is treated as dynamic; the initial
+rebalance delay defaults to 0 (Kafka: 3 s); ListOffsets by timestamp reads
+record timestamps only in uncompressed and gzip batches (others answer with
+the batch's first offset); no SASL/TLS listeners.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DevCluster"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that the sans-I/O modules (log, state, fetch, ...) import without trio.
+    if name == "DevCluster":
+        from .cluster import DevCluster
+
+        return DevCluster
+    raise AttributeError(name)
