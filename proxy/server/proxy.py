@@ -194,7 +194,10 @@ class Proxy:
             upstream = await self._connect_for(node_id)
             if upstream is None:
                 reason = "upstream_unreachable"
+                log.warning("connection_closed", reason=reason)
                 return
+            if self.metrics is not None:
+                self.metrics.broker_connection_opened(node_id)
             relay = Relay(
                 self.book.resolve,
                 fetch_handler=self.fetch_handler_factory() if self.fetch_handler_factory else None,
@@ -215,11 +218,14 @@ class Proxy:
             reason = "internal_error"
             log.exception("connection_failed", error=f"{type(exc).__name__}: {exc}")
         finally:
+            cause = _CLOSE_CAUSES.get(reason, "other")
             if upstream is not None:
                 await trio.aclose_forcefully(upstream)
+                if self.metrics is not None:
+                    self.metrics.broker_connection_closed(node_id, cause)
             await trio.aclose_forcefully(client)
             if self.metrics is not None:
-                self.metrics.connection_closed(_CLOSE_CAUSES.get(reason, "other"))
+                self.metrics.connection_closed(cause)
 
     def _count_request(self, api_key: int, api_version: int, size: int) -> None:
         from ..observe.labels import Direction

@@ -239,3 +239,25 @@ async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
             assert cid == 7
             await third.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_connection_and_request_metrics() -> None:
+    from proxy.observe.metrics import Metrics
+
+    metrics = Metrics()
+    value = metrics.registry.get_sample_value
+    with trio.fail_after(20):
+        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
+            proxy = await nursery.start(Proxy(settings(cluster.bootstrap), metrics=metrics).serve)
+            await proxy.discovered.wait()
+            conn = await trio.open_tcp_stream("127.0.0.1", proxy.broker_address(0)[1])
+            await request(conn, FrameDecoder(1 << 20), API_VERSIONS)
+            await conn.aclose()
+            with trio.move_on_after(5):
+                while proxy.open_connections:
+                    await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert value("kafka_fetch_proxy_client_connections_accepted_total") == 1
+    assert value("kafka_fetch_proxy_client_connections_closed_total", {"cause": "peer_closed"}) == 1
+    assert value("kafka_fetch_proxy_broker_connections_opened_total", {"node": "0"}) == 1
+    assert value("kafka_fetch_proxy_client_to_proxy_requests_total", {"api": "api_versions"}) == 1
