@@ -483,3 +483,91 @@ def test_confluent_kafka_offsets_for_times(cluster: ThreadedCluster, compression
 
     # The answers come from inside batches, not from their first offsets.
     assert per_partition > 5 and cluster.run_sync(largest_batch) > 5
+
+
+# -- fault hooks with real clients ---------------------------------------------------------
+
+
+def test_kafka_python_recovers_from_evicted_fetch_sessions(cluster: ThreadedCluster) -> None:
+    from kafka import KafkaConsumer, TopicPartition
+
+    first, second = Expected("orders"), _tail(Expected("orders", 2 * RECORDS), RECORDS)
+    ck_produce(cluster.bootstrap, first)
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False)
+    try:
+        consumer.assign([TopicPartition("orders", p) for p in range(PARTITIONS)])
+        consumer.seek_to_beginning()
+        consumed = kp_consume(consumer, RECORDS)
+        created = sessions_created(cluster)
+        cluster.evict_fetch_sessions()  # the next incremental fetches get FETCH_SESSION_ID_NOT_FOUND
+        ck_produce(cluster.bootstrap, second)
+        consumed += kp_consume(consumer, RECORDS)
+    finally:
+        consumer.close()
+    full = Expected("orders", 2 * RECORDS)
+    full.check(consumed)
+    assert sessions_created(cluster) > created  # the client opened new sessions
+
+
+def test_confluent_kafka_survives_a_node_restart(cluster: ThreadedCluster) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    first, second = Expected("orders"), _tail(Expected("orders", 2 * RECORDS), RECORDS)
+    ck_produce(cluster.bootstrap, first)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": "unused",
+            "enable.auto.commit": False,
+            "reconnect.backoff.ms": 50,
+            "reconnect.backoff.max.ms": 200,
+            "topic.metadata.refresh.interval.ms": 500,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition("orders", p, 0) for p in range(PARTITIONS)])
+        consumed = ck_consume(consumer, RECORDS)
+        cluster.stop_node(1)
+        cluster.restart_node(1)
+        ck_produce(cluster.bootstrap, second)
+        consumed += ck_consume(consumer, RECORDS)
+    finally:
+        consumer.close()
+    Expected("orders", 2 * RECORDS).check(consumed)
+
+
+def test_confluent_kafka_producer_rides_out_dropped_connections(cluster: ThreadedCluster) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    exp = Expected("orders")
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "reconnect.backoff.ms": 50,
+            "message.timeout.ms": int(DEADLINE * 1000),
+        }
+    )
+    errors: list[Any] = []
+    for i, r in enumerate(exp.records):
+        if i == RECORDS // 2:
+            assert producer.flush(DEADLINE) == 0
+            cluster.drop_connections()  # every node closes every client connection
+        producer.produce(
+            exp.topic,
+            key=r["key"],
+            value=r["value"],
+            partition=r["partition"],
+            headers=r["headers"],
+            timestamp=r["timestamp"],
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+        )
+    assert producer.flush(DEADLINE) == 0
+    assert errors == []
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "unused"})
+    try:
+        consumer.assign([TopicPartition("orders", p, 0) for p in range(PARTITIONS)])
+        exp.check(ck_consume(consumer, RECORDS))
+    finally:
+        consumer.close()

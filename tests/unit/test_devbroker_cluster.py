@@ -240,7 +240,7 @@ async def test_delayed_node_answers_after_an_undelayed_one() -> None:
     order: list[int] = []
     with trio.fail_after(TIMEOUT):
         async with DevCluster(nodes=2) as cluster:
-            cluster.set_delay(0, 0.3)
+            cluster.set_delay(0, 1.0)
             slow = await RawClient.connect(cluster.nodes[0].address)
             fast = await RawClient.connect(cluster.nodes[1].address)
 
