@@ -75,10 +75,24 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(args.log_level.lower(), sys.stderr)
     try:
         trio.run(_serve, args, topics)
-    except OSError as exc:
-        print(f"cannot listen: {exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        print(f"cannot listen: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError (a port in use, ...) behind *exc*, unwrapping trio's exception groups."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _os_error(inner)) is not None:
+                return found
+    return None
 
 
 async def _serve(args: argparse.Namespace, topics: dict[str, int]) -> None:

@@ -182,3 +182,21 @@ def test_cli_rejects_a_bad_topic_spec() -> None:
     )
     assert done.returncode == 2
     assert b"NAME:PARTITIONS" in done.stderr
+
+
+def test_cli_reports_a_port_in_use() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy", "devbroker", "--nodes", "2", "--port", str(port - 1)],
+            capture_output=True,
+            timeout=TIMEOUT,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("cannot listen:")
+    assert done.stdout == b""
