@@ -380,8 +380,6 @@ def _list_one(node: NodeDispatcher, req: Request, topic: str, p: Any) -> dict[st
         found = (-1, -1)
     elif ts == MAX_TIMESTAMP:
         found = log.max_timestamp()
-    elif ts < 0:
-        return out | {"error_code": E.invalid_request}  # pragma: no cover - versions gate these
     else:
         found = log.offset_for_timestamp(ts)
     if found is None:
