@@ -395,11 +395,29 @@ def _list_one(node: NodeDispatcher, req: Request, topic: str, p: Any) -> dict[st
 
 
 def handle_list_offsets(node: NodeDispatcher, req: Request) -> Any:
+    seen: dict[tuple[str, int], int] = {}
+    for t in req.body.topics:
+        for p in t.partitions:
+            key = (t.name, p.partition_index)
+            seen[key] = seen.get(key, 0) + 1
     topics = []
     for t in req.body.topics:
-        topics.append(
-            {"name": t.name, "partitions": [_list_one(node, req, t.name, p) for p in t.partitions]}
-        )
+        parts = []
+        for p in t.partitions:
+            if seen[(t.name, p.partition_index)] > 1:
+                # ReplicaManager.fetchOffset: a partition asked twice is refused.
+                parts.append(
+                    {
+                        "partition_index": p.partition_index,
+                        "error_code": E.invalid_request,
+                        "timestamp": -1,
+                        "offset": -1,
+                        "leader_epoch": -1,
+                    }
+                )
+            else:
+                parts.append(_list_one(node, req, t.name, p))
+        topics.append({"name": t.name, "partitions": parts})
     return _response(req, {"throttle_time": 0, "topics": topics})
 
 

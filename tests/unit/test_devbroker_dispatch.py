@@ -379,3 +379,22 @@ def test_list_offsets_by_timestamp_finds_the_record(h: Harness, gzip_body: bool)
         2,
         200,
     )
+
+
+def test_list_offsets_duplicate_partition_is_refused(h: Harness) -> None:
+    leader = h.leader_of("orders", 0)
+    one = {"partition_index": 0, "timestamp": -1, "current_leader_epoch": -1}
+    req = h.request(
+        LIST_OFFSETS,
+        9,
+        {
+            "replica_id": -1,
+            "isolation_level": 0,
+            "topics": [{"name": "orders", "partitions": [one, one]}],
+        },
+    )
+    resp = h.call(leader, req)
+    assert [p.error_code for p in resp.topics[0].partitions] == [
+        E.invalid_request,
+        E.invalid_request,
+    ]
