@@ -401,9 +401,13 @@ def handle_list_offsets(node: NodeDispatcher, req: Request) -> Any:
             key = (t.name, p.partition_index)
             seen[key] = seen.get(key, 0) + 1
     topics = []
+    answered: set[tuple[str, int]] = set()
     for t in req.body.topics:
         parts = []
         for p in t.partitions:
+            if (t.name, p.partition_index) in answered:
+                continue  # Kafka answers per partition, once
+            answered.add((t.name, p.partition_index))
             if seen[(t.name, p.partition_index)] > 1:
                 # ReplicaManager.fetchOffset: a partition asked twice is refused.
                 parts.append(
