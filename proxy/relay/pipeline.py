@@ -29,7 +29,8 @@ Bounds
 
 Plug-in point for Fetch (issues 4 and 5)
     Fetch requests go to a ``FetchHandler``, one per client connection, created
-    by the factory given to the relay.  It receives each Fetch as a
+    by the zero-argument factory given to ``Proxy(fetch_handler_factory=...)``
+    (the Relay takes the instance).  It receives each Fetch as a
     ``ClientRequest`` and an ``Upstream`` port, and may
 
     (a) send upstream a *different* request instead of the client's
