@@ -571,3 +571,51 @@ def test_confluent_kafka_producer_rides_out_dropped_connections(cluster: Threade
         exp.check(ck_consume(consumer, RECORDS))
     finally:
         consumer.close()
+
+
+# -- admin clients ----------------------------------------------------------------------------
+
+
+def test_confluent_admin_creates_and_describes_topics(cluster: ThreadedCluster) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    futures = admin.create_topics(
+        [NewTopic("fresh", 6, 1), NewTopic("orders", 3, 1), NewTopic("wide", 3, 3)],
+        operation_timeout=10,
+    )
+    assert futures["fresh"].result(timeout=DEADLINE) is None
+    with pytest.raises(KafkaException) as exists:
+        futures["orders"].result(timeout=DEADLINE)
+    assert exists.value.args[0].name() == "TOPIC_ALREADY_EXISTS"
+    with pytest.raises(KafkaException) as wide:
+        futures["wide"].result(timeout=DEADLINE)
+    assert wide.value.args[0].name() == "INVALID_REPLICATION_FACTOR"
+    meta = admin.list_topics(timeout=DEADLINE)
+    assert sorted(meta.brokers) == [0, 1, 2]
+    assert len(meta.topics["fresh"].partitions) == 6
+    assert {p.leader for p in meta.topics["fresh"].partitions.values()} == {0, 1, 2}
+    described = admin.describe_cluster().result(timeout=DEADLINE)
+    assert sorted(n.id for n in described.nodes) == [0, 1, 2]
+
+
+def test_kafka_python_admin_creates_topics(cluster: ThreadedCluster) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(
+        bootstrap_servers=cluster.bootstrap, request_timeout_ms=int(DEADLINE * 1000)
+    )
+    try:
+        admin.create_topics([NewTopic("made-by-kp", 4, 1)])
+        with pytest.raises(TopicAlreadyExistsError):
+            admin.create_topics([NewTopic("made-by-kp", 4, 1)])
+        assert "made-by-kp" in admin.list_topics()
+    finally:
+        admin.close()
+    exp = Expected("made-by-kp", 40)
+    for r in exp.records:
+        r["partition"] %= 4
+    ck_produce(cluster.bootstrap, exp)
+    assert sum(cluster.high_watermark("made-by-kp", p) for p in range(4)) == 40

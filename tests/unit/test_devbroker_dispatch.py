@@ -396,3 +396,17 @@ def test_list_offsets_duplicate_partition_is_refused(h: Harness) -> None:
     resp = h.call(leader, req)
     parts = resp.topics[0].partitions
     assert [(p.partition_index, p.error_code) for p in parts] == [(0, E.invalid_request)]
+
+
+def test_trailing_bytes_after_a_body_are_ignored_as_kafka_does(h: Harness) -> None:
+    # librdkafka 2.x's admin client sends Metadata v13 like this: null topics, two
+    # false flags, no tagged fields, then three bytes more.
+    frame = (
+        struct.pack(">hhih", METADATA, 13, 9, 7)
+        + b"rdkafka"
+        + b"\x00"
+        + bytes.fromhex("00000000010000")
+    )
+    out = h.send_raw(0, frame)
+    assert isinstance(out, Reply)
+    assert {t.name for t in h.decode(out, METADATA, 13).topics} == {"orders", "small"}
