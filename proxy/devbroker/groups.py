@@ -352,8 +352,9 @@ class GroupCoordinator:
 
         if not b.member_id:
             member_id = f"{client_id}-{uuid.uuid4()}"
-            if v >= 4:
-                # KIP-394: the member must come back with the id we hand out.
+            if v >= 4 and instance_id is None:
+                # KIP-394: the member must come back with the id we hand out
+                # (Kafka's requireKnownMemberId: v4+ without a group instance id).
                 g.pending_members[member_id] = now + session / 1000.0
                 return error(E.member_id_required, member_id)
             return self._add_and_wait(g, new_member(member_id), now, respond)
