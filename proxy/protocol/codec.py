@@ -171,7 +171,7 @@ def peek_correlation_id(frame: bytes | memoryview) -> int:
     return int(cid)
 
 
-def _decode(schema: Any, frame: bytes | memoryview, offset: int) -> Any:
+def _decode(schema: Any, frame: bytes | memoryview, offset: int, *, strict: bool) -> Any:
     try:
         obj, size = entity_reader(schema)(frame, offset)
     except ProtocolError:
@@ -180,7 +180,7 @@ def _decode(schema: Any, frame: bytes | memoryview, offset: int) -> Any:
         raise DecodeError(
             f"cannot decode {schema.__name__} v{schema.__version__}: {type(exc).__name__}: {exc}"
         ) from exc
-    if offset + size != len(frame):
+    if strict and offset + size != len(frame):
         raise DecodeError(
             f"{schema.__name__} v{schema.__version__}: {len(frame) - offset - size}"
             " trailing bytes after body"
@@ -188,7 +188,14 @@ def _decode(schema: Any, frame: bytes | memoryview, offset: int) -> Any:
     return obj
 
 
-def decode_request(frame: bytes) -> tuple[RequestHeader, Any]:
+# Kafka's broker (AbstractRequest.parseRequest) and Java client
+# (AbstractResponse.parseResponse) read the fields they know and ignore any
+# bytes after them, and librdkafka 2.x relies on that (Metadata v13 with three
+# trailing bytes).  So decoding ignores trailing bytes unless *strict* is set
+# (round-trip tests use strict=True to prove a decoder consumed everything).
+
+
+def decode_request(frame: bytes, *, strict: bool = False) -> tuple[RequestHeader, Any]:
     """Decode header and body; DecodeError if kio does not know this API/version."""
     header = parse_request_header(frame)
     schema = request_schema(header.api_key, header.api_version)
@@ -196,25 +203,28 @@ def decode_request(frame: bytes) -> tuple[RequestHeader, Any]:
         raise DecodeError(
             f"unsupported request api_key={header.api_key} version={header.api_version}"
         )
-    return header, _decode(schema, frame, header.body_offset)
+    return header, _decode(schema, frame, header.body_offset, strict=strict)
 
 
-def decode_request_body(header: RequestHeader, frame: bytes) -> Any:
+def decode_request_body(header: RequestHeader, frame: bytes, *, strict: bool = False) -> Any:
     schema = request_schema(header.api_key, header.api_version)
     if schema is None or header.body_offset is None:
         raise DecodeError(
             f"unsupported request api_key={header.api_key} version={header.api_version}"
         )
-    return _decode(schema, frame, header.body_offset)
+    return _decode(schema, frame, header.body_offset, strict=strict)
 
 
-def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Any]:
+def decode_response(
+    api_key: int, api_version: int, frame: bytes, *, strict: bool = False
+) -> tuple[int, Any]:
     """Decode a response frame (header and body); returns (correlation_id, body)."""
     schema = response_schema(api_key, api_version)
     hv = response_header_version(api_key, api_version)
     if schema is None or hv is None:
         raise DecodeError(f"unsupported response api_key={api_key} version={api_version}")
-    return peek_correlation_id(frame), _decode(schema, frame, response_body_offset(frame, hv))
+    body = _decode(schema, frame, response_body_offset(frame, hv), strict=strict)
+    return peek_correlation_id(frame), body
 
 
 def encode_body(obj: Any) -> bytes:

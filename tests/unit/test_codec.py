@@ -29,7 +29,7 @@ def fetch_request() -> FetchRequest:
 
 def test_request_roundtrip_with_header_v2() -> None:
     frame = codec.encode_request(fetch_request(), correlation_id=99, client_id="app-1")
-    header, body = codec.decode_request(frame)
+    header, body = codec.decode_request(frame, strict=True)
     assert (header.api_key, header.api_version, header.correlation_id) == (1, 12, 99)
     assert header.client_id == "app-1" and header.header_version == 2
     assert body == fetch_request()
@@ -44,10 +44,12 @@ def test_unknown_api_has_readable_prefix() -> None:
         codec.decode_request(frame)
 
 
-def test_trailing_bytes_rejected() -> None:
-    frame = codec.encode_request(fetch_request(), correlation_id=1, client_id=None) + b"\x00"
+def test_trailing_bytes_ignored_like_kafka_unless_strict() -> None:
+    frame = codec.encode_request(fetch_request(), correlation_id=1, client_id=None) + b"\x00\x01"
+    _, body = codec.decode_request(frame)
+    assert body == fetch_request()
     with pytest.raises(DecodeError):
-        codec.decode_request(frame)
+        codec.decode_request(frame, strict=True)
 
 
 def test_api_versions_response_always_header_v0() -> None:
@@ -65,5 +67,5 @@ def test_response_roundtrip() -> None:
         topics=(),
     )
     frame = codec.encode_response(resp, 1234)
-    cid, body = codec.decode_response(3, 12, frame)
+    cid, body = codec.decode_response(3, 12, frame, strict=True)
     assert cid == 1234 and body == resp
