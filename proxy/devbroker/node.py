@@ -20,10 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kio.serial import entity_reader
-
 from ..protocol import codec
-from ..protocol.errors import DecodeError, ProtocolError
+from ..protocol.errors import ProtocolError
 from . import admin, produce
 from .groups import GroupCoordinator, GroupWait
 from .outcome import Close, NoReply, Outcome, Reply, Wait
@@ -48,21 +46,6 @@ class Request:
     @property
     def version(self) -> int:
         return self.header.api_version
-
-
-def decode_body(header: codec.RequestHeader, frame: bytes) -> Any:
-    """The request body; bytes after it are ignored, as Kafka's request parsing ignores them.
-
-    (librdkafka 2.x sends Metadata v13 with three trailing bytes; Kafka answers it.)
-    """
-    schema = codec.request_schema(header.api_key, header.api_version)
-    if schema is None or header.body_offset is None:
-        raise DecodeError(f"unsupported request api_key={header.api_key} v{header.api_version}")
-    try:
-        obj, _size = entity_reader(schema)(frame, header.body_offset)
-    except Exception as exc:  # kio raises KeyError/ValueError/BufferUnderflow/...
-        raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
-    return obj
 
 
 class FetchWaitAdapter:
@@ -117,7 +100,8 @@ class NodeDispatcher:
                 )
             return Close(f"unknown or unsupported api key {key}", "unsupported_request")
         try:
-            body = decode_body(header, frame)
+            # Bytes after the body are ignored, as Kafka's request parsing ignores them.
+            body = codec.decode_request_body(header, frame)
         except ProtocolError as exc:
             return Close(f"cannot decode api key {key} v{version}: {exc}")
         req = Request(header, body, self.clock())
