@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 MIN_SESSION_TIMEOUT_MS = 6000  # group.min.session.timeout.ms
 MAX_SESSION_TIMEOUT_MS = 1_800_000  # group.max.session.timeout.ms
 MAX_OFFSET_METADATA = 4096  # offset.metadata.max.bytes
+EMPTY_GROUP_CLEANUP_SECONDS = 600.0  # offsets.retention.check.interval.ms
 
 
 class GroupState(enum.Enum):
@@ -106,6 +107,8 @@ class Group:
     join_not_before: float = 0.0
     sync_deadline: float | None = None
     offsets: dict[tuple[str, int], tuple[int, int, str | None]] = field(default_factory=dict)
+    touched: float = 0.0
+    """When a request last named this group (for the cleanup of empty groups)."""
 
     def candidate_protocols(self) -> set[str]:
         sets = [{name for name, _ in m.protocols} for m in self.members.values()]
@@ -170,6 +173,16 @@ class GroupCoordinator:
     def tick(self, now: float) -> None:
         """Expire members, pending members, rebalance and sync timeouts due at *now*."""
         for g in list(self.groups.values()):
+            if (
+                g.state is GroupState.EMPTY
+                and not g.members
+                and not g.pending_members
+                and not g.offsets
+                and now - g.touched >= EMPTY_GROUP_CLEANUP_SECONDS
+            ):
+                # Kafka's periodic cleanup removes empty groups that hold no offsets.
+                del self.groups[g.group_id]
+                continue
             for mid, expiry in list(g.pending_members.items()):
                 if now >= expiry:
                     del g.pending_members[mid]
@@ -228,6 +241,7 @@ class GroupCoordinator:
         g.generation += 1
         if not g.members:
             g.state = GroupState.EMPTY
+            g.touched = now
             g.protocol_name = None
             g.protocol_type = None
             g.leader = None
@@ -333,6 +347,7 @@ class GroupCoordinator:
             if b.member_id:
                 return error(E.unknown_member_id)
             g = self.groups[group_id] = Group(group_id)
+        g.touched = now
         if not g.supports(b.protocol_type, protocols):
             return error(E.inconsistent_group_protocol)
         instance_id = getattr(b, "group_instance_id", None)
@@ -564,6 +579,7 @@ class GroupCoordinator:
             if generation >= 0:
                 return everywhere(E.illegal_generation)
             g = self.groups[b.group_id] = Group(b.group_id)
+        g.touched = now
         # Kafka's validateOffsetCommit, then the state check of doCommitOffsets.
         if generation < 0 and g.state is GroupState.EMPTY:
             pass  # a commit from a consumer that manages its own assignment (or an admin)

@@ -9,7 +9,7 @@ Sans-I/O: no trio here.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode as E
@@ -17,6 +17,9 @@ from kio.schema.errors import ErrorCode as E
 from ..protocol import records
 
 PRODUCER_BATCH_CACHE = 5  # Kafka keeps the metadata of the last 5 batches per producer
+MAX_PRODUCERS = 10_000
+"""Producer ids remembered per partition; the least recently used is forgotten first, as if
+it had expired (Kafka: producer.id.expiration.ms), so its next batch starts afresh."""
 INT32_MAX = 2**31 - 1
 
 
@@ -32,8 +35,9 @@ class ProducerEntry:
 class ProducerStates:
     """Idempotent producer state of one partition (Kafka's ProducerStateManager, reduced)."""
 
-    def __init__(self) -> None:
-        self.entries: dict[int, ProducerEntry] = {}
+    def __init__(self, max_producers: int = MAX_PRODUCERS) -> None:
+        self.entries: OrderedDict[int, ProducerEntry] = OrderedDict()
+        self.max_producers = max_producers
 
     def check(self, h: records.BatchHeader) -> tuple[E, int | None]:
         """(error, duplicate base offset) for the batch *h* before it is appended."""
@@ -61,6 +65,9 @@ class ProducerStates:
         entry = self.entries.get(h.producer_id)
         if entry is None or h.producer_epoch != entry.epoch:
             entry = self.entries[h.producer_id] = ProducerEntry(h.producer_epoch)
+        self.entries.move_to_end(h.producer_id)
+        while len(self.entries) > self.max_producers:
+            self.entries.popitem(last=False)
         entry.batches.append((h.base_sequence, _last_sequence(h), base_offset))
 
 

@@ -366,3 +366,28 @@ def test_initial_rebalance_delay_holds_the_first_join(h: Harness) -> None:
     h.advance(3)
     resp = h.finish(first, JOIN, 3)
     assert resp is not None and (resp.error_code, resp.generation_id) == (E.none, 1)
+
+
+def test_empty_groups_without_offsets_are_cleaned_up(h: Harness) -> None:
+    a, gen = single_member_group(h)
+    req = h.request(
+        LEAVE,
+        5,
+        {
+            "group_id": GROUP,
+            "members": [{"member_id": a, "group_instance_id": None, "reason": None}],
+        },
+    )
+    assert h.call(coord(h), req).error_code == E.none
+    assert h.coordinator.groups[GROUP].state.value == "Empty"
+    h.advance(599)
+    assert heartbeat(h, a, gen) == E.unknown_member_id
+    assert GROUP in h.coordinator.groups
+    h.advance(2)
+    h.coordinator.tick(h.now)
+    assert GROUP not in h.coordinator.groups
+    # A group holding committed offsets stays.
+    assert commit(h, "", -1, {0: 4}) == {0: E.none}
+    h.advance(10_000)
+    h.coordinator.tick(h.now)
+    assert fetch_offsets(h, [0]) == {0: 4}

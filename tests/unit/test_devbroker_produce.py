@@ -192,3 +192,16 @@ def test_gzip_batches_are_stored_untouched(h: Harness) -> None:
     assert produce(h, 5, data).error_code == E.none
     stored = bytes(h.state.partition("orders", 5).log.data)  # type: ignore[union-attr]
     assert stored[16:] == data[16:]
+
+
+def test_producer_state_is_bounded() -> None:
+    from proxy.devbroker.producers import ProducerStates
+
+    states = ProducerStates(max_producers=3)
+    for pid in range(10):
+        h = records.read_batch_header(
+            make_batch(0, 1, producer_id=pid, producer_epoch=0, base_sequence=0)
+        )
+        assert states.check(h) == (E.none, None)
+        states.record(h, pid)
+    assert list(states.entries) == [7, 8, 9]
