@@ -105,11 +105,16 @@ class DevNode:
             self._stopped.set()
 
     async def stop(self) -> None:
-        """Close the listener and every connection; the node stays down until restarted."""
+        """Close the listener and every connection; the node stays down until restarted.
+
+        Like a broker process that stops, the node forgets its fetch sessions
+        (Kafka keeps them in memory only); logs and committed offsets stay.
+        """
         self.cluster.state.stopped_nodes.add(self.node_id)
         if self._scope is not None:
             self._scope.cancel()
             await self._stopped.wait()
+        self.sessions.clear()
         self.cluster.notify()
 
     def drop_connections(self) -> None:

@@ -272,3 +272,22 @@ async def test_evicting_fetch_sessions() -> None:
             gone = await client.call(FETCH, 13, inc)
             assert gone.error_code == E.fetch_session_id_not_found
             await client.aclose()
+
+
+async def test_a_restarted_node_has_forgotten_its_fetch_sessions() -> None:
+    with trio.fail_after(TIMEOUT):
+        async with DevCluster(nodes=1, topics={"t": 1}) as cluster:
+            topic_id = cluster.state.topics["t"].topic_id
+            client = await RawClient.connect(cluster.bootstrap)
+            created = await client.call(
+                FETCH, 13, fetch_request(topic_id, 0, max_wait=0, session_id=0, epoch=0)
+            )
+            assert created.session_id != 0
+            await cluster.stop_node(0)
+            await cluster.restart_node(0)
+            again = await RawClient.connect(cluster.bootstrap)
+            inc = fetch_request(topic_id, 0, max_wait=0, session_id=created.session_id, epoch=1)
+            gone = await again.call(FETCH, 13, inc)
+            assert gone.error_code == E.fetch_session_id_not_found
+            await client.aclose()
+            await again.aclose()
