@@ -121,9 +121,9 @@ class NodeDispatcher:
             return Reply(admin.HANDLERS[key](self, req), cid)
         if key in produce.HANDLERS:
             result = produce.HANDLERS[key](self, req)
+            self.changed = True  # appended records wake long polls, acks=0 included
             if isinstance(result, Close | NoReply):
                 return result
-            self.changed = True
             return Reply(result, cid)
         handler = self.coordinator.handlers().get(key)
         if handler is not None:

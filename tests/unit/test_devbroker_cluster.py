@@ -166,7 +166,8 @@ async def _bad_frames(logs: list[dict[str, Any]]) -> None:
                 await c.aclose()
 
 
-async def test_long_poll_fetch_is_woken_by_produce() -> None:
+@pytest.mark.parametrize("acks", [-1, 0])
+async def test_long_poll_fetch_is_woken_by_produce(acks: int) -> None:
     with trio.fail_after(TIMEOUT):
         async with DevCluster(nodes=3, topics={"t": 3}) as cluster:
             leader = cluster.nodes[cluster.leader_of("t", 1)]
@@ -175,8 +176,12 @@ async def test_long_poll_fetch_is_woken_by_produce() -> None:
             producer = await RawClient.connect(leader.address)
             # max_wait is far beyond the test's timeout: only the produce can answer it.
             await fetcher.send(FETCH, 13, fetch_request(topic_id, 1, max_wait=60_000))
-            resp = await producer.call(PRODUCE, 9, produce_request("t", 1, make_batch(0, 4)))
-            assert resp.responses[0].partition_responses[0].error_code == E.none
+            request = produce_request("t", 1, make_batch(0, 4)) | {"acks": acks}
+            if acks == 0:
+                await producer.send(PRODUCE, 9, request)  # no response to wait for
+            else:
+                resp = await producer.call(PRODUCE, 9, request)
+                assert resp.responses[0].partition_responses[0].error_code == E.none
             _cid, fetched = await fetcher.recv()
             part = fetched.responses[0].partitions[0]
             assert (part.error_code, part.high_watermark) == (E.none, 4)
