@@ -31,7 +31,9 @@ transactional id answers COORDINATOR_NOT_AVAILABLE, transactional batches get
 INVALID_TXN_STATE); static membership is treated as dynamic; the initial
 rebalance delay defaults to 0 (Kafka: 3 s); ListOffsets by timestamp reads
 record timestamps only in uncompressed and gzip batches (others answer with
-the batch's first offset); no SASL/TLS listeners.
+the batch's first offset); no SASL/TLS listeners; APIs outside the list in
+``versions`` (DescribeGroups, DeleteTopics, transactions, KIP-848 groups, ...)
+are not advertised and close the connection like an unknown API.
 """
 
 from __future__ import annotations
