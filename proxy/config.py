@@ -146,6 +146,11 @@ def _options() -> list[_Option]:
 def _convert(option: _Option, text: str) -> Any:
     """A flag or env string to the JSON type the schema expects (validation comes later)."""
     kind = option.spec.get("type")
+    if kind == "array" and option.spec.get("items", {}).get("type") == "object":
+        try:  # a list of tables (e.g. policies): JSON on the command line / in the env
+            return json.loads(text)
+        except ValueError:
+            return text  # the schema check names it
     if kind == "array":
         return [item.strip() for item in text.split(",") if item.strip()]
     if kind == "object":

@@ -60,6 +60,8 @@ class Connection:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._guard, self._client_loop, nursery.cancel_scope)
             nursery.start_soon(self._guard, self._upstream_loop, nursery.cancel_scope)
+            if hasattr(self.relay.fetch_handler, "bind_waker"):
+                nursery.start_soon(self._guard, self._wake_loop, nursery.cancel_scope)
         reason = self.outcome.reason or "cancelled"
         fields: dict[str, object] = {
             "reason": reason,
@@ -122,7 +124,7 @@ class Connection:
                 correlation_id=header.correlation_id,
             )
             await self._send_upstream()
-            await self._send_client()
+            await self._flush_client()
 
     async def _upstream_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
@@ -137,8 +139,35 @@ class Connection:
                 relay.upstream_frame(frame)
             if relay.can_accept:
                 self._capacity.set()
-            await self._send_client()
+            await self._flush_client()
             await self._send_upstream()
+
+    async def _wake_loop(self) -> None:
+        """Fetches that waited outside this connection (the memory budget) resume here.
+
+        The fetch handler (``proxy.fetchpath``) calls the waker from whichever task
+        freed budget; the fetch itself continues in this connection's own task.
+        """
+        handler = self.relay.fetch_handler
+        wakeup = trio.Event()
+
+        def wake() -> None:
+            wakeup.set()
+
+        handler.bind_waker(wake)  # type: ignore[attr-defined]
+        while True:
+            await wakeup.wait()
+            wakeup = trio.Event()
+            handler.resume()  # type: ignore[attr-defined]
+            await self._send_upstream()
+            await self._flush_client()
+
+    async def _flush_client(self) -> None:
+        """Send what the relay queued for the client, then tell the fetch path it was written."""
+        await self._send_client()
+        written = getattr(self.relay.fetch_handler, "written", None)
+        if written is not None:
+            written()  # frees the memory budget held by the responses just sent
 
     async def _send_upstream(self) -> None:
         async with self._upstream_lock:

@@ -29,13 +29,14 @@ from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 
 from ..config import HostPort, Settings
+from ..fetchpath import FetchPath, FetchPathConfig
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
 from ..relay import rewrite
 from ..relay.addresses import AddressBook
 from ..relay.apiversions import kio_range
-from ..relay.pipeline import FetchHandlerFactory, Relay
+from ..relay.pipeline import FetchHandler, FetchHandlerFactory, Relay
 from .connection import RECEIVE_BYTES, Connection
 from .upstream import client_ssl_context, open_upstream, server_ssl_context
 
@@ -82,6 +83,14 @@ class Proxy:
         self._nursery: trio.Nursery | None = None
         self._conn_ids = itertools.count(1)
         self._bootstrap_turn = 0
+        self.fetch_path: FetchPath | None = None
+        """The default Fetch path (upstream sessions and shaping), unless a factory is given."""
+        if fetch_handler_factory is None:
+            self.fetch_path = FetchPath(
+                FetchPathConfig.from_raw(settings.raw),
+                metrics=metrics,
+                decision_log=getattr(self, "decision_log", None),
+            )
 
     # --- public state ----------------------------------------------------------------------
 
@@ -186,6 +195,7 @@ class Proxy:
         reason = "cancelled"
         client: trio.abc.Stream = stream
         upstream: trio.abc.Stream | None = None
+        fetch_handler: FetchHandler | None = None
         try:
             if self.downstream_ssl is not None:
                 client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
@@ -198,9 +208,13 @@ class Proxy:
                 return
             if self.metrics is not None:
                 self.metrics.broker_connection_opened(node_id)
+            if self.fetch_path is not None:
+                fetch_handler = self.fetch_path.handler(node_id)
+            elif self.fetch_handler_factory is not None:
+                fetch_handler = self.fetch_handler_factory()
             relay = Relay(
                 self.book.resolve,
-                fetch_handler=self.fetch_handler_factory() if self.fetch_handler_factory else None,
+                fetch_handler=fetch_handler,
                 max_in_flight=self.settings.max_in_flight,
             )
             conn = Connection(
@@ -226,6 +240,9 @@ class Proxy:
             await trio.aclose_forcefully(client)
             if self.metrics is not None:
                 self.metrics.connection_closed(cause)
+            close = getattr(fetch_handler, "close", None)
+            if close is not None:
+                close()  # gives back the memory budget this connection held
 
     def _count_request(self, api_key: int, api_version: int, size: int) -> None:
         from ..observe.labels import Direction

@@ -22,6 +22,11 @@ Usage mirrors the translator::
     while isinstance(step, UpstreamFetch):
         step = server.complete(upstream_response_to(step.request))
     reply with step.response
+
+A ``FetchStage`` given to ``begin`` sits between the two sides (fetch shaping,
+:mod:`proxy.fetchpath`): it sees the sessionless full fetch before the
+translator does and the complete full response before the client's session
+picks from it, so it always works on full fetches whatever the client speaks.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
@@ -58,11 +63,22 @@ from .translate import (
 )
 
 
+class FetchStage(Protocol):
+    """Transforms one client fetch on its way up and its full response on the way down."""
+
+    def prepare(self, request: Any) -> Any:
+        """The sessionless full fetch (client's version) -> the one to serve upstream."""
+
+    def finish(self, response: Any) -> Any:
+        """The complete full response to ``prepare``'s request -> what the client gets."""
+
+
 @dataclass(slots=True)
 class _Pending:
     request: Any
     context: FetchContext
     by_ref: dict[tuple[str | uuid.UUID | None, int], TopicIdPartition]
+    stage: FetchStage | None = None
 
 
 class SessionFetchServer:
@@ -73,7 +89,7 @@ class SessionFetchServer:
         self.translator = translator
         self._pending: _Pending | None = None
 
-    def begin(self, request: Any) -> UpstreamFetch | ClientReply:
+    def begin(self, request: Any, stage: FetchStage | None = None) -> UpstreamFetch | ClientReply:
         if self._pending is not None:
             raise TranslationError("a client fetch is already being served on this connection")
         version = int(request.__version__)
@@ -120,9 +136,12 @@ class SessionFetchServer:
             return ClientReply(_response(version, result, None))
         effective = context.partitions()
         by_ref = {(_ref(t, on_ids), t.partition): t for t, _ in effective}
-        self._pending = _Pending(request, context, by_ref)
+        self._pending = _Pending(request, context, by_ref, stage)
         try:
-            return self.translator.begin(_sessionless_request(request, effective, on_ids))
+            sessionless = _sessionless_request(request, effective, on_ids)
+            if stage is not None:
+                sessionless = stage.prepare(sessionless)
+            return self.translator.begin(sessionless)
         except BaseException:
             self._pending = None
             raise
@@ -140,6 +159,8 @@ class SessionFetchServer:
         if int(getattr(full, "error_code", 0)) != 0:
             # The upstream kept failing: the client's session moved on, so it must reset.
             return ClientReply(full)
+        if pending.stage is not None:
+            full = pending.stage.finish(full)
         updates: dict[TopicIdPartition, Any] = {}
         on_ids = version >= FIRST_TOPIC_ID_VERSION
         for topic in full.responses:

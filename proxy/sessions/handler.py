@@ -137,15 +137,32 @@ class SessionFetchHandler:
         self._starting = True
         try:
             while self._queue and not self._busy:
-                request, decoded = self._queue.popleft()
+                request, decoded = self._queue[0]
                 server = self._server(int(request.header.api_version))
+                if not self._admit(request, decoded):
+                    return  # waits (e.g. for memory budget); resume() starts it
+                self._queue.popleft()
                 self._fetches += 1
                 self._busy = True
                 self._round = [0, 0]
                 self._client_sessionless = int(getattr(decoded, "session_epoch", -1)) == -1
-                self._step(request, upstream, server.begin(decoded))
+                self._step(request, upstream, self._begin(server, request, decoded))
         finally:
             self._starting = False
+
+    # -- hooks for a composed handler (proxy.fetchpath) ---------------------------------
+
+    def _admit(self, request: ClientRequest, decoded: Any) -> bool:
+        """May the fetch at the head of the queue start now? (False: it waits.)"""
+        return True
+
+    def _begin(
+        self, server: SessionFetchServer, request: ClientRequest, decoded: Any
+    ) -> UpstreamFetch | ClientReply:
+        return server.begin(decoded)
+
+    def _answered(self, request: ClientRequest, response: Any, frame: bytes) -> None:
+        """A consumer fetch was answered with *response* (already queued as *frame*)."""
 
     def _step(
         self, request: ClientRequest, upstream: Upstream, step: UpstreamFetch | ClientReply
@@ -186,6 +203,7 @@ class SessionFetchHandler:
             h.api_key, h.api_version, codec.encode_response(response, h.correlation_id)
         )
         request.reply(frame)
+        self._answered(request, response, frame)
         up_request, up_response = self._round
         self.upstream_fetch_bytes += up_request + up_response
         self.client_fetch_bytes += len(request.frame) + len(frame)

@@ -183,6 +183,7 @@ class FetchTranslator:
         upstream_max_version: int,
         max_resends: int = 2,
         sessionless_backoff: int = 8,
+        use_sessions: bool = True,
     ) -> None:
         if upstream_max_version < MIN_CLIENT_VERSION:
             raise ValueError(f"upstream Fetch v{upstream_max_version} is too old (need v4+)")
@@ -195,6 +196,9 @@ class FetchTranslator:
         self.cache = PartitionStateCache()
         self._pending: _Pending | None = None
         self.stats = TranslatorStats()
+        self.use_sessions = use_sessions
+        """False: every upstream request is a sessionless full fetch (config ``fetch_sessions``;
+        may change between fetches, e.g. on a config reload)."""
 
     # -- requests ------------------------------------------------------------------------
 
@@ -225,7 +229,7 @@ class FetchTranslator:
         session_request = self.session.build(
             wanted,
             uses_topic_ids=uses_topic_ids,
-            supports_sessions=version >= MIN_SESSION_VERSION,
+            supports_sessions=version >= MIN_SESSION_VERSION and self.use_sessions,
         )
         self._count(session_request)
         self._pending = _Pending(
@@ -312,7 +316,9 @@ class FetchTranslator:
             pending.wanted,
             uses_topic_ids=pending.uses_topic_ids,
             # The last resend does not ask for a session, so no session error can recur.
-            supports_sessions=pending.version >= MIN_SESSION_VERSION and not last_try,
+            supports_sessions=pending.version >= MIN_SESSION_VERSION
+            and self.use_sessions
+            and not last_try,
         )
         self.stats.resends += 1
         self._count(pending.session_request)

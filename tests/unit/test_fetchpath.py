@@ -1,0 +1,288 @@
+"""The combined Fetch path (proxy.fetchpath) in the real relay, the dev broker's dispatcher upstream.
+
+Bytes in, bytes out, as in test_session_translate_handler: client frames into
+the Relay, upstream frames answered by the dev broker's sans-I/O dispatcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from typing import Any
+
+import pytest
+from test_session_translate_devbroker import batch, client_fetch
+
+from proxy import config
+from proxy.devbroker.fetch import NodeFetcher
+from proxy.devbroker.groups import GroupCoordinator
+from proxy.devbroker.node import NodeDispatcher
+from proxy.devbroker.outcome import Reply, Wait
+from proxy.devbroker.state import ClusterState
+from proxy.fetchpath import FetchPath, FetchPathConfig, FetchPathHandler, InvalidFetchConfig
+from proxy.observe.metrics import PREFIX, Metrics
+from proxy.protocol import codec
+from proxy.protocol.records import iter_batches
+from proxy.relay.pipeline import Relay
+from proxy.sessions.broker import FetchSessionCache
+from proxy.shaping.limits import Limits
+from proxy.shaping.policy import Policy
+
+
+def resolve(node_id: int, host: str, port: int) -> tuple[str, int] | None:
+    return None
+
+
+class Conn:
+    """One client connection: a Relay with a FetchPathHandler, the broker answering upstream."""
+
+    def __init__(self, world: World, client_id: str = "rdkafka", node_id: int | None = 1) -> None:
+        self.world = world
+        self.client_id = client_id
+        self.handler: FetchPathHandler = world.path.handler(node_id)
+        self.relay = Relay(resolve, fetch_handler=self.handler)
+        self.upstream_frames: list[bytes] = []
+        self.held: list[bytes] = []
+        """Upstream requests not answered yet (answer=False)."""
+        self.woken = 0
+
+    def with_edge(self) -> Conn:
+        """Act like the trio edge: a waker, and written() after every flush to the client."""
+
+        def wake() -> None:
+            self.woken += 1
+
+        self.handler.bind_waker(wake)
+        return self
+
+    def send(self, *client_frames: bytes, answer: bool = True) -> list[bytes]:
+        for f in client_frames:
+            self.relay.client_frame(f)
+        return self.pump(answer=answer)
+
+    def pump(self, *, answer: bool = True) -> list[bytes]:
+        for _ in range(100):
+            frames = self.relay.take_upstream()
+            if not frames:
+                break
+            self.upstream_frames.extend(frames)
+            if not answer:
+                self.held.extend(frames)
+                break
+            for f in frames:
+                self.relay.upstream_frame(self.world.answer(f))
+        out = self.relay.take_client()
+        if out:
+            self.handler.written()
+        return out
+
+    def release_held(self) -> list[bytes]:
+        held, self.held = self.held, []
+        for f in held:
+            self.relay.upstream_frame(self.world.answer(f))
+        return self.pump()
+
+    def fetch(self, cid: int, parts: list[tuple[str, int, int]], version: int = 12) -> Any:
+        frame = self.fetch_frame(cid, parts, version)
+        [out] = self.send(frame)
+        return codec.decode_response(1, version, out)[1]
+
+    def fetch_frame(self, cid: int, parts: list[tuple[str, int, int]], version: int = 12) -> bytes:
+        class _Up:
+            state = self.world.state
+
+        request = client_fetch(_Up(), version, parts)  # type: ignore[arg-type]
+        return codec.encode_request(request, cid, self.client_id)
+
+
+class World:
+    def __init__(self, config: FetchPathConfig | None = None, metrics: Any = None) -> None:
+        self.state = ClusterState("dev", [1])
+        for name, n in {"orders": 4, "events": 3}.items():
+            self.state.create_topic(name, n)
+        self.upstream_sessions = FetchSessionCache(rng=random.Random(1))
+        self.broker = NodeDispatcher(
+            1,
+            self.state,
+            GroupCoordinator(self.state),
+            fetcher=NodeFetcher(1, self.state, self.upstream_sessions),
+        )
+        self.direct = NodeDispatcher(
+            1,
+            self.state,
+            GroupCoordinator(self.state),
+            fetcher=NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(2))),
+        )
+        self.path = FetchPath(config or FetchPathConfig(), metrics=metrics)
+
+    def answer(self, frame: bytes, dispatcher: NodeDispatcher | None = None) -> bytes:
+        outcome = (dispatcher or self.broker).handle(frame)
+        if isinstance(outcome, Wait):
+            assert outcome.pending.poll(0.0)
+            return codec.encode_response(outcome.pending.complete(), outcome.correlation_id)
+        assert isinstance(outcome, Reply), outcome
+        return codec.encode_response(outcome.response, outcome.correlation_id)
+
+    def append(self, topic: str, p: int, count: int, times: int = 1) -> None:
+        part = self.state.partition(topic, p)
+        assert part is not None
+        for _ in range(times):
+            part.log.append(batch(count), part.leader_epoch)
+
+
+ALL = [("orders", p, 0) for p in range(4)] + [("events", p, 0) for p in range(3)]
+
+
+def delivered(response: Any) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """(base offset, record count) of every batch per partition."""
+    out: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for t in response.responses:
+        for pd in t.partitions:
+            out[(t.topic, int(pd.partition_index))] = [
+                (h.base_offset, h.records_count) for h in iter_batches(pd.records or b"")
+            ]
+    return out
+
+
+def upstream_fetches(conn: Conn) -> list[Any]:
+    out = []
+    for f in conn.upstream_frames:
+        if codec.parse_request_header(f).api_key == 1:
+            out.append(codec.decode_request(f)[1])
+    return out
+
+
+def test_unlimited_path_answers_exactly_as_the_broker() -> None:
+    w = World()
+    c = Conn(w)
+    w.append("events", 2, 3)
+    w.append("orders", 1, 5, times=2)
+    for cid in (2, 3, 4):
+        frame = c.fetch_frame(cid, ALL)
+        [out] = c.send(frame)
+        assert out == w.answer(frame, w.direct)
+    assert upstream_fetches(c)[-1].session_epoch >= 1  # incremental upstream
+    assert w.path.budget.used == 0
+
+
+def test_record_cap_delivers_whole_batches_and_serves_the_rest_from_the_buffer() -> None:
+    metrics = Metrics(process_metrics=False)
+    w = World(FetchPathConfig(limits=Limits(max_records=5)), metrics=metrics)
+    c = Conn(w)
+    w.append("orders", 0, 3, times=3)  # offsets 0-2, 3-5, 6-8
+    first = c.fetch(2, [("orders", 0, 0)])
+    assert delivered(first)[("orders", 0)] == [(0, 3)]
+    assert first.responses[0].partitions[0].high_watermark == 9
+    upstream_before = len(upstream_fetches(c))
+    second = c.fetch(3, [("orders", 0, 3)])
+    assert delivered(second)[("orders", 0)] == [(3, 3)]
+    # The batch came from the reuse buffer: upstream was asked from past the held batches.
+    last = upstream_fetches(c)[upstream_before]
+    offsets = [p.fetch_offset for t in last.topics for p in t.partitions]
+    assert offsets in ([9], [])  # changed partition sent, or the session already had it
+    third = c.fetch(4, [("orders", 0, 6)])
+    assert delivered(third)[("orders", 0)] == [(6, 3)]
+    value = metrics.registry.get_sample_value
+    assert value(f"{PREFIX}buffered_reuse_hits_total") == 2
+    assert value(f"{PREFIX}trimmed_records_total", {"limit": "max_records", "policy": "default"})
+    assert w.path.budget.used == 0  # nothing held once the buffer is drained and written
+
+
+def test_a_fetch_waits_for_budget_and_resumes_when_another_connection_frees_it() -> None:
+    metrics = Metrics(process_metrics=False)
+    w = World(FetchPathConfig(memory_budget_bytes=1 << 20), metrics=metrics)
+    w.path.budget.floor = 1 << 20  # every fetch needs the whole budget
+    a, b = Conn(w).with_edge(), Conn(w).with_edge()
+    w.append("orders", 0, 3)
+    assert a.send(a.fetch_frame(2, ALL), answer=False) == []
+    assert a.held and w.path.budget.used == 1 << 20
+    assert b.send(b.fetch_frame(2, ALL)) == []
+    assert not [f for f in b.upstream_frames if codec.parse_request_header(f).api_key == 1]
+    assert metrics.registry.get_sample_value(f"{PREFIX}memory_budget_waits_total") == 1
+    [out_a] = a.release_held()  # answered and written: the budget is free again
+    assert b.woken == 1
+    b.handler.resume()  # what the edge does in b's own task
+    [out_b] = b.pump()
+    assert codec.peek_correlation_id(out_a) == codec.peek_correlation_id(out_b) == 2
+    assert w.path.budget.used == 0 and w.path.budget.peak <= 1 << 20
+
+
+def test_closing_a_connection_gives_back_its_budget() -> None:
+    w = World(FetchPathConfig(limits=Limits(max_records=1), memory_budget_bytes=1 << 22))
+    c = Conn(w).with_edge()
+    w.append("orders", 0, 1, times=4)
+    c.fetch(2, [("orders", 0, 0)])
+    assert w.path.budget.used > 0  # three batches held in the reuse buffer
+    c.send(c.fetch_frame(3, ALL), answer=False)
+    c.handler.close()
+    assert w.path.budget.used == 0
+
+
+def test_reload_applies_new_limits_and_policies_to_live_connections() -> None:
+    w = World()
+    rd, java = Conn(w, "rdkafka"), Conn(w, "java-app")
+    w.append("orders", 0, 2, times=4)
+    assert len(delivered(rd.fetch(2, [("orders", 0, 0)]))[("orders", 0)]) == 4
+    w.path.reload(
+        FetchPathConfig(
+            limits=Limits(max_records=4),
+            policies=(Policy("java", Limits(max_records=2), client_id="java-*"),),
+        )
+    )
+    assert delivered(rd.fetch(3, [("orders", 0, 0)]))[("orders", 0)] == [(0, 2), (2, 2)]
+    assert delivered(java.fetch(2, [("orders", 0, 0)]))[("orders", 0)] == [(0, 2)]
+
+
+def test_policies_match_listener_names() -> None:
+    w = World(FetchPathConfig(policies=(Policy("b2", Limits(max_records=1), listener="broker-2"),)))
+    assert w.path.select("x", "broker-2") == ("b2", Limits(max_records=1))
+    assert w.path.select("x", "broker-1") == ("default", Limits())
+    assert Conn(w, node_id=None).handler.listener == "bootstrap"
+
+
+def test_fetch_sessions_off_sends_sessionless_full_fetches() -> None:
+    w = World(FetchPathConfig(fetch_sessions=False))
+    c = Conn(w)
+    for cid in (2, 3, 4):
+        c.fetch(cid, ALL)
+    fetches = upstream_fetches(c)
+    assert [(f.session_id, f.session_epoch) for f in fetches] == [(0, -1)] * 3
+    assert all(sum(len(t.partitions) for t in f.topics) == 7 for f in fetches)
+
+
+def test_config_from_raw_names_key_value_and_what_is_allowed() -> None:
+    cfg = FetchPathConfig.from_raw(
+        {
+            "max_records": 100,
+            "memory_budget_bytes": 1 << 26,
+            "policies": [{"name": "slow", "client_id": "rd*", "max_partition_records": 10}],
+        }
+    )
+    assert cfg.limits == Limits(max_records=100) and cfg.memory_budget_bytes == 1 << 26
+    assert cfg.policies[0].limits == Limits(max_partition_records=10)
+    with pytest.raises(InvalidFetchConfig, match=r"policies\[1\]\.name.*'a'.*unique"):
+        FetchPathConfig.from_raw({"policies": [{"name": "a"}, {"name": "a"}]})
+
+
+def test_schema_keys_flags_and_env() -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--upstream",
+            "k:1",
+            "--max-records",
+            "500",
+            "--no-fetch-sessions",
+            "--policies",
+            '[{"name": "p", "listener": "broker-*", "max_records": 5}]',
+        ]
+    )
+    settings = config.from_args(args, {"KAFKA_FETCH_PROXY_MEMORY_BUDGET_BYTES": "67108864"})
+    cfg = FetchPathConfig.from_raw(settings.raw)
+    assert cfg.limits.max_records == 500 and not cfg.fetch_sessions
+    assert cfg.memory_budget_bytes == 64 << 20 and cfg.policies[0].listener == "broker-*"
+    with pytest.raises(config.ConfigError, match=r"key 'max_records'.*-3.*>= 1"):
+        config.validate({"upstream": ["k:1"], "max_records": -3})
+    with pytest.raises(config.ConfigError, match=r"policies"):
+        config.validate({"upstream": ["k:1"], "policies": [{"name": "x", "max_bytes": 1}]})
