@@ -154,13 +154,24 @@ def test_cli_prints_bootstrap_first_and_exits_zero_on_signal(sig: Any) -> None:
     assert rc == 0
 
 
-def test_cli_nodes_listen_on_consecutive_ports() -> None:
+def free_port_pair() -> int:
+    """A port P with P and P+1 free right now (loopback)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
-    # The port just freed and the next one are very likely free (loopback, ephemeral range).
+    for _ in range(20):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            base = int(a.getsockname()[1])
+            try:
+                b.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+            return base
+    pytest.fail("no two consecutive free ports")
+
+
+def test_cli_nodes_listen_on_consecutive_ports() -> None:
+    base = free_port_pair()
     dev = DevbrokerProcess("--nodes", "2", "--port", str(base))
     try:
         lines = [dev.readline() for _ in range(3)]
