@@ -88,6 +88,9 @@ class ObserveApp:
     JSON-serialisable snapshot of fetch sessions (sessions, partition counts,
     epochs); when it is None (the default, as the config's
     ``debug_sessions = false``) /debug/sessions is 404 like any unknown path.
+    ``refresh`` runs before each /metrics render, to set gauges that are cheaper
+    to read at scrape time than to keep current (e.g. session cache sizes); if
+    it fails, the metrics are served as they are and the failure is logged.
     """
 
     def __init__(
@@ -96,10 +99,12 @@ class ObserveApp:
         readiness: Callable[[], Readiness],
         *,
         debug_sessions: Callable[[], Any] | None = None,
+        refresh: Callable[[], None] | None = None,
     ) -> None:
         self.registry = registry
         self.readiness = readiness
         self.debug_sessions = debug_sessions
+        self.refresh = refresh
 
     def handle(self, method: str, target: str, accept: str = "") -> HttpResponse:
         path = target.split("?", 1)[0]
@@ -122,6 +127,11 @@ class ObserveApp:
             return _text(500, "internal error")
 
     def _metrics(self, accept: str) -> HttpResponse:
+        if self.refresh is not None:
+            try:
+                self.refresh()
+            except Exception as exc:
+                _log.error("metrics_refresh_failed", error=repr(exc))
         encoder, content_type = choose_encoder(accept)
         return HttpResponse(200, content_type, encoder(self.registry))
 

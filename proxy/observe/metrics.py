@@ -496,8 +496,9 @@ class Metrics:
         self._gauges["fetch_sessions_active"].labels(side=side.value).set(active)
         self._gauges["fetch_session_partitions_cached"].labels(side=side.value).set(partitions)
 
-    def fetch_session_evicted(self, side: Side) -> None:
-        self._counters["fetch_session_evictions_total"].labels(side=side.value).inc()
+    def fetch_session_evicted(self, side: Side, count: int = 1) -> None:
+        if count > 0:
+            self._counters["fetch_session_evictions_total"].labels(side=side.value).inc(count)
 
     def fetch_session_reset(self, side: Side, reason: ResetReason | str) -> None:
         label = enum_label(ResetReason, str(reason), ResetReason.OTHER)

@@ -10,8 +10,13 @@ per session, so a busy proxy answers with a bounded body; ``total`` and the
 ``truncated`` flags say what was left out.
 
 The endpoint is off by default (it reveals topic names and client ids); the
-relay passes ``lambda: sessions_snapshot(...)`` as ``ObserveApp(debug_sessions=...)``
-when enabled.
+proxy passes ``Proxy.debug_sessions`` as ``ObserveApp(debug_sessions=...)`` when
+the config's ``debug_sessions`` is true.
+
+How the proxy finds sessions: :func:`upstream_session` asks each live
+connection's fetch handler (a handler may expose ``upstream_session``, None
+before its first fetch; the session handlers keep it at
+``server.translator.session``).
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ class SessionEntry:
     connection: str
     """The relay's connection id (as in its log lines)."""
     client_id: str | None
-    node_id: int
+    node_id: int | None
+    """The broker listener's node id (None: the bootstrap listener)."""
     session: SessionView
 
 
@@ -72,10 +78,23 @@ def sessions_snapshot(
             row["partition_names"] = sorted(str(p) for p in partitions)[:partition_limit]
             row["partition_names_truncated"] = len(partitions) > partition_limit
         rows.append(row)
-    rows.sort(key=lambda r: (-r["partitions"], r["connection"], r["node_id"]))
+    rows.sort(key=lambda r: (-r["partitions"], r["connection"]))
     return {
         "total": len(rows),
         "truncated": len(rows) > limit,
         "partitions_cached": sum(r["partitions"] for r in rows),
         "sessions": rows[:limit],
     }
+
+
+def upstream_session(handler: object) -> SessionView | None:
+    """The upstream fetch session a connection's fetch handler holds (None: none yet)."""
+    session = getattr(handler, "upstream_session", None)
+    if session is None:
+        translator = getattr(getattr(handler, "server", None), "translator", None)
+        session = getattr(translator, "session", None)
+    if session is None or not all(
+        hasattr(session, name) for name in ("next_metadata", "session_partitions")
+    ):
+        return None
+    return session  # type: ignore[no-any-return]

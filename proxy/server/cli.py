@@ -60,19 +60,37 @@ def _run(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     logs.configure(settings.log_level)
+    metrics = _metrics()
+    observe = _observe_settings(settings)
     try:
-        trio.run(_serve, settings)
+        # opened before the proxy starts, closed after it stops; Proxy.decision_log
+        decision_log = observe.open_decision_log(metrics) if observe is not None else None
+    except OSError as exc:
+        log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
+        print(f"kafka-fetch-proxy: cannot open the decision log: {exc}", file=sys.stderr)
+        return 1
+    try:
+        trio.run(_serve, settings, metrics, observe, decision_log)
     except KeyboardInterrupt:
         pass
     except OSError as exc:  # e.g. the listen address is taken
         log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
         print(f"kafka-fetch-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if decision_log is not None:
+            decision_log.close()
     return 0
 
 
-async def _serve(settings: config.Settings) -> None:
-    proxy = Proxy(settings, metrics=_metrics())
+async def _serve(
+    settings: config.Settings,
+    metrics: Any = None,
+    observe: Any = None,
+    decision_log: Any = None,
+) -> None:
+    proxy = Proxy(settings, metrics=metrics, decision_log=decision_log)
+    debug_sessions = observe is not None and observe.debug_sessions
     proxy.bind()  # fails here, outside any nursery, when the address is taken
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -80,9 +98,11 @@ async def _serve(settings: config.Settings) -> None:
             assert proxy.bootstrap is not None
             print(f"bootstrap={proxy.bootstrap}", flush=True)
             if settings.metrics_listen is not None and proxy.metrics is not None:
-                port = await nursery.start(_serve_metrics, proxy, settings.metrics_listen)
-                metrics = config.HostPort(settings.metrics_listen.host, port)
-                print(f"metrics=http://{metrics}/metrics", flush=True)
+                port = await nursery.start(
+                    _serve_metrics, proxy, settings.metrics_listen, debug_sessions
+                )
+                endpoint = config.HostPort(settings.metrics_listen.host, port)
+                print(f"metrics=http://{endpoint}/metrics", flush=True)
             async for signum in signals:
                 log.info("shutdown", reason=signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
@@ -97,8 +117,20 @@ def _metrics() -> Any:
     return Metrics()
 
 
+def _observe_settings(settings: config.Settings) -> Any:
+    try:
+        from ..observe.settings import ObserveSettings
+    except ImportError:  # the observability module is optional for the relay
+        return None
+    return ObserveSettings.from_settings(settings)
+
+
 async def _serve_metrics(
-    proxy: Proxy, address: config.HostPort, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    proxy: Proxy,
+    address: config.HostPort,
+    debug_sessions: bool = False,
+    *,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     from ..observe.http import ObserveApp, Readiness, serve_http
 
@@ -107,5 +139,10 @@ async def _serve_metrics(
         return Readiness(ready, checks)
 
     assert proxy.metrics is not None
-    app = ObserveApp(proxy.metrics.registry, readiness)
+    app = ObserveApp(
+        proxy.metrics.registry,
+        readiness,
+        debug_sessions=proxy.debug_sessions if debug_sessions else None,
+        refresh=proxy.refresh_metrics,
+    )
     await serve_http(app, address.host, address.port, task_status=task_status)

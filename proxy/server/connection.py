@@ -13,6 +13,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 import trio
@@ -20,6 +21,9 @@ import trio
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
 from ..relay.pipeline import Relay
+
+if TYPE_CHECKING:
+    from ..observe.traffic import TrafficMeter
 
 RECEIVE_BYTES = 64 * 1024
 
@@ -43,17 +47,25 @@ class Connection:
         *,
         max_frame_bytes: int,
         on_request: Callable[[int, int, int], None] | None = None,
+        meter: TrafficMeter | None = None,
     ) -> None:
         self.client = client
         self.upstream = upstream
         self.relay = relay
         self.max_frame_bytes = max_frame_bytes
         self.on_request = on_request
+        self.meter = meter
+        """Counts and times every frame on both legs (proxy.observe.traffic)."""
         self.outcome = _Outcome()
         self._client_lock = trio.Lock()
         self._upstream_lock = trio.Lock()
         self._capacity = trio.Event()
         self._client_id: str | None = None
+
+    @property
+    def client_id(self) -> str | None:
+        """The client_id of the client's latest request header."""
+        return self._client_id
 
     async def run(self) -> str:
         """Relay until one side ends; returns the reason (see ``proxy.logs``)."""
@@ -109,6 +121,8 @@ class Connection:
                 self._capacity = trio.Event()
                 await self._capacity.wait()
             header = relay.client_frame(frame)
+            if self.meter is not None:
+                self.meter.client_frame(header, frame, trio.current_time())
             if header is None:  # a raw SASL v0 token: nothing to log
                 await self._send_upstream()
                 continue
@@ -136,6 +150,8 @@ class Connection:
                 return
             decoder.feed(data)
             while (frame := decoder.next_frame()) is not None:
+                if self.meter is not None:
+                    self.meter.upstream_frame(frame, trio.current_time())
                 relay.upstream_frame(frame)
             if relay.can_accept:
                 self._capacity.set()
@@ -173,10 +189,15 @@ class Connection:
         async with self._upstream_lock:
             frames = self.relay.take_upstream()
             if frames:
+                if self.meter is not None:
+                    self.meter.upstream_sent(frames, trio.current_time())
                 await self.upstream.send_all(b"".join(encode_frame(f) for f in frames))
 
     async def _send_client(self) -> None:
         async with self._client_lock:
             frames = self.relay.take_client()
             if frames:
+                done = self.meter.client_sent(frames) if self.meter is not None else None
                 await self.client.send_all(b"".join(encode_frame(f) for f in frames))
+                if done is not None and self.meter is not None:
+                    self.meter.client_written(done, trio.current_time())

@@ -19,7 +19,8 @@ import itertools
 import logging
 import socket
 import ssl
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
@@ -50,6 +51,18 @@ _CONNECT_ERRORS = (
     trio.ClosedResourceError,
     ProtocolError,
 )
+
+
+@dataclass(slots=True, eq=False)
+class LiveConnection:
+    """A client connection being served (what /debug/sessions reads)."""
+
+    conn_id: str
+    node_id: int | None
+    relay: Relay
+    connection: Connection
+
+
 _CLOSE_CAUSES = {
     "client_closed": "peer_closed",
     "upstream_closed": "upstream_closed",
@@ -66,10 +79,17 @@ class Proxy:
         *,
         fetch_handler_factory: FetchHandlerFactory | None = None,
         metrics: Any | None = None,
+        decision_log: Any | None = None,
     ) -> None:
         self.settings = settings
         self.fetch_handler_factory = fetch_handler_factory
         self.metrics = metrics
+        self.decision_log = decision_log
+        """The open ``proxy.observe.decisionlog.DecisionLog`` (None: off), for fetch handlers."""
+        self.live: dict[str, LiveConnection] = {}
+        """Connections being served, by conn_id."""
+        self.metrics_refreshers: list[Callable[[], None]] = []
+        """Called before each /metrics scrape, e.g. to set session-cache gauges."""
         self.upstream_ssl = client_ssl_context(settings.upstream_tls)
         self.downstream_ssl = server_ssl_context(settings.downstream_tls)
         self.book = AddressBook(settings.advertised_host, settings.broker_port, self._bind_broker)
@@ -184,8 +204,9 @@ class Proxy:
 
     async def _serve_client(self, stream: trio.SocketStream, node_id: int | None) -> None:
         structlog.contextvars.clear_contextvars()
+        conn_id = f"c{next(self._conn_ids)}"
         structlog.contextvars.bind_contextvars(
-            conn_id=f"c{next(self._conn_ids)}",
+            conn_id=conn_id,
             client_addr=_peer(stream),
             listener="bootstrap" if node_id is None else "broker",
             node_id=node_id,
@@ -222,8 +243,9 @@ class Proxy:
                 upstream,
                 relay,
                 max_frame_bytes=self.settings.max_frame_bytes,
-                on_request=self._count_request if self.metrics is not None else None,
+                meter=self._meter(node_id),
             )
+            self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
             reason = await conn.run()
         except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
             reason = "io_error"
@@ -232,6 +254,7 @@ class Proxy:
             reason = "internal_error"
             log.exception("connection_failed", error=f"{type(exc).__name__}: {exc}")
         finally:
+            self.live.pop(conn_id, None)
             cause = _CLOSE_CAUSES.get(reason, "other")
             if upstream is not None:
                 await trio.aclose_forcefully(upstream)
@@ -244,11 +267,32 @@ class Proxy:
             if close is not None:
                 close()  # gives back the memory budget this connection held
 
-    def _count_request(self, api_key: int, api_version: int, size: int) -> None:
-        from ..observe.labels import Direction
+    def _meter(self, node_id: int | None) -> Any:
+        if self.metrics is None:
+            return None
+        from ..observe.traffic import TrafficMeter
 
-        if self.metrics is not None:
-            self.metrics.request(api_key, Direction.CLIENT_TO_PROXY, size)
+        return TrafficMeter(self.metrics, node=node_id)
+
+    # --- observability ---------------------------------------------------------------------
+
+    def debug_sessions(self) -> dict[str, Any]:
+        """The JSON of /debug/sessions: the live connections' upstream fetch sessions."""
+        from ..observe.sessions import SessionEntry, sessions_snapshot, upstream_session
+
+        entries = []
+        for live in list(self.live.values()):
+            session = upstream_session(live.relay.fetch_handler)
+            if session is not None:
+                entries.append(
+                    SessionEntry(live.conn_id, live.connection.client_id, live.node_id, session)
+                )
+        return sessions_snapshot(entries)
+
+    def refresh_metrics(self) -> None:
+        """Before each scrape: run ``metrics_refreshers`` (gauges read from live state)."""
+        for refresh in list(self.metrics_refreshers):
+            refresh()
 
     async def _connect_for(self, node_id: int | None) -> trio.abc.Stream | None:
         """An upstream stream for a client of ``node_id``'s listener (None: the bootstrap)."""

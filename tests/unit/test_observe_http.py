@@ -344,3 +344,22 @@ async def test_serve_http_on_loopback_with_urllib() -> None:
             assert (status, json.loads(body)) == (200, relay.sessions)
             assert (await trio.to_thread.run_sync(fetch, "/nope"))[0] == 404
             nursery.cancel_scope.cancel()
+
+
+def test_refresh_runs_before_each_scrape_and_its_failure_is_not_fatal() -> None:
+    metrics = Metrics(process_metrics=False)
+    calls: list[int] = []
+
+    def refresh() -> None:
+        calls.append(1)
+        metrics.set_memory_budget(used=len(calls) * 100)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+
+    app = ObserveApp(metrics.registry, lambda: Readiness(True), refresh=refresh)
+    first = app.handle("GET", "/metrics")
+    assert b"kafka_fetch_proxy_memory_budget_used_bytes 100.0" in first.body
+    second = app.handle("GET", "/metrics")
+    assert second.status == 200  # served as it is
+    assert b"kafka_fetch_proxy_memory_budget_used_bytes 200.0" in second.body
+    assert app.handle("GET", "/healthz").status == 200 and len(calls) == 2

@@ -1,0 +1,117 @@
+"""Per-connection traffic accounting: every frame on the four legs, by API, with latencies.
+
+One :class:`TrafficMeter` per client connection watches the frames the trio
+edge moves (sans-I/O: it is told the time, it never reads a clock) and reports
+them to :class:`~proxy.observe.metrics.Metrics`:
+
+- ``client_frame``: a request from the client (``client_to_proxy``);
+- ``upstream_sent``: the frames just taken from the relay for the broker
+  (``proxy_to_broker``; these include requests the proxy makes itself, such as
+  a session's Fetch or a Metadata lookup for topic ids);
+- ``upstream_frame``: a response from the broker (``broker_to_proxy``) and the
+  round trip of the request it answers (``broker_request_duration_seconds``);
+- ``client_sent``: responses taken for the client (``proxy_to_client``) and, once
+  written, each one's time since its request arrived
+  (``client_request_duration_seconds``).
+
+Responses carry no API key, so the meter keeps two FIFOs that mirror the
+relay's: one per client request that will be answered (client order: the relay
+answers in request order), one per upstream request that will be answered
+(brokers answer a connection in order).  Produce with acks=0 has no response on
+either leg and is not queued.  Raw SASL v0 tokens (no Kafka header) are counted
+as ``sasl_authenticate``, the API that KIP-152 later wrapped them in.  The FIFOs
+hold one small tuple per request in flight, so they are bounded by the relay's
+own bounds (``max_in_flight`` client requests, and the requests a fetch handler
+keeps in flight upstream).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..protocol import codec
+from ..protocol.errors import ProtocolError
+from ..relay.pipeline import produce_acks
+from .labels import Direction
+from .metrics import Metrics
+
+PRODUCE = 0
+SASL_AUTHENTICATE = 36
+UNKNOWN_API = -1
+
+
+def _expects_response(api_key: int, frame: bytes) -> bool:
+    if api_key != PRODUCE:
+        return True
+    try:
+        return produce_acks(codec.parse_request_header(frame), frame) != 0
+    except ProtocolError:
+        return True  # the relay refuses it and closes the connection anyway
+
+
+class TrafficMeter:
+    """Counts and times one client connection's frames (see the module docstring)."""
+
+    __slots__ = ("_client", "_raw", "_upstream", "metrics", "node")
+
+    def __init__(self, metrics: Metrics, *, node: int | None = None) -> None:
+        self.metrics = metrics
+        self.node = node
+        self._client: deque[tuple[int, float]] = deque()  # (api_key, arrival)
+        self._upstream: deque[tuple[int, float]] = deque()  # (api_key, sent)
+        self._raw: deque[bytes] = deque()  # raw SASL tokens the relay will send upstream
+
+    @property
+    def awaiting(self) -> tuple[int, int]:
+        """(client requests, upstream requests) awaiting their response."""
+        return len(self._client), len(self._upstream)
+
+    def client_frame(self, header: codec.RequestHeader | None, frame: bytes, now: float) -> None:
+        """A request frame the relay accepted; ``header`` None: a raw SASL v0 token."""
+        if header is None:
+            api_key = SASL_AUTHENTICATE
+            self._raw.append(frame)
+            expects = True
+        else:
+            api_key = header.api_key
+            expects = _expects_response(api_key, frame)
+        self.metrics.request(api_key, Direction.CLIENT_TO_PROXY, len(frame))
+        if expects:
+            self._client.append((api_key, now))
+
+    def upstream_sent(self, frames: list[bytes], now: float) -> None:
+        """Frames taken from the relay for the broker, in order, about to be written."""
+        for frame in frames:
+            if self._raw and frame is self._raw[0]:
+                self._raw.popleft()
+                api_key, expects = SASL_AUTHENTICATE, True
+            else:
+                api_key = int.from_bytes(frame[0:2], "big", signed=True) if len(frame) >= 2 else -1
+                expects = _expects_response(api_key, frame)
+            self.metrics.request(api_key, Direction.PROXY_TO_BROKER, len(frame), node=self.node)
+            if expects:
+                self._upstream.append((api_key, now))
+
+    def upstream_frame(self, frame: bytes, now: float) -> None:
+        """A response frame from the broker (before the relay handles it)."""
+        if self._upstream:
+            api_key, sent = self._upstream.popleft()
+            self.metrics.broker_request_duration(api_key, max(0.0, now - sent))
+        else:  # nothing pending: the relay closes the connection over it
+            api_key = UNKNOWN_API
+        self.metrics.response(api_key, Direction.BROKER_TO_PROXY, len(frame), node=self.node)
+
+    def client_sent(self, frames: list[bytes]) -> list[tuple[int, float]]:
+        """Responses taken for the client, in order; returns what ``client_written`` needs."""
+        done = []
+        for frame in frames:
+            entry = self._client.popleft() if self._client else (UNKNOWN_API, float("nan"))
+            self.metrics.response(entry[0], Direction.PROXY_TO_CLIENT, len(frame))
+            done.append(entry)
+        return done
+
+    def client_written(self, done: list[tuple[int, float]], now: float) -> None:
+        """The responses ``client_sent`` returned have been written to the client."""
+        for api_key, arrival in done:
+            if arrival == arrival:  # not NaN
+                self.metrics.client_request_duration(api_key, max(0.0, now - arrival))
