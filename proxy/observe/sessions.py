@@ -16,14 +16,21 @@ the config's ``debug_sessions`` is true.
 How the proxy finds sessions: :func:`upstream_session` asks each live
 connection's fetch handler (a handler may expose ``upstream_session``, None
 before its first fetch; the session handlers keep it at
-``server.translator.session``).
+``server.translator.session``), and :func:`session_cache` finds the downstream
+``FetchSessionCache`` it serves clients' sessions from (``session_cache`` or
+``sessions``).  :class:`SessionGauges` sets the fetch-session gauges from the
+same state when Prometheus scrapes (``Proxy.metrics_refreshers``).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from .labels import Side
+from .metrics import Metrics
 
 DEFAULT_LIMIT = 1000
 DEFAULT_PARTITION_LIMIT = 100
@@ -98,3 +105,66 @@ def upstream_session(handler: object) -> SessionView | None:
     ):
         return None
     return session  # type: ignore[no-any-return]
+
+
+class SessionCacheView(Protocol):
+    """What a downstream session cache exposes (``proxy.sessions.broker.FetchSessionCache``)."""
+
+    @property
+    def num_sessions(self) -> int: ...
+    @property
+    def num_partitions(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+
+
+def session_cache(handler: object) -> SessionCacheView | None:
+    """The downstream session cache a fetch handler serves clients' sessions from, if any."""
+    for name in ("session_cache", "sessions"):
+        cache = getattr(handler, name, None)
+        if cache is not None and all(
+            hasattr(cache, a) for a in ("num_sessions", "num_partitions", "evictions")
+        ):
+            return cache  # type: ignore[no-any-return]
+    return None
+
+
+class SessionGauges:
+    """Sets the fetch-session gauges from live state, at scrape time.
+
+    Upstream: the sessions the proxy holds with brokers (one per connection that
+    fetches through a session; session id 0 means none is open).  Downstream: the
+    caches of the sessions clients hold with the proxy, reached through the live
+    connections' handlers (or given), each counted once however many connections
+    share it; their eviction counters feed
+    ``fetch_session_evictions_total{side="downstream"}``.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._evictions_seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+    def refresh(self, handlers: Iterable[object], caches: Iterable[object] = ()) -> None:
+        active = partitions = 0
+        found: dict[int, Any] = {id(cache): cache for cache in caches}
+        for handler in handlers:
+            session = upstream_session(handler)
+            if session is not None and session.next_metadata.session_id != 0:
+                active += 1
+                partitions += len(session.session_partitions)
+            cache = session_cache(handler)
+            if cache is not None:
+                found[id(cache)] = cache
+        self.metrics.set_fetch_sessions(Side.UPSTREAM, active=active, partitions=partitions)
+        self.metrics.set_fetch_sessions(
+            Side.DOWNSTREAM,
+            active=sum(int(c.num_sessions) for c in found.values()),
+            partitions=sum(int(c.num_partitions) for c in found.values()),
+        )
+        for cache in found.values():
+            try:
+                seen = self._evictions_seen.get(cache, 0)
+                self._evictions_seen[cache] = int(cache.evictions)
+            except TypeError:  # not weak-referenceable: count nothing rather than twice
+                continue
+            self.metrics.fetch_session_evicted(Side.DOWNSTREAM, int(cache.evictions) - seen)

@@ -111,6 +111,16 @@ class Proxy:
                 metrics=metrics,
                 decision_log=getattr(self, "decision_log", None),
             )
+            self.metrics_refreshers.append(self.fetch_path.refresh_gauges)
+        if metrics is not None:
+            from ..observe.sessions import SessionGauges
+
+            gauges = SessionGauges(metrics)
+            self.metrics_refreshers.append(
+                lambda: gauges.refresh(
+                    live.relay.fetch_handler for live in list(self.live.values())
+                )
+            )
 
     # --- public state ----------------------------------------------------------------------
 

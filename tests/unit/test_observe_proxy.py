@@ -56,7 +56,7 @@ async def test_every_leg_is_counted_and_timed_and_live_connections_are_listed() 
             await request(conn, decoder, METADATA)
             (live,) = proxy.live.values()
             assert live.node_id == 0 and live.connection.client_id == "observed-app"
-            # a pass-through fetch handler holds no upstream session
+            # no Fetch yet: no upstream session
             assert proxy.debug_sessions() == {
                 "total": 0,
                 "truncated": False,

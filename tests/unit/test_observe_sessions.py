@@ -68,3 +68,65 @@ def test_a_real_session_client_and_the_endpoint() -> None:
     assert fresh["epoch"] == client.next_metadata.epoch
     assert fresh["partitions"] == 0 and fresh["client_id"] is None
     assert str(PartitionKey(topic_id, 3)) == f"{topic_id}-3"  # how partition names render
+
+
+class FakeCache:
+    def __init__(self, sessions: int, partitions: int, evictions: int) -> None:
+        self.num_sessions = sessions
+        self.num_partitions = partitions
+        self.evictions = evictions
+
+
+@dataclass
+class FakeTranslator:
+    session: FakeSession
+
+
+@dataclass
+class FakeServer:
+    translator: FakeTranslator
+
+
+@dataclass
+class FakeHandler:
+    """Shaped like the session handlers: ``server.translator.session`` and ``sessions``."""
+
+    server: FakeServer | None
+    sessions: FakeCache
+
+
+def handler(session_id: int, partitions: int, cache: FakeCache) -> FakeHandler:
+    keys = tuple(PartitionKey("t", p) for p in range(partitions))
+    session = FakeSession(SessionMetadata(session_id, 1), keys)
+    return FakeHandler(FakeServer(FakeTranslator(session)), cache)
+
+
+def test_session_gauges_read_live_handlers_at_scrape_time() -> None:
+    from proxy.observe.metrics import Metrics
+    from proxy.observe.sessions import SessionGauges, session_cache, upstream_session
+
+    metrics = Metrics(process_metrics=False)
+    value = metrics.registry.get_sample_value
+    gauges = SessionGauges(metrics)
+    shared, other = FakeCache(3, 30, 2), FakeCache(1, 4, 0)
+    handlers = [
+        handler(11, 5, shared),
+        handler(12, 7, shared),  # the same cache counts once
+        handler(0, 0, other),  # no upstream session open (id 0)
+        FakeHandler(None, other),  # not fetched yet
+    ]
+    assert upstream_session(handlers[3]) is None and session_cache(handlers[3]) is other
+    gauges.refresh(handlers)
+    P = "kafka_fetch_proxy_"
+    assert value(P + "fetch_sessions_active", {"side": "upstream"}) == 2
+    assert value(P + "fetch_session_partitions_cached", {"side": "upstream"}) == 12
+    assert value(P + "fetch_sessions_active", {"side": "downstream"}) == 4
+    assert value(P + "fetch_session_partitions_cached", {"side": "downstream"}) == 34
+    assert value(P + "fetch_session_evictions_total", {"side": "downstream"}) == 2
+    shared.evictions = 5
+    gauges.refresh(handlers[:1])
+    assert value(P + "fetch_session_evictions_total", {"side": "downstream"}) == 5
+    assert value(P + "fetch_sessions_active", {"side": "upstream"}) == 1
+    gauges.refresh([])
+    assert value(P + "fetch_sessions_active", {"side": "downstream"}) == 0
+    assert value(P + "fetch_session_evictions_total", {"side": "downstream"}) == 5
