@@ -16,6 +16,10 @@
 #   9093-9099  one listener per upstream broker, port = broker_port_base (9093) + node id;
 #              publish the ports of your brokers' node ids, with the same numbers
 #   9464       HTTP: /metrics, /healthz, /readyz (KAFKA_FETCH_PROXY_METRICS_LISTEN)
+#
+# Decision log (off unless KAFKA_FETCH_PROXY_DECISION_LOG is set): write it under
+# /var/log/kafka-fetch-proxy, which belongs to the proxy's user; mount a volume there
+# (an emptyDir in Kubernetes, where the root filesystem is read-only), or use - for stdout.
 
 FROM python:3.11-slim AS build
 WORKDIR /src
@@ -25,7 +29,8 @@ COPY proxy ./proxy
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
-RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kfp
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kfp \
+ && install -d -o 10001 -g 10001 /var/log/kafka-fetch-proxy
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels kafka-fetch-proxy \
  && rm -rf /wheels

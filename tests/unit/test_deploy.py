@@ -23,6 +23,7 @@ from proxy import cli, config
 from proxy.observe import healthcheck
 from proxy.observe.http import HEALTHZ_PATH, METRICS_PATH, PATHS, READYZ_PATH
 from proxy.observe.metrics import CATALOGUE, PREFIX, markdown_table, spec
+from proxy.observe.settings import ObserveSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -31,6 +32,7 @@ COMPOSE = DEPLOY / "compose"
 DASHBOARD = DEPLOY / "grafana" / "kafka-fetch-proxy-dashboard.json"
 ENV_NAMES = {env for _key, _flag, env in config.option_names()}
 HEALTHCHECK_MODULE = "proxy.observe.healthcheck"
+DECISION_LOG_DIR = "/var/log/kafka-fetch-proxy"
 
 
 @pytest.fixture(autouse=True)
@@ -120,6 +122,10 @@ def test_dockerfile_is_small_non_root_and_configured_by_env() -> None:
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0
     assert any(f"--uid {uid}" in run for run in instructions("RUN"))
+    # the decision-log directory exists and belongs to that user (volumes mount over it)
+    assert any(
+        f"install -d -o {uid} -g {uid} {DECISION_LOG_DIR}" in run for run in instructions("RUN")
+    )
     env: dict[str, str] = {}
     for line in instructions("ENV"):
         for item in shlex.split(line):
@@ -187,8 +193,9 @@ def test_sidecar_matches_the_proxy_flags_endpoints_and_config(
 
     # the config file comes from the ConfigMap, mounted where --config points
     configmap = objects["ConfigMap"]
-    (mount,) = proxy["volumeMounts"]
-    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in proxy["volumeMounts"] if "configMap" in volumes[m["name"]]]
+    volume = volumes[mount["name"]]
     assert volume["configMap"]["name"] == configmap["metadata"]["name"]
     config_path = proxy["args"][proxy["args"].index("--config") + 1]
     directory, _, key = config_path.rpartition("/")
@@ -230,6 +237,19 @@ def test_sidecar_matches_the_proxy_flags_endpoints_and_config(
     assert annotations["prometheus.io/port"] == str(settings.metrics_listen.port)
     assert annotations["prometheus.io/path"] == METRICS_PATH
 
+    # the decision log goes to a writable emptyDir: the root filesystem is read-only
+    assert proxy["securityContext"]["readOnlyRootFilesystem"] is True
+    observe = ObserveSettings.from_settings(settings, environ={"HOSTNAME": "pod-1"})
+    assert observe.decision_log is not None and observe.decision_log.startswith("/")
+    log_dir = observe.decision_log.rpartition("/")[0]
+    assert log_dir == DECISION_LOG_DIR
+    (log_mount,) = [m for m in proxy["volumeMounts"] if m["mountPath"] == log_dir]
+    assert not log_mount.get("readOnly", False)
+    assert "emptyDir" in volumes[log_mount["name"]]
+    assert 0 < observe.decision_log_sample_rate <= 1
+    assert observe.instance == "pod-1"  # the pod name, from HOSTNAME
+    assert observe.debug_sessions is False
+
     # runs as the image's non-root user
     (user,) = instructions("USER")
     assert proxy["securityContext"]["runAsUser"] == int(user.split(":")[0])
@@ -264,14 +284,24 @@ def test_compose_example_matches_the_proxy(monkeypatch: pytest.MonkeyPatch) -> N
     assert (COMPOSE / proxy["build"]["context"] / "Dockerfile").is_file()
 
     files: dict[str, Path] = {}
+    named: dict[str, str] = {}  # container path -> named volume
     for volume in proxy["volumes"]:
         host, container, *_ = volume.split(":")
-        files[container] = (COMPOSE / host).resolve()
-        assert files[container].is_file()
+        if host.startswith("."):
+            files[container] = (COMPOSE / host).resolve()
+            assert files[container].is_file()
+        else:
+            assert host in compose["volumes"], host
+            named[container] = host
     env = {k: str(v) for k, v in proxy["environment"].items()}
     assert set(env) <= ENV_NAMES, set(env) - ENV_NAMES
     settings = settings_for(proxy["command"], env, files)
     check_config_ok(proxy["command"], env, files, monkeypatch)
+
+    # the decision log is written to a volume mounted over the image's directory
+    observe = ObserveSettings.from_settings(settings, environ={})
+    assert observe.decision_log is not None
+    assert observe.decision_log.rpartition("/")[0] == DECISION_LOG_DIR in named
 
     # upstream is the Kafka service's advertised listener
     kafka_env = services["kafka"]["environment"]
