@@ -183,6 +183,10 @@ class FetchPath:
             cache = self._client_sessions[node_id] = FetchSessionCache()
         return cache
 
+    def client_session_caches(self) -> list[FetchSessionCache]:
+        """Every downstream session cache (for gauges and tests)."""
+        return list(self._client_sessions.values())
+
     def handler(self, node_id: int | None = None) -> FetchPathHandler:
         h = FetchPathHandler(self, node_id)
         self.handlers.add(h)

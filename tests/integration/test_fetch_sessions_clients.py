@@ -1,15 +1,18 @@
-"""Real clients through the proxy with upstream fetch sessions (issue 4), against the dev cluster.
+"""Real clients through the proxy's default Fetch path (issue 4), against the dev cluster.
 
-The proxy runs with ``SessionFetchHandler`` on every connection: librdkafka
+The proxy runs exactly as ``kafka-fetch-proxy run`` builds it (``Proxy(settings)``:
+upstream fetch sessions and shaping on every connection).  librdkafka
 (confluent-kafka) and aiokafka send sessionless full fetches, kafka-python
 >= 2.1 uses its own fetch sessions.  Records are produced while the consumer
 runs, and every 150 ms the dev cluster either evicts every upstream fetch
 session or skews their epochs (INVALID_FETCH_SESSION_EPOCH); each record must
 arrive exactly once and in order per partition, and the upstream traffic must
 actually use incremental fetches.  Also the issue's measurement: an idle
-librdkafka consumer of 1,000 partitions moves at least 20x fewer upstream Fetch
-bytes per fetch round through the sessions than through a pass-through proxy
-(counted on the upstream Fetch frames, length prefixes included).
+librdkafka consumer of 1,000 partitions moves at least 20x fewer upstream bytes
+per fetch round through the proxy than connected directly (every byte on the
+proxy's upstream sockets, and for the direct case every byte on the dev
+broker's sockets, length prefixes included, divided by the Fetch requests sent
+in the same window).
 """
 
 from __future__ import annotations
@@ -19,20 +22,19 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import trio
 
 from proxy import config
-from proxy.devbroker.cluster import DevCluster
-from proxy.relay.pipeline import ClientRequest, FetchHandler, PassThroughFetch, Upstream
+from proxy.devbroker.cluster import DevCluster, DevNode
+from proxy.fetchpath import FetchPathHandler
+from proxy.protocol import codec
+from proxy.protocol.framing import FrameDecoder
+from proxy.server import proxy as proxy_module
 from proxy.server.proxy import Proxy
-from proxy.sessions.broker import FetchSessionCache
-from proxy.sessions.handler import SessionFetchHandler
-from proxy.sessions.topic_ids import TopicIdMap
 
 pytestmark = pytest.mark.integration
 
@@ -41,92 +43,75 @@ PARTITIONS = 64
 Record = tuple[int, bytes | None, bytes]
 
 
-@dataclass
 class Traffic:
-    """Upstream Fetch traffic of the connections that were open while counting."""
+    """Bytes in both directions on a set of sockets, and the Fetch requests among them."""
 
-    requests: int = 0
-    bytes: int = 0
-    counting: bool = False
+    def __init__(self) -> None:
+        self.counting = False
+        self.bytes = 0
+        self.fetches = 0
 
-
-class _CountingPort:
-    def __init__(self, upstream: Upstream, traffic: Traffic) -> None:
-        self._upstream = upstream
-        self._traffic = traffic
-
-    def send(
-        self,
-        frame: bytes,
-        *,
-        api_key: int,
-        api_version: int,
-        on_response: Callable[[bytes], None] | None,
-    ) -> None:
-        traffic = self._traffic
-        counted = traffic.counting and api_key == 1
-        if counted:
-            traffic.requests += 1
-            traffic.bytes += 4 + len(frame)  # with the length prefix, as on the socket
-
-        def counting_response(response: bytes) -> None:
-            if counted:
-                traffic.bytes += 4 + len(response)
-            assert on_response is not None
-            on_response(response)
-
-        self._upstream.send(
-            frame,
-            api_key=api_key,
-            api_version=api_version,
-            on_response=None if on_response is None else counting_response,
-        )
-
-    def rewrite_addresses(self, api_key: int, api_version: int, frame: bytes) -> bytes:
-        return self._upstream.rewrite_addresses(api_key, api_version, frame)
+    def take(self) -> tuple[int, int]:
+        out = (self.bytes, self.fetches)
+        self.bytes = self.fetches = 0
+        return out
 
 
-class Counting:
-    """A FetchHandler wrapper counting the upstream Fetch bytes (requests and responses)."""
+class CountingStream(trio.abc.Stream):
+    """A stream that counts what passes; *requests_out*: requests leave through send_all."""
 
-    def __init__(self, inner: FetchHandler, traffic: Traffic) -> None:
+    def __init__(self, inner: trio.abc.Stream, traffic: Traffic, *, requests_out: bool) -> None:
         self.inner = inner
         self.traffic = traffic
+        self.requests_out = requests_out
+        self._requests = FrameDecoder(1 << 30)
 
-    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
-        self.inner.handle_fetch(request, _CountingPort(upstream, self.traffic))
+    def _requests_seen(self, data: bytes) -> None:
+        self._requests.feed(data)
+        while (frame := self._requests.next_frame()) is not None:
+            if self.traffic.counting and codec.parse_request_header(frame).api_key == 1:
+                self.traffic.fetches += 1
 
-    def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
-        self.inner.observe(api_key, api_version, frame)
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.traffic.counting:
+            self.traffic.bytes += len(data)
+        if self.requests_out:
+            self._requests_seen(bytes(data))
+        await self.inner.send_all(data)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self.inner.receive_some(max_bytes)
+        if self.traffic.counting:
+            self.traffic.bytes += len(data)
+        if not self.requests_out:
+            self._requests_seen(bytes(data))
+        return data
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class SessionStack:
-    """DevCluster + Proxy(fetch_handler_factory=SessionFetchHandler) in a trio thread."""
+    """DevCluster + the default Proxy in a trio thread, with byte counters on both sides."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, Any] | None = None, *, nodes: int = 3) -> None:
+        self.nodes = nodes
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="session-stack", daemon=True)
-        self.handlers: list[SessionFetchHandler] = []
-        self.topic_ids = TopicIdMap()
-        self.client_sessions = FetchSessionCache()
-        self.sessions_enabled = True
-        """Which FetchHandler new client connections get (sessions, or plain pass-through)."""
-        self.fetch_traffic = Traffic()
+        self.extra_settings = settings or {}
+        self.handlers: list[FetchPathHandler] = []
+        self.proxy_upstream = Traffic()
+        """Every byte on the proxy's upstream sockets."""
+        self.broker_side = Traffic()
+        """Every byte on the dev broker's sockets (direct clients and the proxy alike)."""
         self.cluster: DevCluster
         self.proxy: Proxy
         self._token: trio.lowlevel.TrioToken
         self._stop: trio.Event
-
-    def _factory(self) -> FetchHandler:
-        inner: FetchHandler
-        if self.sessions_enabled:
-            handler = SessionFetchHandler(self.client_sessions, self.topic_ids)
-            self.handlers.append(handler)
-            inner = handler
-        else:
-            inner = PassThroughFetch()
-        return Counting(inner, self.fetch_traffic)
 
     def start(self) -> SessionStack:
         self._thread.start()
@@ -146,7 +131,7 @@ class SessionStack:
     async def _main(self) -> None:
         self._stop = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
-        async with DevCluster(nodes=3) as cluster:
+        async with DevCluster(nodes=self.nodes) as cluster:
             settings = config.validate(
                 {
                     "upstream": [cluster.bootstrap],
@@ -155,12 +140,22 @@ class SessionStack:
                     "connect_timeout_seconds": 5,
                     "retry_backoff_initial_seconds": 0.05,
                     "retry_backoff_max_seconds": 0.5,
+                    **self.extra_settings,
                 }
             )
+            proxy = Proxy(settings)  # the default Fetch path, as `run` builds it
+            path = proxy.fetch_path
+            assert path is not None
+            new_handler = path.handler
+
+            def keep(node_id: int | None = None) -> FetchPathHandler:
+                handler = new_handler(node_id)
+                self.handlers.append(handler)
+                return handler
+
+            path.handler = keep  # type: ignore[method-assign]
             async with trio.open_nursery() as nursery:
-                proxy = await nursery.start(
-                    Proxy(settings, fetch_handler_factory=self._factory).serve
-                )
+                await nursery.start(proxy.serve)
                 with trio.fail_after(20):
                     await proxy.discovered.wait()
                 self.cluster, self.proxy = cluster, proxy
@@ -173,20 +168,25 @@ class SessionStack:
         self._thread.join(timeout=30)
         assert not self._thread.is_alive(), "stack did not stop"
 
+    def run_sync(self, fn: Any, *args: Any) -> Any:
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
     @property
     def bootstrap(self) -> str:
         assert self.proxy.bootstrap is not None
         return f"127.0.0.1:{self.proxy.bootstrap.port}"
 
+    @property
+    def direct_bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
     def create_topic(self, partitions: int) -> str:
         name = f"s-{uuid.uuid4().hex[:10]}"
-        trio.from_thread.run_sync(
-            self.cluster.create_topic, name, partitions, trio_token=self._token
-        )
+        self.run_sync(self.cluster.create_topic, name, partitions)
         return name
 
     def evict_upstream_sessions(self) -> None:
-        trio.from_thread.run_sync(self.cluster.evict_fetch_sessions, trio_token=self._token)
+        self.run_sync(self.cluster.evict_fetch_sessions)
 
     def skew_upstream_epochs(self) -> None:
         """Make the next request of every upstream session fail INVALID_FETCH_SESSION_EPOCH."""
@@ -196,7 +196,7 @@ class SessionStack:
                 for session in node.sessions.sessions():
                     session.epoch += 1
 
-        trio.from_thread.run_sync(skew, trio_token=self._token)
+        self.run_sync(skew)
 
     def upstream_stats(self) -> dict[str, int]:
         def collect() -> dict[str, int]:
@@ -209,16 +209,42 @@ class SessionStack:
                     total["resends"] += s.resends
             return dict(total)
 
-        return trio.from_thread.run_sync(collect, trio_token=self._token)
+        return self.run_sync(collect)
+
+    def client_sessions_created(self) -> int:
+        path = self.proxy.fetch_path
+        assert path is not None
+        return sum(c.sessions_created for c in path.client_session_caches())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def counting_sockets() -> Iterator[SessionStack]:
+    """Count bytes on the dev broker's sockets and on the proxy's upstream sockets."""
+    stack = SessionStack()
+    serve = DevNode._serve_connection
+    connect = proxy_module.open_upstream
+
+    async def broker_side(self: DevNode, stream: Any, decoder: FrameDecoder) -> None:
+        wrapped = CountingStream(stream, stack.broker_side, requests_out=False)
+        await serve(self, wrapped, decoder)  # type: ignore[arg-type]
+
+    async def upstream(*args: Any, **kwargs: Any) -> trio.abc.Stream:
+        stream = await connect(*args, **kwargs)
+        return CountingStream(stream, stack.proxy_upstream, requests_out=True)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DevNode, "_serve_connection", broker_side)
+        mp.setattr(proxy_module, "open_upstream", upstream)
+        stack.start()
+        try:
+            yield stack
+        finally:
+            stack.stop()
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[SessionStack]:
-    s = SessionStack().start()
-    try:
-        yield s
-    finally:
-        s.stop()
+def stack(counting_sockets: SessionStack) -> SessionStack:
+    return counting_sockets
 
 
 def make_records(partitions: int, per_partition: int, tag: str) -> list[Record]:
@@ -365,7 +391,7 @@ def test_kafka_python_session_consumer_through_proxy_sessions(stack: SessionStac
         consumer.close()
     evictor.join(timeout=5)
     assert_exactly_once_in_order(records, got)
-    assert stack.client_sessions.sessions_created > 0  # the client used sessions with the proxy
+    assert stack.client_sessions_created() > 0  # the client used sessions with the proxy
 
 
 def test_aiokafka_sessionless_consumer(stack: SessionStack) -> None:
@@ -399,47 +425,40 @@ def test_aiokafka_sessionless_consumer(stack: SessionStack) -> None:
     assert after["incremental"] > before.get("incremental", 0)
 
 
-def idle_fetch_bytes_per_round(stack: SessionStack, topic: str, partitions: int) -> float:
-    """Upstream Fetch bytes per upstream fetch of an idle librdkafka consumer of *topic*."""
+def idle_bytes_per_fetch(
+    bootstrap: str, traffic: Traffic, stack: SessionStack, topic: str
+) -> float:
+    """Bytes per Fetch request of an idle librdkafka consumer of every partition of *topic*."""
     consumer = confluent_kafka.Consumer(
         {
-            "bootstrap.servers": stack.bootstrap,
+            "bootstrap.servers": bootstrap,
             "group.id": f"g-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 50,
         }
     )
     try:
-        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(1000)])
         warm_until = time.monotonic() + 2.0
         while time.monotonic() < warm_until:
             assert consumer.poll(0.1) is None
-        traffic = stack.fetch_traffic
-        trio.from_thread.run_sync(
-            lambda: setattr(traffic, "counting", True), trio_token=stack._token
-        )
+        stack.run_sync(setattr, traffic, "counting", True)
         measure_until = time.monotonic() + 2.0
         while time.monotonic() < measure_until:
             assert consumer.poll(0.1) is None
-        trio.from_thread.run_sync(
-            lambda: setattr(traffic, "counting", False), trio_token=stack._token
-        )
-        requests, total = traffic.requests, traffic.bytes
-        traffic.requests = traffic.bytes = 0
+        stack.run_sync(setattr, traffic, "counting", False)
+        total, fetches = stack.run_sync(traffic.take)
     finally:
         consumer.close()
-    assert requests >= 10, requests
-    return total / requests
+    assert fetches >= 10, fetches
+    return float(total) / fetches
 
 
 def test_idle_librdkafka_consumer_of_1000_partitions_moves_20x_fewer_upstream_bytes(
     stack: SessionStack,
 ) -> None:
     topic = stack.create_topic(1000)
-    try:
-        stack.sessions_enabled = False
-        direct = idle_fetch_bytes_per_round(stack, topic, 1000)
-    finally:
-        stack.sessions_enabled = True
-    through_sessions = idle_fetch_bytes_per_round(stack, topic, 1000)
-    assert direct >= 20 * through_sessions, (direct, through_sessions)
+    direct = idle_bytes_per_fetch(stack.direct_bootstrap, stack.broker_side, stack, topic)
+    proxied = idle_bytes_per_fetch(stack.bootstrap, stack.proxy_upstream, stack, topic)
+    print(f"idle 1000-partition consumer: {direct:.0f} B/fetch direct, {proxied:.0f} via proxy")
+    assert direct >= 20 * proxied, (direct, proxied)
