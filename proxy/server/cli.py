@@ -14,7 +14,9 @@ import structlog
 import trio
 
 from .. import config, logs
+from ..fetchpath import FetchPathConfig, InvalidFetchConfig
 from .proxy import Proxy
+from .reload import Reloader, watch_file
 
 log = structlog.get_logger("proxy.server")
 
@@ -39,10 +41,15 @@ def register(subparsers: Any) -> None:
 
 def _load(args: argparse.Namespace) -> config.Settings | None:
     try:
-        return config.from_args(args, os.environ)
+        settings = config.from_args(args, os.environ)
+        FetchPathConfig.from_raw(settings.raw)  # policies: unique names
     except config.ConfigError as exc:
         print(f"kafka-fetch-proxy: {exc}", file=sys.stderr)
         return None
+    except InvalidFetchConfig as exc:
+        print(f"kafka-fetch-proxy: invalid configuration:\n  {exc}", file=sys.stderr)
+        return None
+    return settings
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -70,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kafka-fetch-proxy: cannot open the decision log: {exc}", file=sys.stderr)
         return 1
     try:
-        trio.run(_serve, settings, metrics, observe, decision_log)
+        trio.run(_serve, settings, metrics, observe, decision_log, args)
     except KeyboardInterrupt:
         pass
     except OSError as exc:  # e.g. the listen address is taken
@@ -88,11 +95,17 @@ async def _serve(
     metrics: Any = None,
     observe: Any = None,
     decision_log: Any = None,
+    args: argparse.Namespace | None = None,
 ) -> None:
     proxy = Proxy(settings, metrics=metrics, decision_log=decision_log)
+    reloader = None
+    if args is not None and proxy.fetch_path is not None:
+        reloader = Reloader(
+            lambda: config.from_args(args, os.environ), proxy.fetch_path, settings, metrics=metrics
+        )
     debug_sessions = observe is not None and observe.debug_sessions
     proxy.bind()  # fails here, outside any nursery, when the address is taken
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve)
             assert proxy.bootstrap is not None
@@ -103,7 +116,14 @@ async def _serve(
                 )
                 endpoint = config.HostPort(settings.metrics_listen.host, port)
                 print(f"metrics=http://{endpoint}/metrics", flush=True)
+            config_file = getattr(args, "config", None)
+            if reloader is not None and config_file:
+                await nursery.start(watch_file, config_file, lambda: reloader.reload("file"))
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    if reloader is not None:
+                        reloader.reload("SIGHUP")
+                    continue
                 log.info("shutdown", reason=signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
                 break
