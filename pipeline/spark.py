@@ -28,6 +28,14 @@ def session(app_name: str, master: str | None = None) -> SparkSession:
         builder = builder.master(master)
     elif not SparkConf().contains("spark.master"):
         builder = builder.master("local[*]")
+    resolved = master or SparkConf().get("spark.master", "local[*]")
+    if resolved.startswith("local"):
+        # Local mode needs no network beyond loopback; without this Spark binds to
+        # the host's first non-loopback interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
     spark = (
         builder.config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
