@@ -126,6 +126,10 @@ class FetchMetrics(Protocol):
     def set_memory_budget(self, *, used: int, limit: int | None = None) -> None: ...
     def memory_budget_wait(self) -> None: ...
     def starvation(self, rounds: int) -> None: ...
+    def upstream_fetch_data(self, node: int | None, records: int, record_bytes: int) -> None: ...
+    def delivered_fetch_data(
+        self, records: int, record_bytes: int, *, client_id: str | None = None
+    ) -> None: ...
 
 
 class DecisionSink(Protocol):
@@ -396,6 +400,11 @@ class FetchPathHandler(SessionFetchHandler):
         d = shaped.decision
         m = self.path.metrics
         if m is not None:
+            # record batches from the broker vs to the client (batch headers, never payloads)
+            m.upstream_fetch_data(self.node_id, d.upstream_records, d.upstream_bytes)
+            m.delivered_fetch_data(
+                d.delivered_records, d.delivered_bytes, client_id=request.header.client_id
+            )
             if d.limited_by or d.partitions_trimmed or d.reused_bytes:
                 m.shaped_response(stage.policy)
             for limit, records, nbytes in d.trimmed_by_limit:

@@ -249,6 +249,12 @@ def test_prometheus_scrapes_the_running_proxy(
             f'max_over_time({P}fetch_sessions_active{{side="upstream"}}[5m])', lambda v: v >= 1
         )
 
+        # records from the broker and to the client, counted from batch headers
+        assert _sum(prom, f"{P}broker_to_proxy_fetch_records_total") >= RECORDS
+        assert _sum(prom, f"{P}proxy_to_client_fetch_records_total") >= RECORDS
+        assert _sum(prom, f"{P}proxy_to_client_fetch_record_bytes_total") > 0
+        assert _sum(prom, f"{P}broker_to_proxy_fetch_record_bytes_total") > 0
+
         # the limit trimmed records; every record still arrived (above), once
         trimmed = f'{P}trimmed_records_total{{limit="max_partition_records"}}'
         assert _sum(prom, trimmed) > 0
