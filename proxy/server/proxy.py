@@ -118,7 +118,8 @@ class Proxy:
             gauges = SessionGauges(metrics)
             self.metrics_refreshers.append(
                 lambda: gauges.refresh(
-                    live.relay.fetch_handler for live in list(self.live.values())
+                    (live.relay.fetch_handler for live in list(self.live.values())),
+                    self.fetch_path.client_session_caches() if self.fetch_path else (),
                 )
             )
 

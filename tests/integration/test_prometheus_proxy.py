@@ -25,6 +25,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -144,6 +145,47 @@ def _consume(bootstrap: str, topic: str, debug_url: str) -> tuple[int, dict[str,
         consumer.close()
 
 
+def _consume_with_sessions(bootstrap: str, topic: str, prom: PrometheusServer) -> int:
+    """kafka-python opens a fetch session with the proxy: the downstream side's gauges."""
+    import kafka
+
+    consumer = kafka.KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id="prom-test-session-consumer",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    try:
+        consumer.assign([kafka.TopicPartition(topic, p) for p in range(PARTITIONS)])
+        consumer.seek_to_beginning()
+        seen = 0
+        deadline = time.monotonic() + DEADLINE
+        while seen < RECORDS and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                seen += len(records)
+        # while it keeps fetching in its session, a scrape sees the session
+        done = threading.Event()
+
+        def keep_fetching() -> None:
+            while not done.is_set():
+                consumer.poll(timeout_ms=100)
+
+        fetcher = threading.Thread(target=keep_fetching)
+        fetcher.start()
+        try:
+            prom.wait_until(f'{P}fetch_sessions_active{{side="downstream"}}', lambda v: v >= 1)
+            prom.wait_until(
+                f'{P}fetch_session_partitions_cached{{side="downstream"}}',
+                lambda v: v >= PARTITIONS,
+            )
+        finally:
+            done.set()
+            fetcher.join(timeout=DEADLINE)
+        return seen
+    finally:
+        consumer.close()
+
+
 def _sum(prom: PrometheusServer, expr: str) -> float:
     value = prom.value(f"sum({expr})")
     return 0.0 if value is None else float(value)
@@ -203,7 +245,7 @@ def test_prometheus_scrapes_the_running_proxy(
         # /debug/sessions showed the consumer's upstream session(s) while it was live
         rows = sessions["sessions"]
         assert isinstance(rows, list) and rows, sessions
-        assert {row["client_id"] for row in rows} == {"prom-test-consumer"}
+        assert {row["client_id"] for row in rows} == {"prom-test-consumer"}  # only one yet
         assert all(row["session_id"] != 0 and row["epoch"] >= 1 for row in rows), rows
         assert sum(row["partitions"] for row in rows) == PARTITIONS
 
@@ -235,7 +277,9 @@ def test_prometheus_scrapes_the_running_proxy(
         assert _sum(prom, f"{P}broker_to_proxy_bytes_total") > 0
         assert _sum(prom, f"{P}proxy_to_broker_bytes_total") > 0
 
-        # upstream Fetch bytes < what the client's sessionless full fetches cost
+        # upstream Fetch bytes < what the client's sessionless full fetches cost (as of a
+        # scrape after every client connection closed)
+        prom.wait_until(f"{P}client_connections_open", lambda v: v == 0)
         upstream = _sum(prom, f"{P}proxy_to_broker_request_size_bytes_sum{fetch}") + _sum(
             prom, f"{P}broker_to_proxy_response_size_bytes_sum{fetch}"
         )
@@ -248,6 +292,9 @@ def test_prometheus_scrapes_the_running_proxy(
         assert prom.wait_until(
             f'max_over_time({P}fetch_sessions_active{{side="upstream"}}[5m])', lambda v: v >= 1
         )
+
+        # a client that opens fetch sessions with the proxy (the downstream side)
+        assert _consume_with_sessions(bootstrap, topic, prom) == RECORDS
 
         # records from the broker and to the client, counted from batch headers
         assert _sum(prom, f"{P}broker_to_proxy_fetch_records_total") >= RECORDS
@@ -282,7 +329,7 @@ def test_prometheus_scrapes_the_running_proxy(
         assert not errors, (errors, event)
     assert MARKER not in decision_log.read_text()
     assert {e["instance"] for e in events} == {INSTANCE}
-    assert {e["client_id"] for e in events} == {"prom-test-consumer"}
+    assert {e["client_id"] for e in events} <= {"prom-test-consumer", "prom-test-session-consumer"}
     limited = [e for e in events if "max_partition_records" in e["limits_applied"]]
     assert limited, events[:3]
     assert all(e["limits"]["max_partition_records"] == MAX_PARTITION_RECORDS for e in events)
