@@ -23,6 +23,14 @@ as ``sasl_authenticate``, the API that KIP-152 later wrapped them in.  The FIFOs
 hold one small tuple per request in flight, so they are bounded by the relay's
 own bounds (``max_in_flight`` client requests, and the requests a fetch handler
 keeps in flight upstream).
+
+Downstream session resets: when a Fetch response to the client (v7+, where
+sessions exist) carries a session error at the top level -- the proxy, acting as
+the client's broker, did not find its session (FETCH_SESSION_ID_NOT_FOUND), saw
+the wrong epoch (INVALID_FETCH_SESSION_EPOCH) or a topic-id mismatch
+(FETCH_SESSION_TOPIC_ID_ERROR) -- the client must start over with a full fetch:
+``fetch_session_resets_total{side="downstream"}`` counts it by reason.  Only the
+two bytes of the error code are read (after the header and throttle_time_ms).
 """
 
 from __future__ import annotations
@@ -32,12 +40,39 @@ from collections import deque
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
 from ..relay.pipeline import produce_acks
-from .labels import Direction
+from ..relay.walk import read_uvarint
+from .labels import Direction, ResetReason, Side
 from .metrics import Metrics
 
 PRODUCE = 0
+FETCH = 1
 SASL_AUTHENTICATE = 36
 UNKNOWN_API = -1
+FETCH_SESSIONS_SINCE = 7  # KIP-227
+FETCH_FLEXIBLE_SINCE = 12  # response header v1 (tagged fields) from here
+SESSION_ERRORS = {
+    70: ResetReason.SESSION_ID_NOT_FOUND,
+    71: ResetReason.INVALID_EPOCH,
+    106: ResetReason.TOPIC_ID_ERROR,
+}
+
+
+def fetch_error_code(api_version: int, frame: bytes) -> int | None:
+    """The top-level error_code of a Fetch response frame (v7+), None if it is too short."""
+    pos = 4  # correlation id
+    try:
+        if api_version >= FETCH_FLEXIBLE_SINCE:
+            count, pos = read_uvarint(frame, pos)
+            for _ in range(count):  # header tagged fields: skip each (tag, size, data)
+                _, pos = read_uvarint(frame, pos)
+                size, pos = read_uvarint(frame, pos)
+                pos += size
+    except ProtocolError:
+        return None
+    pos += 4  # throttle_time_ms
+    if len(frame) < pos + 2:
+        return None
+    return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
 
 
 def _expects_response(api_key: int, frame: bytes) -> bool:
@@ -57,7 +92,7 @@ class TrafficMeter:
     def __init__(self, metrics: Metrics, *, node: int | None = None) -> None:
         self.metrics = metrics
         self.node = node
-        self._client: deque[tuple[int, float]] = deque()  # (api_key, arrival)
+        self._client: deque[tuple[int, int, float]] = deque()  # (api_key, version, arrival)
         self._upstream: deque[tuple[int, float]] = deque()  # (api_key, sent)
         self._raw: deque[bytes] = deque()  # raw SASL tokens the relay will send upstream
 
@@ -69,15 +104,15 @@ class TrafficMeter:
     def client_frame(self, header: codec.RequestHeader | None, frame: bytes, now: float) -> None:
         """A request frame the relay accepted; ``header`` None: a raw SASL v0 token."""
         if header is None:
-            api_key = SASL_AUTHENTICATE
+            api_key, api_version = SASL_AUTHENTICATE, 0
             self._raw.append(frame)
             expects = True
         else:
-            api_key = header.api_key
+            api_key, api_version = header.api_key, header.api_version
             expects = _expects_response(api_key, frame)
         self.metrics.request(api_key, Direction.CLIENT_TO_PROXY, len(frame))
         if expects:
-            self._client.append((api_key, now))
+            self._client.append((api_key, api_version, now))
 
     def upstream_sent(self, frames: list[bytes], now: float) -> None:
         """Frames taken from the relay for the broker, in order, about to be written."""
@@ -105,9 +140,15 @@ class TrafficMeter:
         """Responses taken for the client, in order; returns what ``client_written`` needs."""
         done = []
         for frame in frames:
-            entry = self._client.popleft() if self._client else (UNKNOWN_API, float("nan"))
-            self.metrics.response(entry[0], Direction.PROXY_TO_CLIENT, len(frame))
-            done.append(entry)
+            api_key, api_version, arrival = (
+                self._client.popleft() if self._client else (UNKNOWN_API, 0, float("nan"))
+            )
+            self.metrics.response(api_key, Direction.PROXY_TO_CLIENT, len(frame))
+            if api_key == FETCH and api_version >= FETCH_SESSIONS_SINCE:
+                reason = SESSION_ERRORS.get(fetch_error_code(api_version, frame) or 0)
+                if reason is not None:
+                    self.metrics.fetch_session_reset(Side.DOWNSTREAM, reason)
+            done.append((api_key, arrival))
         return done
 
     def client_written(self, done: list[tuple[int, float]], now: float) -> None:

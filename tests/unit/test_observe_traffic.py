@@ -7,15 +7,19 @@ over in-memory streams with a fake broker.
 from __future__ import annotations
 
 import datetime
+import importlib
 import struct
 
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 from kio.schema.produce.v8.request import ProduceRequest
-from kio.static.primitive import i16, i32Timedelta
+from kio.static.primitive import i16, i32, i32Timedelta
 
 from proxy.observe.metrics import Metrics
-from proxy.observe.traffic import TrafficMeter
+from proxy.observe.traffic import TrafficMeter, fetch_error_code
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame
 from proxy.relay.pipeline import Relay
@@ -183,3 +187,44 @@ async def test_a_connection_reports_every_leg() -> None:
         assert value(metrics, name, api="offset_commit") == 5, name
     assert value(metrics, "broker_to_proxy_bytes_total", node="1") == 5 * 9
     assert value(metrics, "proxy_to_client_response_size_bytes_sum", api="offset_commit") == 5 * 9
+
+
+def fetch_response(version: int, error: int) -> bytes:
+    module = importlib.import_module(f"kio.schema.fetch.v{version}.response")
+    response = module.FetchResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        error_code=ErrorCode(error),
+        session_id=i32(0),
+        responses=(),
+    )
+    return codec.encode_response(response, 5)
+
+
+def fetch_request_header(version: int) -> codec.RequestHeader:
+    return codec.RequestHeader(1, version, 5, "app", 2 if version >= 12 else 1, 0)
+
+
+def test_session_errors_to_the_client_count_as_downstream_resets() -> None:
+    metrics = new_metrics()
+    meter = TrafficMeter(metrics)
+    cases = [(12, 70), (7, 71), (13, 106), (16, 0), (11, 70)]
+    for version, _ in cases:
+        meter.client_frame(fetch_request_header(version), b"\x00\x01", now=0.0)
+    assert fetch_error_code(12, fetch_response(12, 70)) == 70
+    assert fetch_error_code(7, b"\x00\x00") is None  # too short: no error code
+    meter.client_sent([fetch_response(v, e) for v, e in cases])
+
+    def resets(reason: str) -> float:
+        return value(metrics, "fetch_session_resets_total", side="downstream", reason=reason)
+
+    assert resets("session_id_not_found") == 2
+    assert resets("invalid_epoch") == 1
+    assert resets("topic_id_error") == 1
+    assert value(metrics, "fetch_session_resets_total", side="upstream", reason="other") == 0
+    assert value(metrics, "proxy_to_client_responses_total", api="fetch") == 5
+
+
+@given(st.integers(min_value=7, max_value=17), st.binary(max_size=64))
+def test_reading_the_error_code_never_raises(version: int, frame: bytes) -> None:
+    code = fetch_error_code(version, frame)
+    assert code is None or -32768 <= code <= 32767
