@@ -313,15 +313,22 @@ def _java_string_hash(s: str) -> int:
     return h
 
 
-def coordinator_node(state_node_ids: list[int], group_id: str) -> int:
-    """The node leading the __consumer_offsets partition of *group_id* (Kafka's partitionFor)."""
-    partition = (_java_string_hash(group_id) & 0x7FFFFFFF) % OFFSETS_TOPIC_PARTITIONS
-    return state_node_ids[partition % len(state_node_ids)]
+def partition_for(key: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> int:
+    """Kafka's partitionFor: Utils.abs(key.hashCode) % partitions."""
+    return (_java_string_hash(key) & 0x7FFFFFFF) % partitions
+
+
+def coordinator_node(state_node_ids: list[int], key: str) -> int:
+    """The node leading the __consumer_offsets (or __transaction_state) partition of *key*.
+
+    Both internal topics have 50 partitions by default, spread over the nodes alike.
+    """
+    return state_node_ids[partition_for(key) % len(state_node_ids)]
 
 
 def _find_one(node: NodeDispatcher, key: str, key_type: int) -> dict[str, Any]:
     none = {"node_id": -1, "host": "", "port": -1}
-    if key_type == 0:
+    if key_type in (0, 1):
         target = coordinator_node(node.state.node_ids, key)
         if target in node.state.live_nodes():
             host, port = node.state.addresses[target]
@@ -333,11 +340,11 @@ def _find_one(node: NodeDispatcher, key: str, key_type: int) -> dict[str, Any]:
                 "port": port,
             }
         return none | {"error_code": E.coordinator_not_available, "error_message": None}
-    if key_type in (1, 2):
-        # Transactions and share groups are not implemented by the dev cluster.
+    if key_type == 2:
+        # KafkaApis.getCoordinator: INVALID_REQUEST below v6 and without a share coordinator.
         return none | {
-            "error_code": E.coordinator_not_available,
-            "error_message": "The dev cluster has no transaction or share coordinator",
+            "error_code": E.invalid_request,
+            "error_message": "The dev cluster has no share coordinator",
         }
     return none | {"error_code": E.invalid_request, "error_message": f"Unknown key type {key_type}"}
 

@@ -36,6 +36,7 @@ from .groups import GroupCoordinator
 from .node import NodeDispatcher
 from .outcome import Close, NoReply, Pending, Wait
 from .state import ClusterState
+from .transactions import CLEANUP_INTERVAL_SECONDS
 
 log = structlog.get_logger("proxy.devbroker")
 
@@ -221,6 +222,7 @@ class DevCluster:
         session_cache_slots: int = 1000,
         initial_rebalance_delay_ms: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        txn_cleanup_interval: float = CLEANUP_INTERVAL_SECONDS,
     ) -> None:
         if nodes <= 0:
             raise ValueError("nodes must be positive")
@@ -234,6 +236,7 @@ class DevCluster:
         self.coordinator = GroupCoordinator(
             self.state, initial_rebalance_delay_ms=initial_rebalance_delay_ms
         )
+        self.txn_cleanup_interval = txn_cleanup_interval
         self.nodes = [
             DevNode(self, i, host, port + i if port else 0, session_cache_slots)
             for i in range(nodes)
@@ -250,6 +253,7 @@ class DevCluster:
         try:
             for node in self.nodes:
                 await self._nursery.start(node.serve)
+            self._nursery.start_soon(self._abort_timed_out_transactions)
         except BaseException as exc:
             self._nursery.cancel_scope.cancel()
             await self._nursery_cm.__aexit__(type(exc), exc, exc.__traceback__)
@@ -267,6 +271,13 @@ class DevCluster:
         result: bool | None = await self._nursery_cm.__aexit__(exc_type, exc, tb)
         self._nursery = None
         return result
+
+    async def _abort_timed_out_transactions(self) -> None:
+        """Kafka's periodic abortTimedOutTransactions."""
+        while True:
+            await trio.sleep(self.txn_cleanup_interval)
+            if self.coordinator.transactions.tick(self.clock()):
+                self.notify()
 
     async def serve_forever(self) -> None:
         await trio.sleep_forever()

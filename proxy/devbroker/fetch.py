@@ -39,9 +39,14 @@ batch headers, so only requests carrying last_fetched_epoch pay for a scan).
 From v16, NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH carry CurrentLeader
 and the response lists the live leaders' NodeEndpoints.
 
+read_committed (isolation_level 1) reads up to the last stable offset and
+returns the aborted transactions (producer id, first offset) that overlap the
+returned range, as UnifiedLog.addAbortedTransactions collects them from the
+transaction index (up to the offset index's upper bound for the bytes read).
+
 Not modelled, because the dev cluster has none of it: replica selection
 (preferred read replica), quotas and throttling, down-conversion (v4+ only),
-tiered storage, transactions (LSO == high watermark, aborted lists empty).
+tiered storage.
 """
 
 from __future__ import annotations
@@ -108,7 +113,8 @@ class PartitionResult:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     records: bytes = b""
-    aborted_transactions: tuple[Any, ...] | None = None
+    aborted_transactions: tuple[tuple[int, int], ...] | None = None
+    """(producer id, first offset) pairs; None is a null list."""
     diverging_epoch: tuple[int, int] | None = None
     """(epoch, end_offset) when the fetch offset diverges from this log (KIP-320/595)."""
     current_leader: tuple[int, int] = (-1, -1)
@@ -386,7 +392,11 @@ class NodeFetcher:
         if data and not min_one_message and _first_batch_incomplete(data):
             # ReplicaManager.checkFetchDataInfo: v3+ never return a lone partial first batch.
             return ok(b"", aborted=False)
-        return ok(data)
+        result = ok(data)
+        if committed:
+            start = log.position_of(offset)
+            result.aborted_transactions = tuple(log.aborted_transactions(offset, start, len(data)))
+        return result
 
     def read_all(
         self, partitions: list[tuple[TopicIdPartition, PartitionRequest]], params: _Params
@@ -574,7 +584,12 @@ class PendingFetch:
                 "high_watermark": r.high_watermark,
                 "last_stable_offset": r.last_stable_offset,
                 "log_start_offset": r.log_start_offset,
-                "aborted_transactions": r.aborted_transactions,
+                "aborted_transactions": None
+                if r.aborted_transactions is None
+                else tuple(
+                    schema.AbortedTransaction(producer_id=pid, first_offset=first)
+                    for pid, first in r.aborted_transactions
+                ),
                 "preferred_read_replica": -1,
                 "records": r.records,
             }

@@ -29,7 +29,16 @@ from ..protocol import codec
 from .admin import coordinator_node
 from .build import build, ms
 from .state import ClusterState
-from .versions import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, SYNC_GROUP
+from .transactions import OFFSETS_TOPIC, TransactionCoordinator, offsets_partition
+from .versions import (
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    SYNC_GROUP,
+    TXN_OFFSET_COMMIT,
+)
 
 if TYPE_CHECKING:
     from .node import Request
@@ -107,6 +116,10 @@ class Group:
     join_not_before: float = 0.0
     sync_deadline: float | None = None
     offsets: dict[tuple[str, int], tuple[int, int, str | None]] = field(default_factory=dict)
+    pending_txn_offsets: dict[int, dict[tuple[str, int], tuple[int, int, str | None]]] = field(
+        default_factory=dict
+    )
+    """producer id -> offsets committed in its open transaction (TxnOffsetCommit)."""
     touched: float = 0.0
     """When a request last named this group (for the cleanup of empty groups)."""
 
@@ -136,9 +149,12 @@ class GroupCoordinator:
         self.state = state
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.groups: dict[str, Group] = {}
+        self.transactions = TransactionCoordinator(state, self)
+        """The transaction coordinator (shared by every node, like the group coordinator)."""
 
     def handlers(self) -> dict[int, Callable[[int, Request], Any]]:
-        return {
+        return self.transactions.handlers() | {
+            TXN_OFFSET_COMMIT: self.txn_offset_commit,
             JOIN_GROUP: self.join_group,
             SYNC_GROUP: self.sync_group,
             HEARTBEAT: self.heartbeat,
@@ -178,6 +194,7 @@ class GroupCoordinator:
                 and not g.members
                 and not g.pending_members
                 and not g.offsets
+                and not g.pending_txn_offsets
                 and now - g.touched >= EMPTY_GROUP_CLEANUP_SECONDS
             ):
                 # Kafka's periodic cleanup removes empty groups that hold no offsets.
@@ -609,9 +626,99 @@ class GroupCoordinator:
 
         return respond(commit)
 
-    def _fetch_offsets(self, group_id: str, topics: Any | None) -> list[dict[str, Any]]:
+    def txn_offset_commit(self, node_id: int, req: Request) -> Any:
+        """GroupCoordinator.handleTxnCommitOffsets (after KafkaApis' unknown-partition check)."""
+        b = req.body
+        now = req.now
+        self.tick(now)
+        cls = codec.response_schema(TXN_OFFSET_COMMIT, req.version)
+
+        def respond(code_for: Callable[[str, Any], E]) -> Any:
+            topics = [
+                {
+                    "name": t.name,
+                    "partitions": [
+                        {"partition_index": p.partition_index, "error_code": code_for(t.name, p)}
+                        for p in t.partitions
+                    ],
+                }
+                for t in b.topics
+            ]
+            return build(cls, {"throttle_time": 0, "topics": topics})
+
+        def everywhere(code: E) -> Any:
+            return respond(
+                lambda t, p: (
+                    E.unknown_topic_or_partition
+                    if self.state.partition(t, p.partition_index) is None
+                    else code
+                )
+            )
+
+        if not b.group_id:
+            return everywhere(E.invalid_group_id)
+        if not self.is_coordinator(node_id, b.group_id):
+            return everywhere(E.not_coordinator)
+        # The __consumer_offsets partition must be in the transaction (AddOffsetsToTxn).
+        error = self.transactions.verify(
+            b.transactional_id,
+            b.producer_id,
+            b.producer_epoch,
+            offsets_partition(b.group_id),
+            generic=req.version >= 4,
+        )
+        if error:
+            return everywhere(error)
+        g = self.groups.get(b.group_id)
+        if g is None:
+            g = self.groups[b.group_id] = Group(b.group_id)
+        g.touched = now
+        generation = int(getattr(b, "generation_id", -1))
+        member_id = getattr(b, "member_id", "")
+        instance_id = getattr(b, "group_instance_id", None)
+        # validateOffsetCommit(isTransactional = true)
+        if generation < 0 and g.state is GroupState.EMPTY:
+            pass
+        elif generation >= 0 or member_id or instance_id is not None:
+            if member_id not in g.members:
+                return everywhere(E.unknown_member_id)
+            if generation != g.generation:
+                return everywhere(E.illegal_generation)
+        group = g
+
+        def commit(topic: str, p: Any) -> E:
+            if self.state.partition(topic, p.partition_index) is None:
+                return E.unknown_topic_or_partition
+            meta = p.committed_metadata
+            if meta is not None and len(meta.encode()) > MAX_OFFSET_METADATA:
+                return E.offset_metadata_too_large
+            epoch = getattr(p, "committed_leader_epoch", -1)
+            pending = group.pending_txn_offsets.setdefault(b.producer_id, {})
+            pending[(topic, p.partition_index)] = (p.committed_offset, epoch, meta)
+            return E.none
+
+        return respond(commit)
+
+    def complete_txn_offsets(
+        self, offsets_partition_index: int, producer_id: int, commit: bool
+    ) -> None:
+        """A transaction marker on a __consumer_offsets partition (handleTxnCompletion)."""
+        for g in self.groups.values():
+            if offsets_partition(g.group_id) != (OFFSETS_TOPIC, offsets_partition_index):
+                continue
+            pending = g.pending_txn_offsets.pop(producer_id, None)
+            if pending and commit:
+                g.offsets.update(pending)
+
+    def _fetch_offsets(
+        self, group_id: str, topics: Any | None, require_stable: bool = False
+    ) -> list[dict[str, Any]]:
         g = self.groups.get(group_id)
         offsets = g.offsets if g is not None else {}
+        unstable: set[tuple[str, int]] = set()
+        if g is not None and require_stable:
+            for pending in g.pending_txn_offsets.values():
+                unstable.update(pending)
         wanted: dict[str, list[int]] = {}
         if topics is None:
             for topic, partition in sorted(offsets):
@@ -623,6 +730,17 @@ class GroupCoordinator:
         for topic, partitions in wanted.items():
             parts = []
             for index in partitions:
+                if (topic, index) in unstable:
+                    parts.append(
+                        {
+                            "partition_index": index,
+                            "committed_offset": -1,
+                            "committed_leader_epoch": -1,
+                            "metadata": "",
+                            "error_code": E.unstable_offset_commit,
+                        }
+                    )
+                    continue
                 offset, epoch, meta = offsets.get((topic, index), (-1, -1, ""))
                 parts.append(
                     {
@@ -652,7 +770,9 @@ class GroupCoordinator:
                     groups.append(
                         {
                             "group_id": grp.group_id,
-                            "topics": self._fetch_offsets(grp.group_id, grp.topics),
+                            "topics": self._fetch_offsets(
+                                grp.group_id, grp.topics, bool(b.require_stable)
+                            ),
                             "error_code": E.none,
                         }
                     )
@@ -682,7 +802,9 @@ class GroupCoordinator:
             cls,
             {
                 "throttle_time": 0,
-                "topics": self._fetch_offsets(b.group_id, b.topics),
+                "topics": self._fetch_offsets(
+                    b.group_id, b.topics, bool(getattr(b, "require_stable", False))
+                ),
                 "error_code": E.none,
             },
         )

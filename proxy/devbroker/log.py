@@ -7,14 +7,27 @@ and may therefore end in the middle of a batch (a partial trailing batch),
 unless ``min_one_message`` is set, in which case the first batch is returned
 whole even when it alone exceeds ``max_bytes`` (KIP-74).
 
+Transactions follow Kafka's ProducerStateManager and transaction index: a
+transactional batch opens its producer's transaction at the batch's base
+offset; a control batch (COMMIT/ABORT marker, see :func:`control_batch`)
+closes it, and an aborted one is added to the aborted-transaction index with
+the last stable offset at that point.  The last stable offset is the first
+offset of the earliest open transaction (or the high watermark).  The offset
+index is modelled as Kafka's (one entry per ``INDEX_INTERVAL_BYTES`` appended),
+because read_committed fetches collect aborted transactions up to the offset
+it yields for the end of the returned bytes.
+
 Sans-I/O: no trio here.
 """
 
 from __future__ import annotations
 
 import bisect
+import struct
 import zlib
 from dataclasses import dataclass
+
+from crc32c import crc32c
 
 from ..protocol import records
 
@@ -36,6 +49,76 @@ class AppendResult:
     log_append_time: int  # -1: CreateTime topics
 
 
+INDEX_INTERVAL_BYTES = 4096  # index.interval.bytes
+ABORT, COMMIT = 0, 1  # ControlRecordType
+_CONTROL_ATTRIBUTES = records.TRANSACTIONAL_MASK | records.CONTROL_MASK
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedTxn:
+    """An entry of the transaction index (Kafka's AbortedTxn)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    last_stable_offset: int
+
+
+def _zigzag(value: int) -> bytes:
+    raw = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while raw > 0x7F:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+def control_batch(
+    producer_id: int, producer_epoch: int, control_type: int, coordinator_epoch: int, timestamp: int
+) -> bytes:
+    """A transaction marker: a v2 control batch of one control record (EndTransactionMarker).
+
+    Key: version 0 and the type (0 abort, 1 commit); value: version 0 and the
+    coordinator epoch; no headers.  The base offset is filled in on append.
+    """
+    key = struct.pack(">hh", 0, control_type)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    body = b"\x00" + _zigzag(0) + _zigzag(0)  # attributes, timestamp delta, offset delta
+    body += _zigzag(len(key)) + key + _zigzag(len(value)) + value + _zigzag(0)
+    record = _zigzag(len(body)) + body
+    after_crc = (
+        struct.pack(
+            ">hiqqqhii",
+            _CONTROL_ATTRIBUTES,
+            0,
+            timestamp,
+            timestamp,
+            producer_id,
+            producer_epoch,
+            -1,
+            1,
+        )
+        + record
+    )
+    head = struct.pack(">ibI", -1, records.MAGIC_V2, crc32c(after_crc)) + after_crc
+    return struct.pack(">qi", 0, len(head)) + head
+
+
+def control_type(data: bytes | bytearray | memoryview, h: records.BatchHeader) -> int:
+    """The marker type (ABORT/COMMIT) of a control batch (its first record's key)."""
+    body = memoryview(data)[h.position + records.HEADER_SIZE : h.end]
+    _length, pos = _varint(body, 0)
+    pos += 1  # attributes
+    _ts, pos = _varint(body, pos)
+    _delta, pos = _varint(body, pos)
+    key_length, pos = _varint(body, pos)
+    if key_length < 4 or pos + 4 > len(body):
+        raise CorruptRecords("control record without a valid key")
+    _version, kind = struct.unpack_from(">hh", body, pos)
+    return int(kind)
+
+
 class PartitionLog:
     def __init__(self) -> None:
         self.data = bytearray()
@@ -44,6 +127,12 @@ class PartitionLog:
         self._pos: list[int] = []  # byte position of each batch
         self.log_start_offset = 0
         self.log_end_offset = 0
+        self.ongoing: dict[int, int] = {}
+        """producer id -> first offset of its open transaction (insertion = offset order)."""
+        self.aborted: list[AbortedTxn] = []
+        """The transaction index, in marker order."""
+        self._index: list[tuple[int, int]] = []  # sparse offset index: (offset, position)
+        self._since_index = 0
 
     # Single-replica partitions: everything appended is committed at once.
     @property
@@ -52,7 +141,9 @@ class PartitionLog:
 
     @property
     def last_stable_offset(self) -> int:
-        return self.log_end_offset
+        """First offset of the earliest open transaction, else the high watermark."""
+        first = min(self.ongoing.values(), default=self.high_watermark)
+        return min(first, self.high_watermark)
 
     @property
     def batch_count(self) -> int:
@@ -75,18 +166,65 @@ class PartitionLog:
             raise CorruptRecords(str(exc)) from exc
         if not headers or headers[-1].end != len(buf):
             raise CorruptRecords("record set ends in a partial batch")
+        markers = [control_type(buf, h) for h in headers if h.is_control]
         first = self.log_end_offset
         next_offset = first
+        position = len(self.data)
         for h in headers:
             records.set_base_offset(buf, h.position, next_offset)
             records.set_partition_leader_epoch(buf, h.position, leader_epoch)
             self._base.append(next_offset)
             self._last.append(next_offset + h.last_offset_delta)
-            self._pos.append(len(self.data) + h.position)
+            self._pos.append(position + h.position)
+            if h.is_transactional and h.producer_id >= 0:
+                if h.is_control:
+                    self._complete_txn(h.producer_id, next_offset, markers.pop(0))
+                else:
+                    self.ongoing.setdefault(h.producer_id, next_offset)
             next_offset += h.last_offset_delta + 1
+        # LogSegment.append: an index entry (largest offset, start position) per interval.
+        if self._since_index > INDEX_INTERVAL_BYTES:
+            self._index.append((next_offset - 1, position))
+            self._since_index = 0
+        self._since_index += len(buf)
         self.data += buf
         self.log_end_offset = next_offset
         return AppendResult(first, next_offset - 1, -1)
+
+    def _complete_txn(self, producer_id: int, marker_offset: int, kind: int) -> None:
+        """ProducerAppendInfo.appendEndTxnMarker + UnifiedLog's transaction index update."""
+        first = self.ongoing.pop(producer_id, marker_offset)
+        if kind == ABORT:
+            lso = min(self.ongoing.values(), default=marker_offset + 1)
+            self.aborted.append(AbortedTxn(producer_id, first, marker_offset, lso))
+
+    def fetch_upper_bound_offset(self, start_position: int, fetch_size: int) -> int:
+        """LogSegment.fetchUpperBoundOffset (offset index), else the log end offset."""
+        target = start_position + fetch_size
+        for offset, position in self._index:
+            if position >= target:
+                return offset
+        return self.log_end_offset
+
+    def aborted_transactions(
+        self, fetch_offset: int, start_position: int, fetch_size: int
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions a read_committed fetch returns.
+
+        UnifiedLog.addAbortedTransactions / TransactionIndex.collectAbortedTxns.
+        """
+        upper = self.fetch_upper_bound_offset(start_position, fetch_size)
+        out = []
+        for txn in self.aborted:
+            if txn.last_offset >= fetch_offset and txn.first_offset < upper:
+                out.append((txn.producer_id, txn.first_offset))
+            if txn.last_stable_offset >= upper:
+                break
+        return out
+
+    def position_of(self, fetch_offset: int) -> int:
+        """Byte position where a read at *fetch_offset* starts."""
+        return self._position_of_offset(fetch_offset)
 
     def _position_of_offset(self, offset: int) -> int:
         """Byte position of the first batch whose last offset >= offset (or end of data)."""

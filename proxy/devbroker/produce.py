@@ -117,14 +117,17 @@ def validate_batch(batch: bytes) -> tuple[Check, records.BatchHeader | None]:
         return (E.invalid_record, "Clients are not allowed to write control records"), None
     if h.producer_id >= 0 and h.base_sequence < 0:
         return (E.invalid_record, f"Invalid sequence number {h.base_sequence}"), None
-    if h.is_transactional:
-        # No transaction coordinator: no partition was ever added to a transaction.
-        return (E.invalid_txn_state, "The dev cluster does not implement transactions"), None
     return OK, h
 
 
 def _produce_partition(
-    node: NodeDispatcher, version: int, acks: int, topic: str, index: int, data: bytes | None
+    node: NodeDispatcher,
+    version: int,
+    acks: int,
+    transactional_id: str | None,
+    topic: str,
+    index: int,
+    data: bytes | None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "index": index,
@@ -149,6 +152,29 @@ def _produce_partition(
     if error:
         return out | {"error_code": error, "error_message": message}
     assert header is not None
+    if header.is_transactional:
+        # AddPartitionsToTxnManager: the partition must be in the producer's transaction.
+        error = node.coordinator.transactions.verify(
+            transactional_id,
+            header.producer_id,
+            header.producer_epoch,
+            (topic, index),
+            generic=version > 10,
+        )
+        if error == E.invalid_txn_state:
+            return out | {
+                "error_code": error,
+                "error_message": "Partition was not added to the transaction",
+            }
+        if error in (E.concurrent_transactions, E.not_coordinator):  # pragma: no cover
+            return out | {"error_code": E.not_enough_replicas}
+        if error:
+            return out | {"error_code": error}
+    elif header.producer_id in part.log.ongoing:
+        return out | {
+            "error_code": E.invalid_txn_state,
+            "error_message": f"Expected transactional write from producer {header.producer_id}",
+        }
     states = part.producers if header.producer_id >= 0 else None
     if states is not None:
         seq_error, duplicate_of = states.check(header)
@@ -176,21 +202,36 @@ def _produce_partition(
 def handle_produce(node: NodeDispatcher, req: Request) -> Any:
     body = req.body
     acks = body.acks
+    # KafkaApis: transactional records need a transactional id (an authorized one).
+    txn_refused = body.transactional_id is None and any(
+        _first_batch_transactional(p.records) for t in body.topic_data for p in t.partition_data
+    )
     responses = []
     failed = False
     leaders: set[int] = set()
     for t in body.topic_data:
         parts = []
         for p in t.partition_data:
-            r = _produce_partition(node, req.version, acks, t.name, p.index, p.records)
+            if txn_refused:
+                r = {
+                    "index": p.index,
+                    "error_code": E.transactional_id_authorization_failed,
+                    "base_offset": -1,
+                    "log_append_time": None,
+                    "log_start_offset": -1,
+                    "record_errors": [],
+                    "error_message": None,
+                }
+            else:
+                r = _produce_partition(
+                    node, req.version, acks, body.transactional_id, t.name, p.index, p.records
+                )
             if r["error_code"]:
                 failed = True
             if r["error_code"] == E.not_leader_or_follower:
                 leaders.add(r["current_leader"]["leader_id"])
             parts.append(r)
         responses.append({"name": t.name, "partition_responses": parts})
-    if body.transactional_id is not None and not failed:
-        pass  # a transactional batch was refused above; plain batches ignore the id as Kafka does
     if acks == 0:
         # Kafka sends nothing for acks=0, and closes the connection when anything
         # failed so that the producer notices.
@@ -206,16 +247,29 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
     return build(cls, {"responses": responses, "throttle_time": 0, "node_endpoints": endpoints})
 
 
+def _first_batch_transactional(data: bytes | None) -> bool:
+    """ProduceRequest's hasTransactionalRecords, from the first batch's attributes."""
+    return (
+        data is not None
+        and len(data) > 22
+        and data[MAGIC_OFFSET] == records.MAGIC_V2
+        and bool(data[22] & records.TRANSACTIONAL_MASK)
+    )
+
+
 def handle_init_producer_id(node: NodeDispatcher, req: Request) -> Any:
     cls = codec.response_schema(INIT_PRODUCER_ID, req.version)
     if req.body.transactional_id is not None:
-        # Transactions are not implemented: no node coordinates a transactional id
-        # (FindCoordinator answers COORDINATOR_NOT_AVAILABLE for them).
+        return node.coordinator.transactions.init_producer_id(node.node_id, req)
+    pid_given = int(getattr(req.body, "producer_id", -1)) != -1
+    epoch_given = int(getattr(req.body, "producer_epoch", -1)) != -1
+    if pid_given != epoch_given:
+        # KafkaApis: a producer id without an epoch (or the reverse) is an invalid request.
         return build(
             cls,
             {
                 "throttle_time": 0,
-                "error_code": E.not_coordinator,
+                "error_code": E.invalid_request,
                 "producer_id": -1,
                 "producer_epoch": -1,
             },

@@ -61,6 +61,18 @@ class ProducerStates:
                 return E.out_of_order_sequence_number, None
         return E.none, None
 
+    def record_marker(self, producer_id: int, producer_epoch: int) -> None:
+        """A transaction marker was written: its epoch becomes the producer's (sequences reset).
+
+        ProducerAppendInfo.appendEndTxnMarker (maybeUpdateProducerEpoch).
+        """
+        entry = self.entries.get(producer_id)
+        if entry is None or producer_epoch != entry.epoch:
+            self.entries[producer_id] = ProducerEntry(producer_epoch)
+        self.entries.move_to_end(producer_id)
+        while len(self.entries) > self.max_producers:
+            self.entries.popitem(last=False)
+
     def record(self, h: records.BatchHeader, base_offset: int) -> None:
         entry = self.entries.get(h.producer_id)
         if entry is None or h.producer_epoch != entry.epoch:

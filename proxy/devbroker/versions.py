@@ -6,7 +6,10 @@ where a newer version needs semantics the dev cluster does not implement:
 
 - Produce v13, OffsetCommit v10, OffsetFetch v10 address topics by id;
 - ListOffsets v11 (earliest pending upload offset), InitProducerId v6 (KIP-939
-  two-phase commit) and Fetch v18 (share/tiered additions) are left out.
+  two-phase commit) and Fetch v18 (share/tiered additions) are left out;
+- AddPartitionsToTxn v4+ is the brokers' batched verification form, EndTxn v5
+  and TxnOffsetCommit v5 are transactions V2 (KIP-890 part 2, epoch bump per
+  transaction): clients use transactions V1 with the versions advertised here.
 
 Sans-I/O: no trio here.
 """
@@ -35,6 +38,10 @@ SYNC_GROUP = 14
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+TXN_OFFSET_COMMIT = 28
 DESCRIBE_CLUSTER = 60
 
 _CAPS: dict[int, int] = {
@@ -52,6 +59,10 @@ _CAPS: dict[int, int] = {
     API_VERSIONS: 4,
     CREATE_TOPICS: 7,
     INIT_PRODUCER_ID: 5,
+    ADD_PARTITIONS_TO_TXN: 3,
+    ADD_OFFSETS_TO_TXN: 4,
+    END_TXN: 4,
+    TXN_OFFSET_COMMIT: 4,
     DESCRIBE_CLUSTER: 2,
 }
 

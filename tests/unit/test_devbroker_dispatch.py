@@ -283,7 +283,10 @@ def test_find_coordinator_stopped_node_and_transactions(h: Harness) -> None:
     resp = h.call((node + 1) % 3, h.request(FIND_COORDINATOR, 3, {"key": "g", "key_type": 0}))
     assert resp.error_code == E.coordinator_not_available
     txn = h.call(0, h.request(FIND_COORDINATOR, 3, {"key": "tx", "key_type": 1}))
-    assert txn.error_code == E.coordinator_not_available
+    assert (txn.error_code, txn.node_id) == (E.none, coordinator_node(h.state.node_ids, "tx"))
+    share = h.call(0, h.request(FIND_COORDINATOR, 6, {"key_type": 2, "coordinator_keys": ["s"]}))
+    # KafkaApis.getCoordinator: no share coordinator -> INVALID_REQUEST
+    assert share.coordinators[0].error_code == E.invalid_request
 
 
 def test_coordinator_follows_kafka_partition_for() -> None:

@@ -9,6 +9,7 @@ from kio.schema.errors import ErrorCode as E
 from support.batches import make_batch
 from support.dispatch import Close, Harness, NoReply, Reply
 
+from proxy.devbroker.admin import coordinator_node
 from proxy.protocol import records
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
@@ -127,7 +128,7 @@ def test_refusals(h: Harness) -> None:
                 base_sequence=0,
             ),
         ).error_code
-        == E.invalid_txn_state
+        == E.transactional_id_authorization_failed  # transactional records without an id
     )
     unknown = h.call(0, produce_request(h, 0, make_batch(0, 1), topic="missing"))
     assert unknown.responses[0].partition_responses[0].error_code == E.unknown_topic_or_partition
@@ -181,8 +182,10 @@ def test_init_producer_id_allocates_distinct_ids(h: Harness) -> None:
         for n in (0, 1, 2, 0)
     }
     assert len(ids) == 4
+    other = (coordinator_node(h.state.node_ids, "tx") + 1) % 3
     txn = h.call(
-        0, h.request(INIT_PRODUCER_ID, 5, {"transactional_id": "tx", "transaction_timeout": 60000})
+        other,
+        h.request(INIT_PRODUCER_ID, 5, {"transactional_id": "tx", "transaction_timeout": 60000}),
     )
     assert txn.error_code == E.not_coordinator
 

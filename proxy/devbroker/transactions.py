@@ -1,0 +1,350 @@
+"""The transaction coordinator, as Apache Kafka's TransactionCoordinator runs it (transactions V1).
+
+InitProducerId with a transactional id, AddPartitionsToTxn (v0-v3, the client
+form), AddOffsetsToTxn and EndTxn (v0-v4), plus the checks that the
+partition leaders and the group coordinator ask of it (Kafka's
+AddPartitionsToTxnManager verification, KIP-890 part 1).
+
+Each transactional id belongs to the node that leads its ``__transaction_state``
+partition (hash of the id modulo 50); the others answer NOT_COORDINATOR.
+States: Empty -> Ongoing -> PrepareCommit/PrepareAbort -> CompleteCommit/
+CompleteAbort.  Kafka answers EndTxn once PrepareCommit/PrepareAbort is in its
+log and writes the markers afterwards; here the markers (control batches,
+:func:`proxy.devbroker.log.control_batch`) are written to every partition of
+the transaction, and pending transactional offsets are committed or dropped,
+before EndTxn is answered, so the Prepare states are never seen by another
+request.  An InitProducerId for a transactional id whose transaction is
+ongoing aborts it with a bumped epoch (fencing the old producer) and answers
+CONCURRENT_TRANSACTIONS, as Kafka does; :meth:`TransactionCoordinator.tick`
+aborts (and fences) transactions that outlived their timeout.
+
+Sans-I/O: no trio here; ``now`` is the cluster clock in seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode as E
+
+from ..protocol import codec
+from .admin import OFFSETS_TOPIC_PARTITIONS, coordinator_node, partition_for
+from .build import build, ms
+from .log import ABORT, COMMIT, control_batch
+from .state import ClusterState
+from .versions import ADD_OFFSETS_TO_TXN, ADD_PARTITIONS_TO_TXN, END_TXN, INIT_PRODUCER_ID
+
+if TYPE_CHECKING:
+    from .groups import GroupCoordinator
+    from .node import Request
+
+MAX_TIMEOUT_MS = 900_000  # transaction.max.timeout.ms
+CLEANUP_INTERVAL_SECONDS = 10.0  # transaction.abort.timed.out.transaction.cleanup.interval.ms
+OFFSETS_TOPIC = "__consumer_offsets"
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+EPOCH_EXHAUSTED = 2**15 - 2  # Short.MaxValue - 1
+COORDINATOR_EPOCH = 0
+
+TopicPartition = tuple[str, int]
+
+
+class TxnState(enum.Enum):
+    EMPTY = "Empty"
+    ONGOING = "Ongoing"
+    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_ABORT = "PrepareAbort"
+    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_ABORT = "CompleteAbort"
+
+
+@dataclass(slots=True)
+class TxnMetadata:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    last_producer_epoch: int = NO_PRODUCER_EPOCH
+    previous_producer_id: int = NO_PRODUCER_ID
+    timeout_ms: int = 60_000
+    state: TxnState = TxnState.EMPTY
+    partitions: set[TopicPartition] = field(default_factory=set)
+    start_time: float = -1.0
+
+    @property
+    def epoch_exhausted(self) -> bool:
+        return self.producer_epoch >= EPOCH_EXHAUSTED
+
+
+def offsets_partition(group_id: str) -> TopicPartition:
+    """The ``__consumer_offsets`` partition that AddOffsetsToTxn adds for *group_id*."""
+    return (OFFSETS_TOPIC, partition_for(group_id, OFFSETS_TOPIC_PARTITIONS))
+
+
+class TransactionCoordinator:
+    """Every transactional id of the dev cluster; each node answers only for the ids it owns."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        groups: GroupCoordinator,
+        *,
+        max_timeout_ms: int = MAX_TIMEOUT_MS,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.groups = groups
+        self.max_timeout_ms = max_timeout_ms
+        self.wall_clock = wall_clock
+        self.txns: dict[str, TxnMetadata] = {}
+
+    def handlers(self) -> dict[int, Callable[[int, Request], Any]]:
+        return {
+            ADD_PARTITIONS_TO_TXN: self.add_partitions,
+            ADD_OFFSETS_TO_TXN: self.add_offsets,
+            END_TXN: self.end_txn,
+        }
+
+    def is_coordinator(self, node_id: int, transactional_id: str) -> bool:
+        return coordinator_node(self.state.node_ids, transactional_id) == node_id
+
+    # -- InitProducerId ----------------------------------------------------------
+
+    def init_producer_id(self, node_id: int, req: Request) -> Any:
+        b = req.body
+        cls = codec.response_schema(INIT_PRODUCER_ID, req.version)
+
+        def respond(error: E, pid: int = NO_PRODUCER_ID, epoch: int = NO_PRODUCER_EPOCH) -> Any:
+            if req.version < 4 and error == E.producer_fenced:
+                error = E.invalid_producer_epoch
+            data = {"throttle_time": 0, "error_code": error, "producer_id": pid}
+            return build(cls, data | {"producer_epoch": epoch})
+
+        expected_pid = int(getattr(b, "producer_id", NO_PRODUCER_ID))
+        expected_epoch = int(getattr(b, "producer_epoch", NO_PRODUCER_EPOCH))
+        if (expected_pid == NO_PRODUCER_ID) != (expected_epoch == NO_PRODUCER_EPOCH):
+            return respond(E.invalid_request)
+        expected = None if expected_pid == NO_PRODUCER_ID else (expected_pid, expected_epoch)
+        txn_id: str = b.transactional_id
+        timeout_ms = ms(b.transaction_timeout)
+        if not txn_id:
+            return respond(E.invalid_request)
+        if not 0 < timeout_ms <= self.max_timeout_ms:
+            return respond(E.invalid_transaction_timeout)
+        if not self.is_coordinator(node_id, txn_id):
+            return respond(E.not_coordinator)
+        meta = self.txns.get(txn_id)
+        if meta is None:
+            meta = self.txns[txn_id] = TxnMetadata(txn_id, self.state.allocate_producer_id())
+        if expected is not None and not (
+            meta.producer_epoch == NO_PRODUCER_EPOCH
+            or expected[0] == meta.producer_id
+            or (expected[0] == meta.previous_producer_id and expected[1] >= EPOCH_EXHAUSTED)
+        ):
+            return respond(E.producer_fenced)
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return respond(E.concurrent_transactions)  # pragma: no cover - markers are synchronous
+        if meta.state is TxnState.ONGOING:
+            # Fence the producer: abort with a bumped epoch, let the client retry.
+            self._fence_and_abort(meta)
+            return respond(E.concurrent_transactions)
+        if meta.epoch_exhausted and (expected is None or expected[1] == meta.producer_epoch):
+            meta.previous_producer_id = meta.producer_id
+            meta.producer_id = self.state.allocate_producer_id()
+            meta.last_producer_epoch = meta.producer_epoch if expected is not None else -1
+            meta.producer_epoch = 0
+        elif expected is None:
+            # TransactionMetadata.prepareIncrementProducerEpoch: a fresh producer.
+            meta.last_producer_epoch = NO_PRODUCER_EPOCH
+            meta.producer_epoch += 1
+        elif meta.producer_epoch == NO_PRODUCER_EPOCH or expected[1] == meta.producer_epoch:
+            # A producer recovering from an error, and nobody fenced it: bump.
+            meta.last_producer_epoch = meta.producer_epoch
+            meta.producer_epoch += 1
+        elif expected[1] != meta.last_producer_epoch:
+            return respond(E.producer_fenced)
+        # else: a retry of a bump whose answer was lost gets the same epoch again.
+        meta.timeout_ms = timeout_ms
+        meta.state, meta.partitions, meta.start_time = TxnState.EMPTY, set(), -1.0
+        return respond(E.none, meta.producer_id, meta.producer_epoch)
+
+    # -- AddPartitionsToTxn / AddOffsetsToTxn --------------------------------------
+
+    def _check_producer(self, node_id: int, txn_id: str, pid: int, epoch: int) -> E | TxnMetadata:
+        if not txn_id:
+            return E.invalid_request
+        if not self.is_coordinator(node_id, txn_id):
+            return E.not_coordinator
+        meta = self.txns.get(txn_id)
+        if meta is None or meta.producer_id != pid:
+            return E.invalid_producer_id_mapping
+        if meta.producer_epoch != epoch:
+            return E.producer_fenced
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return E.concurrent_transactions  # pragma: no cover - markers are synchronous
+        return meta
+
+    def _add(
+        self, node_id: int, now: float, txn_id: str, pid: int, epoch: int, tps: set[TopicPartition]
+    ) -> E:
+        """TransactionCoordinator.handleAddPartitionsToTransaction."""
+        checked = self._check_producer(node_id, txn_id, pid, epoch)
+        if isinstance(checked, E):
+            return checked
+        meta = checked
+        if meta.state is TxnState.ONGOING and tps <= meta.partitions:
+            return E.none
+        if meta.state is not TxnState.ONGOING:
+            meta.start_time = now
+            meta.partitions = set()
+        meta.partitions |= tps
+        meta.state = TxnState.ONGOING
+        return E.none
+
+    def add_partitions(self, node_id: int, req: Request) -> Any:
+        b = req.body
+        cls = codec.response_schema(ADD_PARTITIONS_TO_TXN, req.version)
+        txn_id = b.v3_and_below_transactional_id
+        wanted = [(t.name, int(p)) for t in b.v3_and_below_topics for p in t.partitions]
+        unknown = {tp for tp in wanted if self.state.partition(*tp) is None}
+        if unknown:
+            codes = {
+                tp: E.unknown_topic_or_partition if tp in unknown else E.operation_not_attempted
+                for tp in wanted
+            }
+        else:
+            error = self._add(
+                node_id,
+                req.now,
+                txn_id,
+                b.v3_and_below_producer_id,
+                b.v3_and_below_producer_epoch,
+                set(wanted),
+            )
+            if req.version < 2 and error == E.producer_fenced:
+                error = E.invalid_producer_epoch
+            codes = dict.fromkeys(wanted, error)
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for (topic, index), code in codes.items():
+            topics.setdefault(topic, []).append(
+                {"partition_index": index, "partition_error_code": code}
+            )
+        results = [{"name": t, "results_by_partition": ps} for t, ps in topics.items()]
+        return build(cls, {"throttle_time": 0, "results_by_topic_v3_and_below": results})
+
+    def add_offsets(self, node_id: int, req: Request) -> Any:
+        b = req.body
+        cls = codec.response_schema(ADD_OFFSETS_TO_TXN, req.version)
+        error = self._add(
+            node_id,
+            req.now,
+            b.transactional_id,
+            b.producer_id,
+            b.producer_epoch,
+            {offsets_partition(b.group_id)},
+        )
+        if req.version < 2 and error == E.producer_fenced:
+            error = E.invalid_producer_epoch
+        return build(cls, {"throttle_time": 0, "error_code": error})
+
+    # -- verification (AddPartitionsToTxnManager) -----------------------------------
+
+    def verify(
+        self, txn_id: str | None, pid: int, epoch: int, tp: TopicPartition, generic: bool
+    ) -> E:
+        """The error a leader gives a transactional write to *tp* (none when it is in the txn).
+
+        handleVerifyPartitionsInTransaction, with AddPartitionsToTxnManager's
+        translation: PRODUCER_FENCED becomes INVALID_PRODUCER_EPOCH and
+        TRANSACTION_ABORTABLE stays only for *generic* (Produce v11+,
+        TxnOffsetCommit v4+) callers, else INVALID_TXN_STATE.
+        """
+        if not txn_id:
+            return E.invalid_request
+        meta = self.txns.get(txn_id)
+        if meta is None or meta.producer_id != pid:
+            return E.invalid_producer_id_mapping
+        if meta.producer_epoch != epoch:
+            return E.invalid_producer_epoch
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return E.concurrent_transactions  # pragma: no cover - markers are synchronous
+        if tp in meta.partitions and meta.state is TxnState.ONGOING:
+            return E.none
+        return E.transaction_abortable if generic else E.invalid_txn_state
+
+    # -- EndTxn ------------------------------------------------------------------------
+
+    def end_txn(self, node_id: int, req: Request) -> Any:
+        b = req.body
+        cls = codec.response_schema(END_TXN, req.version)
+        error = self._end(node_id, b.transactional_id, b.producer_id, b.producer_epoch, b.committed)
+        if req.version < 2 and error == E.producer_fenced:
+            error = E.invalid_producer_epoch
+        return build(cls, {"throttle_time": 0, "error_code": error})
+
+    def _end(self, node_id: int, txn_id: str, pid: int, epoch: int, commit: bool) -> E:
+        if not txn_id:
+            return E.invalid_request
+        if not self.is_coordinator(node_id, txn_id):
+            return E.not_coordinator
+        meta = self.txns.get(txn_id)
+        if meta is None or meta.producer_id != pid:
+            return E.invalid_producer_id_mapping
+        if epoch != meta.producer_epoch:
+            return E.producer_fenced
+        if meta.state is TxnState.ONGOING:
+            self._complete(meta, commit)
+            return E.none
+        if meta.state is TxnState.COMPLETE_COMMIT:
+            return E.none if commit else E.invalid_txn_state
+        if meta.state is TxnState.COMPLETE_ABORT:
+            return E.invalid_txn_state if commit else E.none
+        return E.invalid_txn_state  # Empty
+
+    def _complete(self, meta: TxnMetadata, commit: bool) -> None:
+        """Write the markers (TransactionMarkerChannelManager) and complete the transaction."""
+        meta.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        kind = COMMIT if commit else ABORT
+        timestamp = int(self.wall_clock() * 1000)
+        for topic, index in sorted(meta.partitions):
+            if topic == OFFSETS_TOPIC:
+                self.groups.complete_txn_offsets(index, meta.producer_id, commit)
+                continue
+            part = self.state.partition(topic, index)
+            if part is None:  # pragma: no cover - topics are never deleted
+                continue
+            marker = control_batch(
+                meta.producer_id, meta.producer_epoch, kind, COORDINATOR_EPOCH, timestamp
+            )
+            part.log.append(marker, part.leader_epoch)
+            part.producers.record_marker(meta.producer_id, meta.producer_epoch)
+        meta.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        meta.partitions = set()
+        meta.start_time = -1.0
+
+    def _fence_and_abort(self, meta: TxnMetadata) -> None:
+        """prepareFenceProducerEpoch + endTransaction(ABORT) with the bumped epoch."""
+        if meta.producer_epoch < 2**15 - 1:
+            meta.producer_epoch += 1
+        meta.last_producer_epoch = NO_PRODUCER_EPOCH
+        self._complete(meta, commit=False)
+
+    # -- time ------------------------------------------------------------------------
+
+    def tick(self, now: float) -> bool:
+        """Abort (and fence) the ongoing transactions older than their timeout; True if any.
+
+        Kafka's abortTimedOutTransactions; the cluster edge calls it every
+        ``CLEANUP_INTERVAL_SECONDS``, as Kafka's scheduler does.
+        """
+        expired = [
+            m
+            for m in self.txns.values()
+            if m.state is TxnState.ONGOING and now > m.start_time + m.timeout_ms / 1000.0
+        ]
+        for meta in expired:
+            self._fence_and_abort(meta)
+        return bool(expired)
