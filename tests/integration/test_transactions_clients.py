@@ -1,0 +1,373 @@
+"""Transactions with real clients: the dev cluster directly, and through the proxy.
+
+A confluent-kafka transactional producer commits and aborts transactions over
+three partitions; consumers with isolation.level=read_committed
+(confluent-kafka, kafka-python, aiokafka) get every committed record exactly
+once and no aborted one, read_uncommitted consumers get both.  Each partition
+ends with a committed sentinel record, so a consumer is done once it has seen
+every sentinel (records arrive in order per partition).  Through the proxy the
+same runs with --max-partition-records 3, so that the aborted-transaction
+lists are cut to each delivered part of a partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import aiokafka
+import confluent_kafka
+import kafka
+import pytest
+import trio
+
+from proxy import config
+from proxy.devbroker.cluster import DevCluster
+from proxy.observe.metrics import Metrics
+from proxy.server.proxy import Proxy
+
+pytestmark = pytest.mark.integration
+
+DEADLINE = 60.0  # seconds; every client loop below is bounded by it
+PARTITIONS = 3
+SENTINEL = b"sentinel"
+
+
+class Stack:
+    """A 3-node DevCluster, optionally behind a Proxy (with *proxy_settings*), in a trio thread."""
+
+    def __init__(self, proxy_settings: dict[str, Any] | None) -> None:
+        self.proxy_settings = proxy_settings
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="txn-stack", daemon=True)
+        self.bootstrap = ""
+        self.metrics = Metrics(process_metrics=False)
+        self.cluster: DevCluster
+        self._token: trio.lowlevel.TrioToken
+        self._stop: trio.Event
+
+    def start(self) -> Stack:
+        self._thread.start()
+        if not self._ready.wait(timeout=30):
+            raise RuntimeError("stack did not start in 30 s")
+        if self._error is not None:
+            raise RuntimeError("stack failed") from self._error
+        return self
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._stop = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        async with DevCluster(nodes=3) as cluster:
+            self.cluster = cluster
+            if self.proxy_settings is None:
+                self.bootstrap = cluster.bootstrap
+                self._ready.set()
+                await self._stop.wait()
+                return
+            settings = config.validate(
+                {
+                    "upstream": [cluster.bootstrap],
+                    "listen": "127.0.0.1:0",
+                    "broker_port_base": 0,
+                    "connect_timeout_seconds": 5,
+                    "retry_backoff_initial_seconds": 0.05,
+                    "retry_backoff_max_seconds": 0.5,
+                }
+                | self.proxy_settings
+            )
+            async with trio.open_nursery() as nursery:
+                proxy = await nursery.start(Proxy(settings, metrics=self.metrics).serve)
+                with trio.fail_after(20):
+                    await proxy.discovered.wait()
+                assert proxy.bootstrap is not None
+                self.bootstrap = f"127.0.0.1:{proxy.bootstrap.port}"
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive(), "stack did not stop"
+
+    def create_topic(self, partitions: int) -> str:
+        name = f"txn-{uuid.uuid4().hex[:10]}"
+        trio.from_thread.run_sync(
+            self.cluster.create_topic, name, partitions, trio_token=self._token
+        )
+        return name
+
+    def trimmed_records(self, limit: str) -> float:
+        total = 0.0
+        for family in self.metrics.registry.collect():
+            for sample in family.samples:
+                if (
+                    sample.name.endswith("trimmed_records_total")
+                    and sample.labels.get("limit") == limit
+                ):
+                    total += sample.value
+        return total
+
+    def aborted_count(self, topic: str) -> int:
+        def count() -> int:
+            return sum(len(p.log.aborted) for p in self.cluster.state.topics[topic].partitions)
+
+        result: int = trio.from_thread.run_sync(count, trio_token=self._token)
+        return result
+
+
+@pytest.fixture(
+    scope="module",
+    params=[None, {}, {"max_partition_records": 3}],
+    ids=["direct", "proxy", "proxy-max-partition-records-3"],
+)
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    s = Stack(request.param).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+class Scenario:
+    """What the transactional producer wrote, and what each isolation level must deliver."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.committed: list[tuple[int, bytes]] = []
+        self.aborted: list[tuple[int, bytes]] = []
+
+
+def produce_transactions(stack: Stack) -> Scenario:
+    """Committed, aborted, interleaved with a second producer, then committed sentinels."""
+    topic = stack.create_topic(PARTITIONS)
+    s = Scenario(topic)
+    tag = uuid.uuid4().hex[:6]
+
+    def producer(name: str) -> Any:
+        p = confluent_kafka.Producer(
+            {
+                "bootstrap.servers": stack.bootstrap,
+                "transactional.id": f"{name}-{tag}",
+                "linger.ms": 2,
+                "transaction.timeout.ms": 60000,
+            }
+        )
+        p.init_transactions(DEADLINE)
+        return p
+
+    def txn(p: Any, records: list[tuple[int, bytes]], commit: bool) -> None:
+        p.begin_transaction()
+        for partition, value in records:
+            p.produce(topic, value, partition=partition)
+        if commit:
+            p.commit_transaction(DEADLINE)
+            s.committed.extend(records)
+        else:
+            p.flush(DEADLINE)  # the aborted records really are in the log
+            p.abort_transaction(DEADLINE)
+            s.aborted.extend(records)
+
+    a, b = producer("a"), producer("b")
+    for round_ in range(4):
+        for p, name in ((a, "a"), (b, "b")):
+            recs = [(i % PARTITIONS, f"{name}-{round_}-{i}".encode()) for i in range(7)]
+            txn(p, recs, commit=(round_ + (name == "b")) % 2 == 0)
+    # b opens a transaction that a's commits overtake, then aborts it.
+    b.begin_transaction()
+    open_recs = [(i % PARTITIONS, f"b-open-{i}".encode()) for i in range(5)]
+    for partition, value in open_recs:
+        b.produce(topic, value, partition=partition)
+    b.flush(DEADLINE)
+    txn(a, [(i % PARTITIONS, f"a-mid-{i}".encode()) for i in range(5)], commit=True)
+    b.abort_transaction(DEADLINE)
+    s.aborted.extend(open_recs)
+    txn(a, [(p, SENTINEL) for p in range(PARTITIONS)], commit=True)
+    assert stack.aborted_count(topic) >= 5
+    return s
+
+
+def check(s: Scenario, got: list[tuple[int, bytes]], committed_only: bool) -> None:
+    expected = s.committed if committed_only else s.committed + s.aborted
+    assert sorted(got) == sorted(expected)  # exactly once: no duplicates, nothing missing
+    if committed_only:
+        assert not set(got) & set(s.aborted)
+    for p in range(PARTITIONS):
+        mine = [v for part, v in got if part == p]
+        assert mine[-1] == SENTINEL
+
+
+def done(got: list[tuple[int, bytes]]) -> bool:
+    return sum(1 for _p, v in got if v == SENTINEL) >= PARTITIONS
+
+
+def consume_confluent(stack: Stack, topic: str, isolation: str) -> list[tuple[int, bytes]]:
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": stack.bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
+        }
+    )
+    try:
+        consumer.assign(
+            [
+                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                for p in range(PARTITIONS)
+            ]
+        )
+        got: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + DEADLINE
+        while not done(got):
+            assert time.monotonic() < deadline, f"timed out with {len(got)} records"
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got.append((msg.partition(), msg.value()))
+        return got
+    finally:
+        consumer.close()
+
+
+def consume_kafka_python(stack: Stack, topic: str, isolation: str) -> list[tuple[int, bytes]]:
+    consumer = kafka.KafkaConsumer(
+        bootstrap_servers=stack.bootstrap,
+        isolation_level=isolation,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=int(DEADLINE * 1000),
+    )
+    try:
+        consumer.assign([kafka.TopicPartition(topic, p) for p in range(PARTITIONS)])
+        got: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + DEADLINE
+        while not done(got):
+            assert time.monotonic() < deadline, f"timed out with {len(got)} records"
+            for records in consumer.poll(timeout_ms=200).values():
+                got.extend((r.partition, r.value) for r in records)
+        return got
+    finally:
+        consumer.close()
+
+
+def consume_aiokafka(stack: Stack, topic: str, isolation: str) -> list[tuple[int, bytes]]:
+    async def run() -> list[tuple[int, bytes]]:
+        consumer = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=stack.bootstrap,
+            isolation_level=isolation,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        try:
+            consumer.assign([aiokafka.TopicPartition(topic, p) for p in range(PARTITIONS)])
+            got: list[tuple[int, bytes]] = []
+            while not done(got):
+                batch = await consumer.getmany(timeout_ms=200)
+                for records in batch.values():
+                    got.extend((r.partition, r.value) for r in records)
+            return got
+        finally:
+            await consumer.stop()
+
+    async def bounded() -> list[tuple[int, bytes]]:
+        return await asyncio.wait_for(run(), DEADLINE)
+
+    return asyncio.run(bounded())
+
+
+CONSUMERS = {
+    "confluent": consume_confluent,
+    "kafka-python": consume_kafka_python,
+    "aiokafka": consume_aiokafka,
+}
+
+
+@pytest.fixture(scope="module")
+def scenario(stack: Stack) -> Scenario:
+    return produce_transactions(stack)
+
+
+@pytest.mark.parametrize("client", sorted(CONSUMERS))
+def test_read_committed_delivers_committed_records_once_and_no_aborted(
+    stack: Stack, scenario: Scenario, client: str
+) -> None:
+    got = CONSUMERS[client](stack, scenario.topic, "read_committed")
+    check(scenario, got, committed_only=True)
+    if stack.proxy_settings and "max_partition_records" in stack.proxy_settings:
+        # The proxy really cut the partitions (and their aborted-transaction lists).
+        assert stack.trimmed_records("max_partition_records") > 0
+
+
+@pytest.mark.parametrize("client", sorted(CONSUMERS))
+def test_read_uncommitted_delivers_both(stack: Stack, scenario: Scenario, client: str) -> None:
+    got = CONSUMERS[client](stack, scenario.topic, "read_uncommitted")
+    check(scenario, got, committed_only=False)
+
+
+def test_consume_transform_produce_commits_offsets_in_the_transaction(stack: Stack) -> None:
+    """send_offsets_to_transaction: AddOffsetsToTxn + TxnOffsetCommit, applied on commit only."""
+    source = stack.create_topic(1)
+    plain = confluent_kafka.Producer({"bootstrap.servers": stack.bootstrap})
+    for i in range(6):
+        plain.produce(source, f"in-{i}".encode(), partition=0)
+    assert plain.flush(DEADLINE) == 0
+    group = f"ctp-{uuid.uuid4().hex[:8]}"
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": stack.bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": stack.bootstrap, "transactional.id": f"ctp-{group}"}
+    )
+    try:
+        producer.init_transactions(DEADLINE)
+        consumer.assign(
+            [confluent_kafka.TopicPartition(source, 0, confluent_kafka.OFFSET_BEGINNING)]
+        )
+        seen = 0
+        deadline = time.monotonic() + DEADLINE
+        while seen < 3:
+            assert time.monotonic() < deadline
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                seen += 1
+
+        def send(offset: int, commit: bool) -> None:
+            producer.begin_transaction()
+            producer.send_offsets_to_transaction(
+                [confluent_kafka.TopicPartition(source, 0, offset)],
+                consumer.consumer_group_metadata(),
+                DEADLINE,
+            )
+            if commit:
+                producer.commit_transaction(DEADLINE)
+            else:
+                producer.abort_transaction(DEADLINE)
+
+        send(3, commit=True)
+        send(5, commit=False)
+        committed = consumer.committed([confluent_kafka.TopicPartition(source, 0)], DEADLINE)
+        assert committed[0].offset == 3
+    finally:
+        consumer.close()
