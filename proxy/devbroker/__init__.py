@@ -19,20 +19,24 @@ Modules, edge first:
 - ``versions``: the API versions implemented, and ApiVersions;
 - ``admin``: Metadata, DescribeCluster, CreateTopics, FindCoordinator, ListOffsets;
 - ``produce`` (+ ``producers``: idempotent sequences): Produce, InitProducerId;
-- ``groups``: the classic consumer-group protocol and committed offsets;
+- ``groups``: the classic consumer-group protocol, committed offsets and
+  TxnOffsetCommit;
+- ``transactions``: the transaction coordinator (InitProducerId with a
+  transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, markers);
 - ``fetch``: Fetch, with KIP-74 reads and KIP-227 sessions
   (``proxy.sessions.broker``);
 - ``state`` and ``log``: topics, partitions, leaders and raw-batch logs;
 - ``build``: version-independent construction of kio messages.
 
 Known differences from Apache Kafka: one replica per partition (CreateTopics
-refuses a replication factor above 1); no transactions (FindCoordinator for a
-transactional id answers COORDINATOR_NOT_AVAILABLE, transactional batches get
-INVALID_TXN_STATE); static membership is treated as dynamic; the initial
+refuses a replication factor above 1); transactions are V1 only (no KIP-890
+part 2 / KIP-939), and EndTxn writes its markers before it answers, so no
+request ever sees a PrepareCommit/PrepareAbort state (Kafka answers
+CONCURRENT_TRANSACTIONS then); static membership is treated as dynamic; the initial
 rebalance delay defaults to 0 (Kafka: 3 s); ListOffsets by timestamp reads
 record timestamps only in uncompressed and gzip batches (others answer with
 the batch's first offset); no SASL/TLS listeners; APIs outside the list in
-``versions`` (DescribeGroups, DeleteTopics, transactions, KIP-848 groups, ...)
+``versions`` (DescribeGroups, DeleteTopics, WriteTxnMarkers, KIP-848 groups, ...)
 are not advertised and close the connection like an unknown API.
 """
 
