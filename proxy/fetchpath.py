@@ -63,6 +63,9 @@ BUDGET_FLOOR = 1_048_588
 """Least bytes a fetch is granted (Kafka's default message.max.bytes, so the broker's
 one-batch progress exemption stays inside a grant)."""
 DEFAULT_REUSE_BUFFER_BYTES = 4 * 1024 * 1024
+FETCH_SHARE = 16
+"""With a budget, one fetch is granted at most 1/FETCH_SHARE of it (never below the floor),
+so a few long polls waiting upstream cannot hold the whole budget while other fetches wait."""
 MAX_POLICY_CACHE = 1024
 
 
@@ -283,6 +286,7 @@ class FetchPathHandler(SessionFetchHandler):
         self._unwritten: list[Reservation] = []
         self._waker: Callable[[], None] | None = None
         self._listening = False
+        self._waiting_for: ClientRequest | None = None
         self.closed = False
         self.budget_waits = 0
 
@@ -341,12 +345,17 @@ class FetchPathHandler(SessionFetchHandler):
         requested = int(decoded.max_bytes)
         if limits.max_response_bytes is not None:
             requested = min(requested, limits.max_response_bytes)
-        grant = self.path.budget.acquire_fetch(max(requested, 0))
+        budget = self.path.budget
+        if self.path.config.memory_budget_bytes is not None:
+            requested = min(requested, max(budget.floor, budget.capacity // FETCH_SHARE))
+        grant = budget.acquire_fetch(max(requested, 0))
         if grant is None:
-            if not self._listening:
+            if self._waiting_for is not request:  # count each fetch once, not each retry
+                self._waiting_for = request
                 self.budget_waits += 1
                 if self.path.metrics is not None:
                     self.path.metrics.memory_budget_wait()
+            if not self._listening:
                 self._listening = True
                 self.path.budget.add_listener(self._on_release)
             return False

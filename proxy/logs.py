@@ -26,6 +26,11 @@ attempt            retry attempt number
 backoff_seconds    delay before the next retry
 in_flight          requests awaiting a response on the connection
 count              a count relevant to the event (e.g. brokers discovered)
+config_keys        config keys a reload applied (list)
+restart_keys       config keys a reload changed that need a restart (list)
+limit_bytes        the configured memory budget (memory_budget_summary)
+peak_bytes         most response data held at once against the budget
+overshoot_bytes    most the budget was exceeded by data already in memory
 =================  ==========================================================
 
 Per-connection keys are bound with ``structlog.contextvars.bind_contextvars``
@@ -62,6 +67,11 @@ DOCUMENTED_KEYS = frozenset(
         "backoff_seconds",
         "in_flight",
         "count",
+        "config_keys",
+        "restart_keys",
+        "limit_bytes",
+        "peak_bytes",
+        "overshoot_bytes",
     }
 )
 

@@ -108,6 +108,9 @@ async def _serve(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve)
+            config_file = getattr(args, "config", None)
+            if reloader is not None and config_file:  # watching before anyone is told we run
+                await nursery.start(watch_file, config_file, lambda: reloader.reload("file"))
             assert proxy.bootstrap is not None
             print(f"bootstrap={proxy.bootstrap}", flush=True)
             if settings.metrics_listen is not None and proxy.metrics is not None:
@@ -116,9 +119,6 @@ async def _serve(
                 )
                 endpoint = config.HostPort(settings.metrics_listen.host, port)
                 print(f"metrics=http://{endpoint}/metrics", flush=True)
-            config_file = getattr(args, "config", None)
-            if reloader is not None and config_file:
-                await nursery.start(watch_file, config_file, lambda: reloader.reload("file"))
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     if reloader is not None:
@@ -127,6 +127,15 @@ async def _serve(
                 log.info("shutdown", reason=signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
                 break
+    if proxy.fetch_path is not None:
+        budget = proxy.fetch_path.budget
+        log.info(
+            "memory_budget_summary",
+            limit_bytes=proxy.fetch_path.config.memory_budget_bytes,
+            peak_bytes=budget.peak,
+            overshoot_bytes=budget.overshoot_bytes,
+            count=budget.waits,
+        )
 
 
 def _metrics() -> Any:

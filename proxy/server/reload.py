@@ -63,7 +63,7 @@ class Reloader:
             new = FetchPathConfig.from_raw(settings.raw)
         except (config.ConfigError, InvalidFetchConfig) as exc:
             errors = exc.errors if isinstance(exc, config.ConfigError) else [str(exc)]
-            log.error("config_reload_failed", trigger=trigger, errors=errors)
+            log.error("config_reload_failed", reason=trigger, error="; ".join(errors))
             if self.metrics is not None:
                 self.metrics.config_reloaded(ok=False)
             return False
@@ -75,12 +75,7 @@ class Reloader:
         restart = [k for k in changed if k not in RELOADABLE_KEYS]
         applied = [k for k in changed if k in RELOADABLE_KEYS]
         self.current = settings
-        log.info(
-            "config_reloaded",
-            trigger=trigger,
-            applied=applied,
-            needs_restart=restart,
-        )
+        log.info("config_reloaded", reason=trigger, config_keys=applied, restart_keys=restart)
         if self.metrics is not None:
             self.metrics.config_reloaded(ok=True)
         return True
