@@ -75,12 +75,15 @@ class NodeDispatcher:
         coordinator: GroupCoordinator,
         fetcher: Any | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_id = node_id
         self.state = state
         self.coordinator = coordinator
         self.fetcher = fetcher
         self.clock = clock
+        self.wall_clock = wall_clock
+        """Seconds since the epoch (record timestamp checks, marker timestamps)."""
         self.changed = False
         """Set when a handled request changed shared state (the edge wakes waiters, then clears it)."""
 

@@ -19,7 +19,7 @@ from kio.schema.errors import ErrorCode as E
 
 from ..protocol import codec, records
 from .build import build
-from .log import CorruptRecords
+from .log import CorruptRecords, record_timestamps
 from .outcome import Close, NoReply
 from .versions import INIT_PRODUCER_ID, PRODUCE
 
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from .node import NodeDispatcher, Request
 
 MAX_MESSAGE_BYTES = 1048588  # Kafka's message.max.bytes / max.message.bytes default
+TIMESTAMP_AFTER_MAX_MS = 3_600_000  # log.message.timestamp.after.max.ms (Kafka 4.x default)
+# log.message.timestamp.before.max.ms defaults to Long.MAX_VALUE: no lower bound.
+NO_TIMESTAMP = -1
 ZSTD = 4
 
 
@@ -120,6 +123,21 @@ def validate_batch(batch: bytes) -> tuple[Check, records.BatchHeader | None]:
     return OK, h
 
 
+def invalid_timestamps(batch: bytes, h: records.BatchHeader, now_ms: int) -> list[int]:
+    """LogValidator.validateTimestamp for a CreateTime topic: indexes of records too far ahead.
+
+    Record timestamps are read from uncompressed and gzip batches; for other
+    codecs (whose decoders are not dependencies) and unparsable bodies the
+    batch's max timestamp stands for its last record.
+    """
+    limit = now_ms + TIMESTAMP_AFTER_MAX_MS
+    stamps = record_timestamps(batch, h, 0)
+    if stamps is None:
+        late = h.max_timestamp != NO_TIMESTAMP and h.max_timestamp > limit
+        return [h.records_count - 1] if late else []
+    return [i for i, (_off, ts) in enumerate(stamps) if ts != NO_TIMESTAMP and ts > limit]
+
+
 def _produce_partition(
     node: NodeDispatcher,
     version: int,
@@ -152,6 +170,20 @@ def _produce_partition(
     if error:
         return out | {"error_code": error, "error_message": message}
     assert header is not None
+    late = invalid_timestamps(batch, header, int(node.wall_clock() * 1000))
+    if late:
+        limit = int(node.wall_clock() * 1000) + TIMESTAMP_AFTER_MAX_MS
+        return out | {
+            "error_code": E.invalid_timestamp,
+            "error_message": "One or more records have been rejected due to invalid timestamp",
+            "record_errors": [
+                {
+                    "batch_index": i,
+                    "batch_index_error_message": f"Timestamp of record {i} is after {limit}",
+                }
+                for i in late
+            ],
+        }
     if header.is_transactional:
         # AddPartitionsToTxnManager: the partition must be in the producer's transaction.
         error = node.coordinator.transactions.verify(

@@ -54,11 +54,12 @@ class ProducerStates:
         for first, last, base in entry.batches:
             if first == h.base_sequence and last == last_seq:
                 return E.none, base
-        if entry.batches:
-            previous = entry.batches[-1][1]
-            expected = 0 if previous == INT32_MAX else previous + 1
-            if h.base_sequence != expected:
-                return E.out_of_order_sequence_number, None
+        # ProducerAppendInfo.checkSequence: with no sequence history in this
+        # epoch (a marker reset it), the next batch must start at 0.
+        previous = entry.batches[-1][1] if entry.batches else -1
+        expected = 0 if previous == INT32_MAX else previous + 1
+        if h.base_sequence != expected:
+            return E.out_of_order_sequence_number, None
         return E.none, None
 
     def record_marker(self, producer_id: int, producer_epoch: int) -> None:

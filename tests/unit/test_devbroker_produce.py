@@ -6,7 +6,7 @@ import struct
 
 import pytest
 from kio.schema.errors import ErrorCode as E
-from support.batches import make_batch
+from support.batches import make_batch, make_record_batch
 from support.dispatch import Close, Harness, NoReply, Reply
 
 from proxy.devbroker.admin import coordinator_node
@@ -208,3 +208,56 @@ def test_producer_state_is_bounded() -> None:
         assert states.check(h) == (E.none, None)
         states.record(h, pid)
     assert list(states.entries) == [7, 8, 9]
+
+
+# -- strictness audit: LogValidator.validateTimestamp (message.timestamp.after.max.ms) ---------
+
+NOW_MS = 1_700_000_000_000
+AFTER_MAX_MS = 3_600_000  # Kafka 4.x default of log.message.timestamp.after.max.ms
+
+
+def at_wall_clock(h: Harness, ms: int) -> None:
+    for node in h.nodes:
+        node.wall_clock = lambda: ms / 1000.0
+
+
+def test_records_too_far_in_the_future_get_invalid_timestamp(h: Harness) -> None:
+    at_wall_clock(h, NOW_MS)
+    ok = make_record_batch([NOW_MS - 10**9, NOW_MS + AFTER_MAX_MS])
+    assert produce(h, 0, ok).error_code == E.none
+    bad = make_record_batch([NOW_MS, NOW_MS + AFTER_MAX_MS + 1, NOW_MS + AFTER_MAX_MS + 2])
+    part = produce(h, 0, bad)
+    assert part.error_code == E.invalid_timestamp
+    assert [e.batch_index for e in part.record_errors] == [1, 2]
+    assert part.error_message == "One or more records have been rejected due to invalid timestamp"
+    assert h.state.partition("orders", 0).log.log_end_offset == 2  # type: ignore[union-attr]
+
+
+def test_future_timestamps_in_gzip_batches_are_found_too(h: Harness) -> None:
+    at_wall_clock(h, NOW_MS)
+    bad = make_record_batch([NOW_MS, NOW_MS + AFTER_MAX_MS + 5], gzip_body=True)
+    part = produce(h, 0, bad)
+    assert part.error_code == E.invalid_timestamp
+    assert [e.batch_index for e in part.record_errors] == [1]
+
+
+def test_unreadable_records_are_judged_by_the_batch_max_timestamp(h: Harness) -> None:
+    at_wall_clock(h, NOW_MS)
+    part = produce(h, 0, make_batch(0, 3, base_timestamp=NOW_MS + AFTER_MAX_MS))
+    assert part.error_code == E.invalid_timestamp
+    assert produce(h, 0, make_batch(0, 3, base_timestamp=NOW_MS)).error_code == E.none
+
+
+# -- strictness audit: ProducerAppendInfo.checkSequence after a marker reset the sequences ----
+
+
+def test_same_epoch_without_sequence_history_must_start_at_zero(h: Harness) -> None:
+    part = h.state.partition("orders", 0)
+    assert part is not None
+    part.producers.record_marker(77, 3)  # a marker moved producer 77 to epoch 3
+
+    def batch(seq: int) -> bytes:
+        return make_batch(0, 1, producer_id=77, producer_epoch=3, base_sequence=seq)
+
+    assert produce(h, 0, batch(5)).error_code == E.out_of_order_sequence_number
+    assert produce(h, 0, batch(0)).error_code == E.none
