@@ -109,7 +109,7 @@ class Proxy:
             self.fetch_path = FetchPath(
                 FetchPathConfig.from_raw(settings.raw),
                 metrics=metrics,
-                decision_log=getattr(self, "decision_log", None),
+                decision_log=decision_log,
             )
             self.metrics_refreshers.append(self.fetch_path.refresh_gauges)
         if metrics is not None:

@@ -286,3 +286,34 @@ def test_schema_keys_flags_and_env() -> None:
         config.validate({"upstream": ["k:1"], "max_records": -3})
     with pytest.raises(config.ConfigError, match=r"policies"):
         config.validate({"upstream": ["k:1"], "policies": [{"name": "x", "max_bytes": 1}]})
+
+
+def test_shaped_responses_reach_the_decision_log_and_metrics() -> None:
+    import io
+    import json
+
+    from proxy.observe.decisionlog import DecisionLog, FractionSampler
+
+    metrics = Metrics(process_metrics=False)
+    sink = io.StringIO()
+    w = World(
+        FetchPathConfig(
+            limits=Limits(max_partition_records=2),
+            policies=(Policy("rd", Limits(max_records=3), client_id="rd*"),),
+        ),
+        metrics=metrics,
+    )
+    w.path.decision_log = DecisionLog(sink, sampler=FractionSampler(1.0), metrics=metrics)
+    c = Conn(w, "rdkafka", node_id=1)
+    w.append("orders", 0, 1, times=3)
+    w.append("orders", 1, 1, times=3)
+    c.fetch(7, [("orders", 0, 0), ("orders", 1, 0)])
+    [event] = [json.loads(line) for line in sink.getvalue().splitlines()]
+    assert event["policy"] == "rd" and event["node_id"] == 1 and event["correlation_id"] == 7
+    assert event["delivered_records"] == 3 and event["partitions_trimmed"] == 2
+    assert event["limits"]["max_records"] == 3 and event["limits"]["max_partition_records"] == 2
+    assert "rdkafka" == event["client_id"] and "v" * 20 not in sink.getvalue()
+    value = metrics.registry.get_sample_value
+    assert value(f"{PREFIX}shaped_responses_total", {"policy": "rd"}) == 1
+    assert value(f"{PREFIX}limit_applied_total", {"limit": "max_records", "policy": "rd"}) == 1
+    assert value(f"{PREFIX}memory_budget_used_bytes") == w.path.budget.used > 0  # buffer
