@@ -45,6 +45,73 @@ def _response(req: Request, data: dict[str, Any]) -> Any:
     return build(codec.response_schema(req.header.api_key, req.version), data)
 
 
+# Topic configs (Kafka 4.x TopicConfig/QuotaConfig names) -> the value the dev cluster
+# implements (Kafka's default); None: any value is a behaviour the dev cluster lacks.
+TOPIC_CONFIGS: dict[str, str | None] = {
+    "cleanup.policy": "delete",
+    "compression.type": "producer",
+    "compression.gzip.level": None,
+    "compression.lz4.level": None,
+    "compression.zstd.level": None,
+    "delete.retention.ms": None,
+    "file.delete.delay.ms": None,
+    "flush.messages": None,
+    "flush.ms": None,
+    "follower.replication.throttled.replicas": None,
+    "index.interval.bytes": "4096",
+    "leader.replication.throttled.replicas": None,
+    "local.retention.bytes": None,
+    "local.retention.ms": None,
+    "max.compaction.lag.ms": None,
+    "max.message.bytes": "1048588",
+    "message.timestamp.after.max.ms": "3600000",
+    "message.timestamp.before.max.ms": "9223372036854775807",
+    "message.timestamp.type": "CreateTime",
+    "min.cleanable.dirty.ratio": None,
+    "min.compaction.lag.ms": None,
+    "min.insync.replicas": "1",
+    "preallocate": None,
+    "remote.log.copy.disable": None,
+    "remote.log.delete.on.disable": None,
+    "remote.storage.enable": "false",
+    "retention.bytes": "-1",
+    "retention.ms": "604800000",
+    "segment.bytes": None,
+    "segment.index.bytes": None,
+    "segment.jitter.ms": None,
+    "segment.ms": None,
+    "unclean.leader.election.enable": "false",
+}
+
+
+def topic_configs_error(configs: Any) -> str | None:
+    """Why CreateTopics' *configs* are refused (INVALID_CONFIG), or None.
+
+    Kafka's ControllerConfigurationValidator and LogConfig.validateNames;
+    beyond Kafka, a value the dev cluster would not honour is refused too,
+    so that no test relies on behaviour the dev cluster does not have.
+    """
+    nulls = [c.name for c in configs if c.value is None]
+    if nulls:
+        return f"Null value not supported for topic configs: {','.join(nulls)}"
+    for c in configs:
+        if c.name not in TOPIC_CONFIGS:
+            return f"Unknown topic config name: {c.name}"
+    for c in configs:
+        implemented = TOPIC_CONFIGS[c.name]
+        if c.value != implemented:
+            only = f"only {implemented!r}" if implemented is not None else "no value"
+            return (
+                f"The dev cluster implements {only} for topic config {c.name}"
+                f" (Kafka would accept {c.value!r})"
+            )
+    return None
+
+
+def _collision_key(name: str) -> str:
+    return name.replace(".", "_")  # Topic.unifyCollisionChars
+
+
 def topic_name_error(name: str) -> str | None:
     """Kafka's Topic.validate: why *name* is not a legal topic name, or None."""
     if not name:
@@ -243,8 +310,17 @@ def handle_create_topics(node: NodeDispatcher, req: Request) -> Any:
             )
         elif (why := topic_name_error(t.name)) is not None:
             error, message = E.invalid_topic_exception, why
+        elif colliding := [
+            n for n in state.topics if n != t.name and _collision_key(n) == _collision_key(t.name)
+        ]:
+            error, message = (
+                E.invalid_topic_exception,
+                f"Topic '{t.name}' collides with existing topic: {colliding[0]}",
+            )
         elif t.name in state.topics:
             error, message = E.topic_already_exists, f"Topic '{t.name}' already exists."
+        elif (why := topic_configs_error(t.configs)) is not None:
+            error, message = E.invalid_config, why
         elif t.assignments:
             if num != -1 or rf != -1:
                 error, message = (

@@ -413,3 +413,34 @@ def test_trailing_bytes_after_a_body_are_ignored_as_kafka_does(h: Harness) -> No
     out = h.send_raw(0, frame)
     assert isinstance(out, Reply)
     assert {t.name for t in h.decode(out, METADATA, 13).topics} == {"orders", "small"}
+
+
+# -- strictness audit: CreateTopics configs and colliding names (ReplicationControlManager) -----
+
+
+def cfg(**pairs: str | None) -> list[dict[str, str | None]]:
+    return [{"name": k.replace("_", "."), "value": v} for k, v in pairs.items()]
+
+
+def test_create_topics_refuses_unknown_null_and_unimplemented_configs(h: Harness) -> None:
+    res = create(
+        h,
+        {"name": "unknown", "configs": [{"name": "not.a.real.topic.config", "value": "1"}]},
+        {"name": "null", "configs": cfg(retention_ms=None)},
+        {"name": "compact", "configs": cfg(cleanup_policy="compact")},
+        {"name": "plain", "configs": cfg(cleanup_policy="delete", min_insync_replicas="1")},
+    )
+    assert res["unknown"].error_code == E.invalid_config
+    assert res["unknown"].error_message == "Unknown topic config name: not.a.real.topic.config"
+    assert res["null"].error_code == E.invalid_config
+    assert res["null"].error_message == "Null value not supported for topic configs: retention.ms"
+    assert res["compact"].error_code == E.invalid_config  # Kafka would compact: not modelled
+    assert res["plain"].error_code == E.none  # Kafka's defaults are what the dev cluster does
+    assert set(h.state.topics) == {"orders", "small", "plain"}
+
+
+def test_create_topics_refuses_names_colliding_through_dots_and_underscores(h: Harness) -> None:
+    assert create(h, {"name": "my.topic"})["my.topic"].error_code == E.none
+    clash = create(h, {"name": "my_topic"})["my_topic"]
+    assert clash.error_code == E.invalid_topic_exception
+    assert clash.error_message == "Topic 'my_topic' collides with existing topic: my.topic"
