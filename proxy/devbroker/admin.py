@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .node import NodeDispatcher, Request
 
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+MAX_RECORDS_PER_USER_OP = 10_000  # QuorumController: metadata records one request may create
 OFFSETS_TOPIC_PARTITIONS = 50  # Kafka's offsets.topic.num.partitions default
 DEFAULT_NUM_PARTITIONS = 1  # Kafka's num.partitions default
 MAX_TOPIC_NAME = 249
@@ -290,7 +291,9 @@ def handle_create_topics(node: NodeDispatcher, req: Request) -> Any:
     state = node.state
     body = req.body
     names = [t.name for t in body.topics]
-    results = []
+    results: list[dict[str, Any]] = []
+    accepted: list[tuple[int, str, int]] = []  # (result index, name, partitions)
+    records_needed = 0
     for t in body.topics:
         result: dict[str, Any] = {
             "name": t.name,
@@ -356,29 +359,24 @@ def handle_create_topics(node: NodeDispatcher, req: Request) -> Any:
             results.append(result | {"error_code": error, "error_message": message})
             continue
         partitions = DEFAULT_NUM_PARTITIONS if num == -1 else num
-        if body.validate_only:
-            results.append(
-                result
-                | {
-                    "error_code": E.none,
-                    "num_partitions": partitions,
-                    "replication_factor": 1,
-                    "configs": [],
-                }
-            )
-            continue
-        topic = state.create_topic(t.name, partitions)
-        node.changed = True
-        results.append(
-            result
-            | {
-                "error_code": E.none,
-                "topic_id": topic.topic_id,
-                "num_partitions": partitions,
-                "replication_factor": 1,
-                "configs": [],
-            }
-        )
+        records_needed += 1 + partitions + len(t.configs)
+        accepted.append((len(results), t.name, partitions))
+        results.append(result)
+    if records_needed > MAX_RECORDS_PER_USER_OP:
+        # The controller refuses the whole operation (BoundedListTooLongException).
+        refused = {
+            "error_code": E.policy_violation,
+            "error_message": "Unable to perform excessively large batch operation.",
+        }
+        results = [r | refused for r in results]
+        return _response(req, {"throttle_time": 0, "topics": results})
+    for i, name, partitions in accepted:
+        created = {"error_code": E.none, "num_partitions": partitions, "replication_factor": 1}
+        if not body.validate_only:
+            topic = state.create_topic(name, partitions)
+            node.changed = True
+            created["topic_id"] = topic.topic_id
+        results[i] = results[i] | created | {"configs": []}
     return _response(req, {"throttle_time": 0, "topics": results})
 
 

@@ -444,3 +444,15 @@ def test_create_topics_refuses_names_colliding_through_dots_and_underscores(h: H
     clash = create(h, {"name": "my_topic"})["my_topic"]
     assert clash.error_code == E.invalid_topic_exception
     assert clash.error_message == "Topic 'my_topic' collides with existing topic: my.topic"
+
+
+def test_create_topics_refuses_an_operation_over_10000_metadata_records(h: Harness) -> None:
+    # QuorumController.MAX_RECORDS_PER_USER_OP: one record per topic and per partition.
+    res = create(h, {"name": "huge", "num_partitions": 9_999}, {"name": "ok", "num_partitions": 1})
+    assert {n: r.error_code for n, r in res.items()} == {
+        "huge": E.policy_violation,
+        "ok": E.policy_violation,
+    }
+    assert res["ok"].error_message == "Unable to perform excessively large batch operation."
+    assert "huge" not in h.state.topics and "ok" not in h.state.topics
+    assert create(h, {"name": "big", "num_partitions": 9_999})["big"].error_code == E.none
