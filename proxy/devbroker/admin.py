@@ -371,7 +371,11 @@ def handle_create_topics(node: NodeDispatcher, req: Request) -> Any:
         results = [r | refused for r in results]
         return _response(req, {"throttle_time": 0, "topics": results})
     for i, name, partitions in accepted:
-        created = {"error_code": E.none, "num_partitions": partitions, "replication_factor": 1}
+        created: dict[str, Any] = {
+            "error_code": E.none,
+            "num_partitions": partitions,
+            "replication_factor": 1,
+        }
         if not body.validate_only:
             topic = state.create_topic(name, partitions)
             node.changed = True
