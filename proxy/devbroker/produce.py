@@ -238,15 +238,21 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
     txn_refused = body.transactional_id is None and any(
         _first_batch_transactional(p.records) for t in body.topic_data for p in t.partition_data
     )
+    # Partitions are keyed by topic-partition, as KafkaApis' maps: one answer each,
+    # the last records listed for a partition are the ones written.
+    wanted: dict[str, dict[int, bytes | None]] = {}
+    for t in body.topic_data:
+        for p in t.partition_data:
+            wanted.setdefault(t.name, {})[p.index] = p.records
     responses = []
     failed = False
     leaders: set[int] = set()
-    for t in body.topic_data:
+    for name, partitions in wanted.items():
         parts = []
-        for p in t.partition_data:
+        for index, data in partitions.items():
             if txn_refused:
-                r = {
-                    "index": p.index,
+                r: dict[str, Any] = {
+                    "index": index,
                     "error_code": E.transactional_id_authorization_failed,
                     "base_offset": -1,
                     "log_append_time": None,
@@ -256,14 +262,14 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
                 }
             else:
                 r = _produce_partition(
-                    node, req.version, acks, body.transactional_id, t.name, p.index, p.records
+                    node, req.version, acks, body.transactional_id, name, index, data
                 )
             if r["error_code"]:
                 failed = True
             if r["error_code"] == E.not_leader_or_follower:
                 leaders.add(r["current_leader"]["leader_id"])
             parts.append(r)
-        responses.append({"name": t.name, "partition_responses": parts})
+        responses.append({"name": name, "partition_responses": parts})
     if acks == 0:
         # Kafka sends nothing for acks=0, and closes the connection when anything
         # failed so that the producer notices.

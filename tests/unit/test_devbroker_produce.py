@@ -261,3 +261,28 @@ def test_same_epoch_without_sequence_history_must_start_at_zero(h: Harness) -> N
 
     assert produce(h, 0, batch(5)).error_code == E.out_of_order_sequence_number
     assert produce(h, 0, batch(0)).error_code == E.none
+
+
+# -- strictness audit: KafkaApis.handleProduceRequest keys partitions in a map ----------------
+
+
+def test_a_partition_listed_twice_is_written_once_with_the_last_records(h: Harness) -> None:
+    req = h.request(
+        PRODUCE,
+        9,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 1000,
+            "topic_data": [
+                {"name": "orders", "partition_data": [{"index": 0, "records": make_batch(0, 2)}]},
+                {"name": "orders", "partition_data": [{"index": 0, "records": make_batch(0, 5)}]},
+            ],
+        },
+    )
+    resp = h.call(h.leader_of("orders", 0), req)
+    assert [(t.name, [p.index for p in t.partition_responses]) for t in resp.responses] == [
+        ("orders", [0])
+    ]
+    log = h.state.partition("orders", 0).log  # type: ignore[union-attr]
+    assert log.log_end_offset == 5 and log.batch_count == 1
