@@ -455,18 +455,25 @@ def _list_one(node: NodeDispatcher, req: Request, topic: str, p: Any) -> dict[st
         return out | {"error_code": E.unknown_leader_epoch}
     log = part.log
     ts = p.timestamp
-    isolation = getattr(req.body, "isolation_level", 0)
+    # Partition.fetchOffsetForTimestamp: isolation applies to clients (replica id -1) only;
+    # others read up to the log end offset.
+    if req.body.replica_id != -1:
+        last_fetchable = log.log_end_offset
+    elif getattr(req.body, "isolation_level", 0) == 1:
+        last_fetchable = log.last_stable_offset
+    else:
+        last_fetchable = log.high_watermark
     found: tuple[int, int] | None
     if ts == LATEST:
-        found = (log.last_stable_offset if isolation == 1 else log.high_watermark, -1)
+        found = (last_fetchable, -1)
     elif ts in (EARLIEST, EARLIEST_LOCAL):
         found = (log.log_start_offset, -1)
     elif ts == LATEST_TIERED:
         found = (-1, -1)
-    elif ts == MAX_TIMESTAMP:
-        found = log.max_timestamp()
     else:
-        found = log.offset_for_timestamp(ts)
+        found = log.max_timestamp() if ts == MAX_TIMESTAMP else log.offset_for_timestamp(ts)
+        if found is not None and found[0] >= last_fetchable:
+            found = None  # ReplicaManager.fetchOffset: not fetchable yet, nothing found
     if found is None:
         return out | {"error_code": E.none}
     offset, timestamp = found

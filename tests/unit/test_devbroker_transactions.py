@@ -64,7 +64,13 @@ class Producer:
         }
 
     def produce(
-        self, partition: int, count: int = 1, *, version: int = 12, epoch: int | None = None
+        self,
+        partition: int,
+        count: int = 1,
+        *,
+        version: int = 12,
+        epoch: int | None = None,
+        base_timestamp: int = 1000,
     ) -> Any:
         seq = self.seq.get(partition, 0)
         data = make_batch(
@@ -74,6 +80,7 @@ class Producer:
             producer_id=self.pid,
             producer_epoch=self.epoch if epoch is None else epoch,
             base_sequence=seq,
+            base_timestamp=base_timestamp,
         )
         req = self.h.request(
             PRODUCE,
@@ -578,3 +585,44 @@ def test_transactional_records_need_a_transactional_id(h: Harness) -> None:
     resp = h.call(h.leader_of("orders", 0), req)
     codes = [p.error_code for t in resp.responses for p in t.partition_responses]
     assert codes == [E.transactional_id_authorization_failed] * 2
+
+
+# -- strictness audit: ListOffsets and the last fetchable offset (Partition.fetchOffsetForTimestamp)
+
+
+def list_offset(
+    h: Harness, timestamp: int, isolation: int, replica_id: int = -1
+) -> tuple[int, int]:
+    req = h.request(
+        LIST_OFFSETS,
+        8,
+        {
+            "replica_id": replica_id,
+            "isolation_level": isolation,
+            "topics": [
+                {
+                    "name": "orders",
+                    "partitions": [
+                        {"partition_index": 0, "current_leader_epoch": -1, "timestamp": timestamp}
+                    ],
+                }
+            ],
+        },
+    )
+    p = h.call(h.leader_of("orders", 0), req).topics[0].partitions[0]
+    assert p.error_code == E.none
+    return int(p.offset), int(p.timestamp)
+
+
+def test_timestamp_lookups_past_the_lso_find_nothing_for_read_committed(h: Harness) -> None:
+    p = Producer(h)
+    p.init()
+    plain(h, 0)  # offset 0, max timestamp 1001 (make_batch)
+    p.add(0)
+    assert p.produce(0, base_timestamp=5000).error_code == E.none  # offset 1, open transaction
+    assert list_offset(h, 2000, 0) == (1, 5001)
+    assert list_offset(h, 2000, 1) == (-1, -1)
+    assert list_offset(h, -3, 1) == (-1, -1)  # the max timestamp is in the open transaction
+    assert list_offset(h, 500, 1) == (0, 1001)
+    # A debugging replica (-2) is not a client: no isolation, the log end offset.
+    assert list_offset(h, -1, 1, replica_id=-2)[0] == 2
