@@ -317,3 +317,26 @@ def test_shaped_responses_reach_the_decision_log_and_metrics() -> None:
     assert value(f"{PREFIX}shaped_responses_total", {"policy": "rd"}) == 1
     assert value(f"{PREFIX}limit_applied_total", {"limit": "max_records", "policy": "rd"}) == 1
     assert value(f"{PREFIX}memory_budget_used_bytes") == w.path.budget.used > 0  # buffer
+
+
+def test_reloader_applies_or_keeps_the_old_config_and_counts() -> None:
+    from proxy.server.reload import Reloader
+
+    metrics = Metrics(process_metrics=False)
+    start = config.validate({"upstream": ["k:1"], "max_records": 10})
+    path = FetchPath(FetchPathConfig.from_raw(start.raw))
+    handler = path.handler(1)
+    raw: dict[str, Any] = {"upstream": ["k:1"], "max_records": 20, "memory_budget_bytes": 1 << 20}
+    reloader = Reloader(lambda: config.validate(raw), path, start, metrics=metrics)
+    assert reloader.reload("SIGHUP")
+    assert path.config.limits.max_records == 20 and path.budget.capacity == 1 << 20
+    assert path.select("any", handler.listener) == ("default", Limits(max_records=20))
+    raw["max_records"] = 0
+    assert not reloader.reload("file")
+    assert path.config.limits.max_records == 20  # the old configuration stays
+    raw["max_records"] = 30
+    raw["policies"] = [{"name": "x"}, {"name": "x"}]
+    assert not reloader.reload("file")
+    value = metrics.registry.get_sample_value
+    assert value(f"{PREFIX}config_reloads_total") == 1
+    assert value(f"{PREFIX}config_reload_failures_total") == 2
