@@ -23,11 +23,15 @@ upstream session learns each partition's next offset from the shaped request
 of the next fetch (the client's offset, or past the batches the buffer holds).
 
 Memory budget: a fetch starts only once ``MemoryBudget.acquire_fetch`` grants
-it; otherwise the handler keeps it queued, listens to the budget and calls the
-waker the trio edge bound (``bind_waker``), which calls ``resume()`` from the
-connection's own task.  The grant is released when the edge says the response
-was written (``written()``).  Only consumer Fetch requests ever wait: other
-APIs never reach this module.
+it; otherwise the handler keeps it queued and joins the path's FIFO of waiting
+connections.  Each release of budget wakes the oldest waiters (as many as the
+headroom could serve) through the waker the trio edge bound (``bind_waker``),
+which calls ``resume()`` from the connection's own task; a woken fetch that
+still finds no room goes back to the front.  The grant is released when the
+edge says the response was written (``written()``).  When a fetch has to wait,
+every connection's reuse buffer is dropped (it is a cache, and the budget must
+never be held by data nobody is fetching while fetches wait).  Only consumer
+Fetch requests ever wait: other APIs never reach this module.
 
 Reload: ``FetchPath.reload(config)``; live connections pick the new limits
 and policies at their next fetch.
@@ -35,9 +39,11 @@ and policies at their next fetch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -180,6 +186,10 @@ class FetchPath:
         self._policy_cache: dict[tuple[str | None, str], tuple[str, Limits]] = {}
         self.config = config
         self.generation = 0
+        self.fetch_waits = 0
+        """Fetches that had to wait for budget (each counted once)."""
+        self._waiters: deque[FetchPathHandler] = deque()
+        self.budget.add_listener(self._released)
         if metrics is not None:
             metrics.set_memory_budget(used=0, limit=config.memory_budget_bytes)
 
@@ -214,9 +224,42 @@ class FetchPath:
             h.apply_config(config)
         if self.metrics is not None:
             self.metrics.set_memory_budget(used=self.budget.used, limit=config.memory_budget_bytes)
-        # Room may have appeared: let waiting fetches try again.
+        self._released()  # room may have appeared: let waiting fetches try again
+
+    # -- the memory budget's waiters ----------------------------------------------------
+
+    def wait_for_budget(self, handler: FetchPathHandler, *, front: bool) -> None:
+        if handler.waiting:
+            return
+        handler.waiting = True
+        if front:
+            self._waiters.appendleft(handler)
+        else:
+            self._waiters.append(handler)
+
+    def stop_waiting(self, handler: FetchPathHandler) -> None:
+        if handler.waiting:
+            handler.waiting = False
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(handler)
+
+    def _released(self) -> None:
+        budget = self.budget
+        wake = max(1, budget.headroom // budget.floor)
+        while self._waiters and wake > 0:
+            handler = self._waiters.popleft()
+            handler.waiting = False
+            if not handler.closed:
+                handler.wake()
+                wake -= 1
+
+    def shed_buffers(self) -> bool:
+        """Drop every connection's reuse buffer; True if that freed any budget."""
+        before = self.budget.used
         for h in list(self.handlers):
-            h.budget_changed()
+            if len(h.shaper.buffer):
+                h.shaper.buffer.clear()
+        return self.budget.used < before
 
     def select(self, client_id: str | None, listener: str) -> tuple[str, Limits]:
         key = (client_id, listener)
@@ -285,7 +328,8 @@ class FetchPathHandler(SessionFetchHandler):
         self._stage: _Stage | None = None
         self._unwritten: list[Reservation] = []
         self._waker: Callable[[], None] | None = None
-        self._listening = False
+        self.waiting = False
+        """In the path's queue of fetches waiting for budget."""
         self._waiting_for: ClientRequest | None = None
         self.closed = False
         self.budget_waits = 0
@@ -312,7 +356,7 @@ class FetchPathHandler(SessionFetchHandler):
     def close(self) -> None:
         """The connection ended: give back every byte this connection holds."""
         self.closed = True
-        self._stop_listening()
+        self.path.stop_waiting(self)
         for grant in (self._grant, self._stage.grant if self._stage else None, *self._unwritten):
             if grant is not None:
                 grant.release()
@@ -323,10 +367,6 @@ class FetchPathHandler(SessionFetchHandler):
 
     def apply_config(self, config: FetchPathConfig) -> None:
         self.shaper.buffer.capacity = config.reuse_buffer_bytes
-
-    def budget_changed(self) -> None:
-        if self._queue and not self._busy and self._grant is None:
-            self._wake()
 
     # -- FetchHandler -------------------------------------------------------------------
 
@@ -349,17 +389,20 @@ class FetchPathHandler(SessionFetchHandler):
         if self.path.config.memory_budget_bytes is not None:
             requested = min(requested, max(budget.floor, budget.capacity // FETCH_SHARE))
         grant = budget.acquire_fetch(max(requested, 0))
+        if grant is None and self.path.shed_buffers():
+            grant = budget.acquire_fetch(max(requested, 0))
         if grant is None:
-            if self._waiting_for is not request:  # count each fetch once, not each retry
+            retry = self._waiting_for is request
+            if not retry:  # count each fetch once, not each retry
                 self._waiting_for = request
                 self.budget_waits += 1
+                self.path.fetch_waits += 1
                 if self.path.metrics is not None:
                     self.path.metrics.memory_budget_wait()
-            if not self._listening:
-                self._listening = True
-                self.path.budget.add_listener(self._on_release)
+            self.path.wait_for_budget(self, front=retry)
             return False
-        self._stop_listening()
+        self.path.stop_waiting(self)
+        self._waiting_for = None
         self._grant = grant
         return True
 
@@ -390,20 +433,12 @@ class FetchPathHandler(SessionFetchHandler):
 
     # -- internals ----------------------------------------------------------------------
 
-    def _on_release(self) -> None:
-        self._stop_listening()
-        self._wake()
-
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Budget may be free: retry the waiting fetch (via the edge's task when bound)."""
         if self._waker is not None:
             self._waker()
         else:
             self.resume()
-
-    def _stop_listening(self) -> None:
-        if self._listening:
-            self._listening = False
-            self.path.budget.remove_listener(self._on_release)
 
     def _report(self, request: ClientRequest, stage: _Stage, shaped: ShapedResponse) -> None:
         d = shaped.decision

@@ -134,7 +134,7 @@ async def _serve(
             limit_bytes=proxy.fetch_path.config.memory_budget_bytes,
             peak_bytes=budget.peak,
             overshoot_bytes=budget.overshoot_bytes,
-            count=budget.waits,
+            count=proxy.fetch_path.fetch_waits,
         )
 
 

@@ -340,3 +340,33 @@ def test_reloader_applies_or_keeps_the_old_config_and_counts() -> None:
     value = metrics.registry.get_sample_value
     assert value(f"{PREFIX}config_reloads_total") == 1
     assert value(f"{PREFIX}config_reload_failures_total") == 2
+
+
+def test_waiting_fetches_are_woken_oldest_first_one_per_free_grant() -> None:
+    w = World(FetchPathConfig(memory_budget_bytes=1 << 20))
+    w.path.budget.floor = 1 << 20  # one fetch at a time
+    a, b, c = (Conn(w).with_edge() for _ in range(3))
+    a.send(a.fetch_frame(2, ALL), answer=False)
+    assert b.send(b.fetch_frame(2, ALL)) == [] and c.send(c.fetch_frame(2, ALL)) == []
+    assert w.path.fetch_waits == 2
+    a.release_held()
+    assert (b.woken, c.woken) == (1, 0)  # only as many as the free budget can serve
+    b.handler.resume()
+    b.send(answer=False)  # b now holds the budget, its upstream answer outstanding
+    assert b.held
+    b.release_held()
+    assert c.woken == 1
+    c.handler.resume()
+    assert len(c.pump()) == 1 and w.path.budget.used == 0
+
+
+def test_a_waiting_fetch_sheds_the_reuse_buffers_first() -> None:
+    w = World(FetchPathConfig(limits=Limits(max_records=1), memory_budget_bytes=1 << 20))
+    w.path.budget.floor = 1 << 20
+    a, b = Conn(w).with_edge(), Conn(w).with_edge()
+    w.append("orders", 0, 1, times=4)
+    a.fetch(2, [("orders", 0, 0)])
+    assert len(a.handler.shaper.buffer) == 1 and w.path.budget.used > 0
+    assert delivered(b.fetch(2, [("orders", 0, 0)]))[("orders", 0)] == [(0, 1)]
+    assert len(a.handler.shaper.buffer) == 0 and w.path.fetch_waits == 0
+    assert delivered(a.fetch(3, [("orders", 0, 1)]))[("orders", 0)] == [(1, 1)]  # refetched
