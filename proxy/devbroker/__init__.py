@@ -29,10 +29,13 @@ Modules, edge first:
 - ``build``: version-independent construction of kio messages.
 
 Known differences from Apache Kafka: one replica per partition (CreateTopics
-refuses a replication factor above 1); transactions are V1 only (no KIP-890
+refuses a replication factor above 1, and topic configs other than the
+defaults the dev cluster implements); transactions are V1 only (no KIP-890
 part 2 / KIP-939), and EndTxn writes its markers before it answers, so no
 request ever sees a PrepareCommit/PrepareAbort state (Kafka answers
-CONCURRENT_TRANSACTIONS then); static membership is treated as dynamic; the initial
+CONCURRENT_TRANSACTIONS then); record bodies are not validated (Kafka's
+LogValidator reads every record; here only timestamps of uncompressed and
+gzip batches are read, and tests may produce opaque bodies); the initial
 rebalance delay defaults to 0 (Kafka: 3 s); ListOffsets by timestamp reads
 record timestamps only in uncompressed and gzip batches (others answer with
 the batch's first offset); no SASL/TLS listeners; APIs outside the list in

@@ -9,8 +9,13 @@ coordinator, and session timeouts that expire silent members.
 Time is passed in (``now``, monotonic seconds) so tests control it.  Requests
 that Kafka parks in a purgatory (JoinGroup until every member rejoined or the
 rebalance timeout passed, SyncGroup until the leader sent the assignment) come
-back as a :class:`GroupWait`, which the trio edge polls.  Static membership
-(group.instance.id) is treated as dynamic membership.
+back as a :class:`GroupWait`, which the trio edge polls.  Static members
+(group.instance.id, KIP-345) join without MEMBER_ID_REQUIRED; one that rejoins
+with no member id replaces its old member id (no rebalance when the group is
+Stable and its protocol choice stands), and requests naming an instance id that
+maps to another member id get FENCED_INSTANCE_ID.  TxnOffsetCommit keeps
+offsets pending until the transaction's marker (UNSTABLE_OFFSET_COMMIT for
+OffsetFetch with require_stable meanwhile).
 
 Sans-I/O: no trio here.
 """
@@ -110,6 +115,8 @@ class Group:
     protocol_name: str | None = None
     leader: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)
+    """group instance id -> member id of the static member holding it (KIP-345)."""
     pending_members: dict[str, float] = field(default_factory=dict)
     """member ids handed out with MEMBER_ID_REQUIRED -> when they expire."""
     rebalance_deadline: float | None = None
@@ -306,6 +313,11 @@ class GroupCoordinator:
 
     def _remove_member(self, g: Group, m: Member, now: float, *, rebalance: bool = True) -> None:
         del g.members[m.member_id]
+        if (
+            m.group_instance_id is not None
+            and g.static_members.get(m.group_instance_id) == m.member_id
+        ):
+            del g.static_members[m.group_instance_id]
         for waiter in (m.join_waiter, m.sync_waiter):
             if waiter is not None:
                 waiter.resolve({"error_code": E.unknown_member_id, "member_id": m.member_id})
@@ -317,6 +329,59 @@ class GroupCoordinator:
         if g.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self._prepare_rebalance(g, now)
         self._try_complete_join(g, now)
+
+    @staticmethod
+    def _member_error(g: Group | None, member_id: str, instance_id: str | None) -> E | None:
+        """Kafka's validateCurrentMember: the instance id maps to *member_id*, which exists."""
+        if g is None:
+            return E.unknown_member_id
+        if instance_id is not None:
+            current = g.static_members.get(instance_id)
+            if current is None:
+                return E.unknown_member_id
+            if current != member_id:
+                return E.fenced_instance_id
+            return None
+        return None if member_id in g.members else E.unknown_member_id
+
+    def _replace_static_member(
+        self,
+        g: Group,
+        instance_id: str,
+        new_id: str,
+        protocols: list[tuple[str, bytes]],
+        session: int,
+        rebalance_timeout: int,
+        now: float,
+        respond: Callable[[dict[str, Any]], Any],
+        version: int,
+    ) -> Any:
+        """A known static member rejoined with no member id (updateStaticMemberAndRebalance)."""
+        old_id = g.static_members[instance_id]
+        current_leader = g.leader
+        m = g.members.pop(old_id)
+        for waiter in (m.join_waiter, m.sync_waiter):
+            if waiter is not None:
+                waiter.resolve({"error_code": E.fenced_instance_id, "member_id": old_id})
+        m.join_waiter = m.sync_waiter = None
+        m.member_id = new_id
+        g.members[new_id] = m
+        g.static_members[instance_id] = new_id
+        if g.leader == old_id:
+            g.leader = new_id
+        m.protocols = protocols
+        m.session_timeout_ms = session
+        m.rebalance_timeout_ms = rebalance_timeout
+        m.heartbeat_deadline = now + session / 1000.0
+        if g.state is GroupState.STABLE:
+            if g.select_protocol() == g.protocol_name:
+                # No rebalance: the member carries on with the current assignment.
+                if version >= 9 and g.leader == new_id:
+                    result = self._join_result(g, m, self._current_members(g))
+                    return respond(result | {"skip_assignment": True})
+                result = self._join_result(g, m, [])
+                return respond(result | {"leader": current_leader or ""})
+        return self._wait_join(g, m, now, respond)
 
     # -- JoinGroup -------------------------------------------------------------
 
@@ -383,7 +448,21 @@ class GroupCoordinator:
             )
 
         if not b.member_id:
-            member_id = f"{client_id}-{uuid.uuid4()}"
+            member_id = f"{instance_id or client_id}-{uuid.uuid4()}"
+            if instance_id is not None and instance_id in g.static_members:
+                return self._replace_static_member(
+                    g,
+                    instance_id,
+                    member_id,
+                    protocols,
+                    session,
+                    rebalance_timeout,
+                    now,
+                    respond,
+                    v,
+                )
+            if instance_id is not None:
+                g.static_members[instance_id] = member_id
             if v >= 4 and instance_id is None:
                 # KIP-394: the member must come back with the id we hand out
                 # (Kafka's requireKnownMemberId: v4+ without a group instance id).
@@ -393,9 +472,10 @@ class GroupCoordinator:
         if b.member_id in g.pending_members:
             del g.pending_members[b.member_id]
             return self._add_and_wait(g, new_member(b.member_id), now, respond)
-        m = g.members.get(b.member_id)
-        if m is None:
-            return error(E.unknown_member_id)
+        member_error = self._member_error(g, b.member_id, instance_id)
+        if member_error is not None:
+            return error(member_error)
+        m = g.members[b.member_id]
         same = m.protocols == protocols
         m.session_timeout_ms = session
         m.rebalance_timeout_ms = rebalance_timeout
@@ -455,8 +535,9 @@ class GroupCoordinator:
         if not self.is_coordinator(node_id, b.group_id):
             return error(E.not_coordinator)
         g = self.groups.get(b.group_id)
-        if g is None or b.member_id not in g.members:
-            return error(E.unknown_member_id)
+        member_error = self._member_error(g, b.member_id, getattr(b, "group_instance_id", None))
+        if g is None or member_error is not None:
+            return error(member_error or E.unknown_member_id)
         if b.generation_id != g.generation:
             return error(E.illegal_generation)
         ptype = getattr(b, "protocol_type", None)
@@ -508,8 +589,9 @@ class GroupCoordinator:
         if not self.is_coordinator(node_id, b.group_id):
             return respond(E.not_coordinator)
         g = self.groups.get(b.group_id)
-        if g is None or b.member_id not in g.members:
-            return respond(E.unknown_member_id)
+        member_error = self._member_error(g, b.member_id, getattr(b, "group_instance_id", None))
+        if g is None or member_error is not None:
+            return respond(member_error or E.unknown_member_id)
         if b.generation_id != g.generation:
             return respond(E.illegal_generation)
         m = g.members[b.member_id]
@@ -544,8 +626,18 @@ class GroupCoordinator:
             return respond(E.not_coordinator, [])
         g = self.groups.get(b.group_id)
         codes: list[E] = []
-        for mid, _iid in leaving:
-            if g is not None and mid in g.pending_members:
+        for mid, iid in leaving:
+            if g is not None and iid is not None:
+                # A static member leaves by instance id (an empty member id is allowed).
+                current = g.static_members.get(iid)
+                if current is None:
+                    codes.append(E.unknown_member_id)
+                elif mid and mid != current:
+                    codes.append(E.fenced_instance_id)
+                else:
+                    self._remove_member(g, g.members[current], now)
+                    codes.append(E.none)
+            elif g is not None and mid in g.pending_members:
                 del g.pending_members[mid]
                 self._try_complete_join(g, now)
                 codes.append(E.none)
@@ -591,6 +683,7 @@ class GroupCoordinator:
         if not self.is_coordinator(node_id, b.group_id):
             return everywhere(E.not_coordinator)
         generation = b.generation_id_or_member_epoch
+        instance_id = getattr(b, "group_instance_id", None)
         g = self.groups.get(b.group_id)
         if g is None:
             if generation >= 0:
@@ -600,9 +693,10 @@ class GroupCoordinator:
         # Kafka's validateOffsetCommit, then the state check of doCommitOffsets.
         if generation < 0 and g.state is GroupState.EMPTY:
             pass  # a commit from a consumer that manages its own assignment (or an admin)
-        elif generation >= 0 or b.member_id:
-            if b.member_id not in g.members:
-                return everywhere(E.unknown_member_id)
+        elif generation >= 0 or b.member_id or instance_id is not None:
+            member_error = self._member_error(g, b.member_id, instance_id)
+            if member_error is not None:
+                return everywhere(member_error)
             if generation != g.generation:
                 return everywhere(E.illegal_generation)
         else:
@@ -680,8 +774,9 @@ class GroupCoordinator:
         if generation < 0 and g.state is GroupState.EMPTY:
             pass
         elif generation >= 0 or member_id or instance_id is not None:
-            if member_id not in g.members:
-                return everywhere(E.unknown_member_id)
+            member_error = self._member_error(g, member_id, instance_id)
+            if member_error is not None:
+                return everywhere(member_error)
             if generation != g.generation:
                 return everywhere(E.illegal_generation)
         group = g

@@ -32,6 +32,7 @@ def join(
     protocols: list[tuple[str, bytes]] | None = None,
     node: int | None = None,
     ptype: str = "consumer",
+    instance: str | None = None,
 ) -> Any:
     req = h.request(
         JOIN,
@@ -41,7 +42,7 @@ def join(
             "session_timeout": session,
             "rebalance_timeout": 30000,
             "member_id": member_id,
-            "group_instance_id": None,
+            "group_instance_id": instance,
             "protocol_type": ptype,
             "protocols": [
                 {"name": n, "metadata": m}
@@ -73,6 +74,7 @@ def sync(
     generation: int,
     assignments: dict[str, bytes] | None = None,
     version: int = 5,
+    instance: str | None = None,
 ) -> Any:
     req = h.request(
         SYNC,
@@ -81,7 +83,7 @@ def sync(
             "group_id": GROUP,
             "generation_id": generation,
             "member_id": member,
-            "group_instance_id": None,
+            "group_instance_id": instance,
             "protocol_type": "consumer",
             "protocol_name": "range",
             "assignments": [
@@ -92,7 +94,7 @@ def sync(
     return h.send(coord(h), req)
 
 
-def heartbeat(h: Harness, member: str, generation: int) -> Any:
+def heartbeat(h: Harness, member: str, generation: int, instance: str | None = None) -> Any:
     req = h.request(
         HEARTBEAT,
         4,
@@ -100,7 +102,7 @@ def heartbeat(h: Harness, member: str, generation: int) -> Any:
             "group_id": GROUP,
             "generation_id": generation,
             "member_id": member,
-            "group_instance_id": None,
+            "group_instance_id": instance,
         },
     )
     return h.call(coord(h), req).error_code
@@ -391,3 +393,103 @@ def test_empty_groups_without_offsets_are_cleaned_up(h: Harness) -> None:
     h.advance(10_000)
     h.coordinator.tick(h.now)
     assert fetch_offsets(h, [0]) == {0: 4}
+
+
+# -- strictness audit: static membership (KIP-345) and FENCED_INSTANCE_ID ---------------------
+
+
+def leave(h: Harness, members: list[tuple[str, str | None]]) -> Any:
+    req = h.request(
+        LEAVE,
+        5,
+        {
+            "group_id": GROUP,
+            "members": [
+                {"member_id": m, "group_instance_id": i, "reason": None} for m, i in members
+            ],
+        },
+    )
+    return h.call(coord(h), req)
+
+
+def commit_as(h: Harness, member: str, generation: int, instance: str | None) -> Any:
+    req = h.request(
+        COMMIT,
+        9,
+        {
+            "group_id": GROUP,
+            "generation_id_or_member_epoch": generation,
+            "member_id": member,
+            "group_instance_id": instance,
+            "topics": [
+                {
+                    "name": "orders",
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": 1,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": "",
+                        }
+                    ],
+                }
+            ],
+        },
+    )
+    return h.call(coord(h), req).topics[0].partitions[0].error_code
+
+
+def static_member(h: Harness, instance: str = "i1") -> tuple[str, int]:
+    resp = done(h, join(h, instance=instance))
+    assert resp.error_code == E.none  # no MEMBER_ID_REQUIRED for static members
+    synced = done(
+        h,
+        sync(h, resp.member_id, resp.generation_id, {resp.member_id: b"a"}, instance=instance),
+        SYNC,
+        5,
+    )
+    assert synced.error_code == E.none
+    return str(resp.member_id), int(resp.generation_id)
+
+
+def test_a_restarted_static_member_replaces_the_old_member_id_without_a_rebalance(
+    h: Harness,
+) -> None:
+    old, gen = static_member(h)
+    assert old.startswith("i1-")
+    again = done(h, join(h, instance="i1"))
+    assert again.error_code == E.none and again.generation_id == gen
+    new = str(again.member_id)
+    assert new != old and new.startswith("i1-")
+    assert heartbeat(h, new, gen, "i1") == E.none
+    assert heartbeat(h, old, gen, "i1") == E.fenced_instance_id
+    assert heartbeat(h, new, gen, "other") == E.unknown_member_id
+    assert commit_as(h, old, gen, "i1") == E.fenced_instance_id
+    assert commit_as(h, new, gen, "i1") == E.none
+    fenced = done(h, sync(h, old, gen, instance="i1"), SYNC, 5)
+    assert fenced.error_code == E.fenced_instance_id
+    rejoin_old = done(h, join(h, old, instance="i1"))
+    assert rejoin_old.error_code == E.fenced_instance_id
+
+
+def test_static_members_leave_by_instance_id(h: Harness) -> None:
+    member, _gen = static_member(h)
+    resp = leave(h, [("wrong-id", "i1"), ("", "nobody")])
+    assert [m.error_code for m in resp.members] == [E.fenced_instance_id, E.unknown_member_id]
+    resp = leave(h, [("", "i1")])
+    assert [m.error_code for m in resp.members] == [E.none]
+    assert not h.coordinator.groups[GROUP].members
+    assert heartbeat(h, member, 1, "i1") == E.unknown_member_id
+
+
+def test_a_static_member_replaced_while_joining_gets_fenced(h: Harness) -> None:
+    a = new_member(h)
+    first = join(h, a)
+    assert isinstance(first, Wait)  # a is alone: completes at once
+    assert done(h, first).error_code == E.none
+    waiting = join(h, instance="i9")  # a second member: a rebalance waits for a
+    assert isinstance(waiting, Wait) and h.finish(waiting, JOIN, 9) is None
+    replaced = join(h, instance="i9")
+    assert isinstance(replaced, Wait)
+    old = h.finish(waiting, JOIN, 9)
+    assert old is not None and old.error_code == E.fenced_instance_id
