@@ -619,3 +619,49 @@ def test_kafka_python_admin_creates_topics(cluster: ThreadedCluster) -> None:
         r["partition"] %= 4
     ck_produce(cluster.bootstrap, exp)
     assert sum(cluster.high_watermark("made-by-kp", p) for p in range(4)) == 40
+
+
+def test_confluent_kafka_static_member_restart_replaces_the_old_member(
+    cluster: ThreadedCluster,
+) -> None:
+    """KIP-345: a consumer restarted with the same group.instance.id takes over its member."""
+    from confluent_kafka import Consumer
+
+    exp = Expected("orders")
+    ck_produce(cluster.bootstrap, exp)
+    group = f"static-{uuid.uuid4()}"
+    conf = {
+        "bootstrap.servers": cluster.bootstrap,
+        "group.id": group,
+        "group.instance.id": "instance-1",
+        "session.timeout.ms": 60000,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    }
+
+    def members() -> tuple[list[str], dict[str, str]]:
+        assert cluster.cluster is not None
+        g = cluster.cluster.coordinator.groups[group]
+        return list(g.members), dict(g.static_members)
+
+    first = Consumer(conf)
+    first.subscribe(["orders"])
+    try:
+        exp.check(ck_consume(first, RECORDS))
+        first.commit(asynchronous=False)
+        old_members, _ = cluster.run_sync(members)
+    finally:
+        first.close()  # a static member sends no LeaveGroup: its member stays
+    assert cluster.run_sync(members)[0] == old_members and len(old_members) == 1
+    more = Expected("orders", RECORDS + 24)
+    ck_produce(cluster.bootstrap, _tail(more, RECORDS))
+    again = Consumer(conf)
+    again.subscribe(["orders"])
+    try:
+        rest = ck_consume(again, 24)
+        now_members, static = cluster.run_sync(members)
+    finally:
+        again.close()
+    assert len(rest) == 24
+    assert len(now_members) == 1 and now_members != old_members
+    assert static == {"instance-1": now_members[0]}
