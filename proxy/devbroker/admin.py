@@ -487,6 +487,26 @@ def _list_one(node: NodeDispatcher, req: Request, topic: str, p: Any) -> dict[st
 
 
 def handle_list_offsets(node: NodeDispatcher, req: Request) -> Any:
+    if req.body.topics and getattr(req.body, "isolation_level", 0) not in (0, 1):
+        # ListOffsetsRequest.isolationLevel() throws before any partition is looked at:
+        # the error response lists every partition as asked.
+        failed = [
+            {
+                "name": t.name,
+                "partitions": [
+                    {
+                        "partition_index": p.partition_index,
+                        "error_code": E.unknown_server_error,
+                        "timestamp": -1,
+                        "offset": -1,
+                        "leader_epoch": -1,
+                    }
+                    for p in t.partitions
+                ],
+            }
+            for t in req.body.topics
+        ]
+        return _response(req, {"throttle_time": 0, "topics": failed})
     seen: dict[tuple[str, int], int] = {}
     for t in req.body.topics:
         for p in t.partitions:

@@ -456,3 +456,33 @@ def test_create_topics_refuses_an_operation_over_10000_metadata_records(h: Harne
     assert res["ok"].error_message == "Unable to perform excessively large batch operation."
     assert "huge" not in h.state.topics and "ok" not in h.state.topics
     assert create(h, {"name": "big", "num_partitions": 9_999})["big"].error_code == E.none
+
+
+# -- strictness audit: ListOffsetsRequest.isolationLevel() throws on unknown levels ------------
+
+
+@pytest.mark.parametrize("replica_id", [-1, 1])
+def test_list_offsets_unknown_isolation_level_fails_every_partition(
+    h: Harness, replica_id: int
+) -> None:
+    req = h.request(
+        LIST_OFFSETS,
+        9,
+        {
+            "replica_id": replica_id,
+            "isolation_level": 2,
+            "topics": [
+                {
+                    "name": "orders",
+                    "partitions": [
+                        {"partition_index": i, "timestamp": -1, "current_leader_epoch": -1}
+                        for i in (0, 1, 1)
+                    ],
+                }
+            ],
+            "timeout": 1000,
+        },
+    )
+    resp = h.call(0, req)
+    got = [(p.partition_index, p.error_code, p.offset) for p in resp.topics[0].partitions]
+    assert got == [(i, E.unknown_server_error, -1) for i in (0, 1, 1)]
