@@ -7,7 +7,9 @@ id, broker node, session id, the epoch its next request will carry and its
 partition count (partition names only on request).  At most ``limit`` sessions
 are listed (most partitions first) and at most ``partition_limit`` partitions
 per session, so a busy proxy answers with a bounded body; ``total`` and the
-``truncated`` flags say what was left out.
+``truncated`` flags say what was left out.  Under ``downstream``, the sessions
+clients hold with the proxy (the proxy acting as their broker): session id,
+epoch, partition count and whether it is a follower's, bounded the same way.
 
 The endpoint is off by default (it reveals topic names and client ids); the
 proxy passes ``Proxy.debug_sessions`` as ``ObserveApp(debug_sessions=...)`` when
@@ -68,7 +70,9 @@ def sessions_snapshot(
     limit: int = DEFAULT_LIMIT,
     with_partitions: bool = False,
     partition_limit: int = DEFAULT_PARTITION_LIMIT,
+    downstream: Iterable[Any] | None = None,
 ) -> dict[str, Any]:
+    """Upstream sessions from ``entries``; ``downstream``: the client-side session caches."""
     rows = []
     for entry in entries:
         metadata = entry.session.next_metadata
@@ -86,6 +90,31 @@ def sessions_snapshot(
             row["partition_names_truncated"] = len(partitions) > partition_limit
         rows.append(row)
     rows.sort(key=lambda r: (-r["partitions"], r["connection"]))
+    snapshot = {
+        "total": len(rows),
+        "truncated": len(rows) > limit,
+        "partitions_cached": sum(r["partitions"] for r in rows),
+        "sessions": rows[:limit],
+    }
+    if downstream is not None:
+        snapshot["downstream"] = downstream_snapshot(downstream, limit=limit)
+    return snapshot
+
+
+def downstream_snapshot(caches: Iterable[Any], *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
+    """The sessions in downstream caches (``FetchSessionCache``: ``sessions()`` with id,
+    epoch, size, privileged), most partitions first, at most ``limit``."""
+    rows = [
+        {
+            "session_id": int(session.id),
+            "epoch": int(session.epoch),
+            "partitions": int(session.size),
+            "privileged": bool(session.privileged),
+        }
+        for cache in caches
+        for session in cache.sessions()
+    ]
+    rows.sort(key=lambda r: (-r["partitions"], r["session_id"]))
     return {
         "total": len(rows),
         "truncated": len(rows) > limit,

@@ -298,7 +298,8 @@ class Proxy:
                 entries.append(
                     SessionEntry(live.conn_id, live.connection.client_id, live.node_id, session)
                 )
-        return sessions_snapshot(entries)
+        caches = self.fetch_path.client_session_caches() if self.fetch_path is not None else []
+        return sessions_snapshot(entries, downstream=caches)
 
     def refresh_metrics(self) -> None:
         """Before each scrape: run ``metrics_refreshers`` (gauges read from live state)."""

@@ -145,7 +145,9 @@ def _consume(bootstrap: str, topic: str, debug_url: str) -> tuple[int, dict[str,
         consumer.close()
 
 
-def _consume_with_sessions(bootstrap: str, topic: str, prom: PrometheusServer) -> int:
+def _consume_with_sessions(
+    bootstrap: str, topic: str, prom: PrometheusServer, debug_url: str
+) -> int:
     """kafka-python opens a fetch session with the proxy: the downstream side's gauges."""
     import kafka
 
@@ -178,6 +180,12 @@ def _consume_with_sessions(bootstrap: str, topic: str, prom: PrometheusServer) -
                 f'{P}fetch_session_partitions_cached{{side="downstream"}}',
                 lambda v: v >= PARTITIONS,
             )
+            with urllib.request.urlopen(debug_url, timeout=10) as response:
+                downstream = json.loads(response.read())["downstream"]
+            # one session per broker the client fetches from, covering every partition
+            assert downstream["total"] >= 1, downstream
+            assert downstream["partitions_cached"] == PARTITIONS, downstream
+            assert all(s["session_id"] != 0 and s["epoch"] >= 1 for s in downstream["sessions"])
         finally:
             done.set()
             fetcher.join(timeout=DEADLINE)
@@ -294,7 +302,8 @@ def test_prometheus_scrapes_the_running_proxy(
         )
 
         # a client that opens fetch sessions with the proxy (the downstream side)
-        assert _consume_with_sessions(bootstrap, topic, prom) == RECORDS
+        debug_url = f"http://{address}/debug/sessions"
+        assert _consume_with_sessions(bootstrap, topic, prom, debug_url) == RECORDS
 
         # records from the broker and to the client, counted from batch headers
         assert _sum(prom, f"{P}broker_to_proxy_fetch_records_total") >= RECORDS

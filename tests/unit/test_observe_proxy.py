@@ -57,12 +57,8 @@ async def test_every_leg_is_counted_and_timed_and_live_connections_are_listed() 
             (live,) = proxy.live.values()
             assert live.node_id == 0 and live.connection.client_id == "observed-app"
             # no Fetch yet: no upstream session
-            assert proxy.debug_sessions() == {
-                "total": 0,
-                "truncated": False,
-                "partitions_cached": 0,
-                "sessions": [],
-            }
+            empty = {"total": 0, "truncated": False, "partitions_cached": 0, "sessions": []}
+            assert proxy.debug_sessions() == {**empty, "downstream": empty}
             calls: list[int] = []
             proxy.metrics_refreshers.append(lambda: calls.append(1))
             proxy.refresh_metrics()

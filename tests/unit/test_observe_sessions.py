@@ -130,3 +130,37 @@ def test_session_gauges_read_live_handlers_at_scrape_time() -> None:
     gauges.refresh([])
     assert value(P + "fetch_sessions_active", {"side": "downstream"}) == 0
     assert value(P + "fetch_session_evictions_total", {"side": "downstream"}) == 5
+
+
+@dataclass
+class FakeDownstreamSession:
+    id: int
+    epoch: int
+    size: int
+    privileged: bool = False
+
+
+class FakeSessionCache:
+    def __init__(self, *sessions: FakeDownstreamSession) -> None:
+        self._sessions = list(sessions)
+
+    def sessions(self) -> list[FakeDownstreamSession]:
+        return list(self._sessions)
+
+
+def test_snapshot_lists_downstream_sessions_bounded() -> None:
+    caches = [
+        FakeSessionCache(FakeDownstreamSession(7, 3, 2), FakeDownstreamSession(8, 1, 9, True)),
+        FakeSessionCache(*(FakeDownstreamSession(100 + n, 1, 1) for n in range(5))),
+    ]
+    snap = sessions_snapshot([entry(1, 2)], downstream=caches, limit=3)
+    assert snap["total"] == 1 and snap["sessions"][0]["connection"] == "c1"
+    down = snap["downstream"]
+    assert down["total"] == 7 and down["truncated"] is True
+    assert down["partitions_cached"] == 2 + 9 + 5
+    assert down["sessions"][:2] == [
+        {"session_id": 8, "epoch": 1, "partitions": 9, "privileged": True},
+        {"session_id": 7, "epoch": 3, "partitions": 2, "privileged": False},
+    ]
+    assert len(down["sessions"]) == 3
+    assert "downstream" not in sessions_snapshot([])
