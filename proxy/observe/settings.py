@@ -1,7 +1,8 @@
 """The observability settings of ``kafka-fetch-proxy run``, read from the validated config.
 
 The keys live in the config schema like every other (``debug_sessions``,
-``decision_log``, ``decision_log_sample_rate``, ``instance``; each also a flag and
+``decision_log``, ``decision_log_sample_rate``, ``instance``,
+``metrics_client_id_label_cap``; each also a flag and
 a ``KAFKA_FETCH_PROXY_*`` variable); this module turns them into what the
 observability code needs, with the schema's defaults, so ``proxy.config`` does
 not have to know about them.
@@ -31,6 +32,8 @@ class ObserveSettings:
     """A file path, ``-`` for stdout, or None: no decision log."""
     decision_log_sample_rate: float = 1.0
     instance: str | None = None
+    client_id_label_cap: int = 0
+    """Client ids admitted as a metrics label (then ``other``); 0: no such label."""
 
     @classmethod
     def from_settings(
@@ -49,6 +52,7 @@ class ObserveSettings:
             decision_log=target or None,
             decision_log_sample_rate=float(get("decision_log_sample_rate")),
             instance=instance[:MAX_INSTANCE_CHARS] if instance else None,
+            client_id_label_cap=int(get("metrics_client_id_label_cap")),
         )
 
     def open_decision_log(self, metrics: Metrics | None) -> DecisionLog | None:

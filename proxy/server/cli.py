@@ -67,8 +67,8 @@ def _run(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     logs.configure(settings.log_level)
-    metrics = _metrics()
     observe = _observe_settings(settings)
+    metrics = _metrics(observe)
     try:
         # opened before the proxy starts, closed after it stops; Proxy.decision_log
         decision_log = observe.open_decision_log(metrics) if observe is not None else None
@@ -138,12 +138,13 @@ async def _serve(
         )
 
 
-def _metrics() -> Any:
+def _metrics(observe: Any = None) -> Any:
     try:
         from ..observe.metrics import Metrics
     except ImportError:  # the observability module is optional for the relay
         return None
-    return Metrics()
+    cap = observe.client_id_label_cap if observe is not None else 0
+    return Metrics(client_id_label_cap=cap)
 
 
 def _observe_settings(settings: config.Settings) -> Any:

@@ -90,3 +90,21 @@ def test_check_config_accepts_and_validates_the_keys(capsys: pytest.CaptureFixtu
     assert printed["ok"] is True
     assert cli.main(["check-config", "--upstream", "b:9092", "--decision-log-sample-rate", "2"])
     assert "decision_log_sample_rate" in capsys.readouterr().err
+
+
+def test_client_id_label_is_opt_in_and_capped() -> None:
+    assert ObserveSettings.from_settings(load(), environ={}).client_id_label_cap == 0
+    args = cli.build_parser().parse_args(
+        ["run", "--upstream", "b:9092", "--metrics-client-id-label-cap", "2"]
+    )
+    observe = ObserveSettings.from_settings(config.from_args(args, {}), environ={})
+    assert observe.client_id_label_cap == 2
+    metrics = Metrics(client_id_label_cap=observe.client_id_label_cap, process_metrics=False)
+    for client in ("a", "b", "c", "d"):
+        metrics.delivered_fetch_data(1, 10, client_id=client)
+    name = "kafka_fetch_proxy_proxy_to_client_fetch_record_bytes_by_client_total"
+    value = metrics.registry.get_sample_value
+    assert value(name, {"client_id": "a"}) == 10 and value(name, {"client_id": "b"}) == 10
+    assert value(name, {"client_id": "other"}) == 20
+    with pytest.raises(config.ConfigError):
+        load(metrics_client_id_label_cap=-1)
