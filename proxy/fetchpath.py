@@ -58,6 +58,7 @@ from .sessions.handler import SessionFetchHandler
 from .sessions.topic_ids import TopicIdMap
 from .sessions.translate import ClientReply, UpstreamFetch
 from .shaping.budget import MemoryBudget, Reservation
+from .shaping.decision import ShapingDecision
 from .shaping.keys import topic_key
 from .shaping.limits import LIMIT_NAMES, InvalidLimits, Limits
 from .shaping.policy import DEFAULT_POLICY, Policy, select
@@ -428,7 +429,7 @@ class FetchPathHandler(SessionFetchHandler):
         else:
             self._unwritten.append(stage.grant)
         if stage.shaped is not None:
-            self._report(request, stage, stage.shaped)
+            self._report(request, stage, stage.shaped, len(frame))
         self.path.refresh_gauges()
 
     # -- internals ----------------------------------------------------------------------
@@ -440,7 +441,9 @@ class FetchPathHandler(SessionFetchHandler):
         else:
             self.resume()
 
-    def _report(self, request: ClientRequest, stage: _Stage, shaped: ShapedResponse) -> None:
+    def _report(
+        self, request: ClientRequest, stage: _Stage, shaped: ShapedResponse, reply_bytes: int
+    ) -> None:
         d = shaped.decision
         m = self.path.metrics
         if m is not None:
@@ -477,4 +480,20 @@ class FetchPathHandler(SessionFetchHandler):
                 if d.partitions_starved
                 else None,
                 upstream_fetch_bytes=sum(self._round),
+                sessionless_fetch_bytes=self._sessionless_estimate(request, d, reply_bytes),
             )
+
+    def _sessionless_estimate(
+        self, request: ClientRequest, d: ShapingDecision, reply_bytes: int
+    ) -> int | None:
+        """What this exchange would cost upstream without a session (decision-log field).
+
+        A sessionless client's request lists every partition, as a full upstream
+        request would; the full response is the reply with the record bytes that
+        came from upstream in place of those delivered (the limits trimmed them).
+        A session client's frames are incremental themselves: no estimate (None).
+        """
+        if not self._client_sessionless:
+            return None
+        full_response = reply_bytes - d.delivered_bytes + d.upstream_bytes
+        return len(request.frame) + max(0, full_response)

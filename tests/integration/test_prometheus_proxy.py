@@ -342,6 +342,14 @@ def test_prometheus_scrapes_the_running_proxy(
     limited = [e for e in events if "max_partition_records" in e["limits_applied"]]
     assert limited, events[:3]
     assert all(e["limits"]["max_partition_records"] == MAX_PARTITION_RECORDS for e in events)
+    # librdkafka fetches without sessions: each event estimates what the upstream exchange
+    # would have cost without one, and the proxy's session saved bytes overall
+    sessionless = [e for e in events if e["client_id"] == "prom-test-consumer"]
+    assert sessionless
+    estimated = sum(e["sessionless_fetch_bytes"] for e in sessionless)
+    actual = sum(e["upstream_fetch_bytes"] for e in sessionless)
+    print(f"decision log: upstream {actual} bytes, sessionless estimate {estimated}")
+    assert 0 < actual < estimated
     for e in events:  # the limit held, except for KIP-74's one-batch progress exemption
         cap = MAX_PARTITION_RECORDS * e["partitions_served"]
         assert e["delivered_records"] <= cap or e["progress_exemption"], e
