@@ -25,6 +25,7 @@ from .versions import INIT_PRODUCER_ID, PRODUCE
 
 if TYPE_CHECKING:
     from .node import NodeDispatcher, Request
+    from .state import PartitionState
 
 MAX_MESSAGE_BYTES = 1048588  # Kafka's message.max.bytes / max.message.bytes default
 TIMESTAMP_AFTER_MAX_MS = 3_600_000  # log.message.timestamp.after.max.ms (Kafka 4.x default)
@@ -185,23 +186,26 @@ def _produce_partition(
             ],
         }
     if header.is_transactional:
-        # AddPartitionsToTxnManager: the partition must be in the producer's transaction.
-        error = node.coordinator.transactions.verify(
-            transactional_id,
-            header.producer_id,
-            header.producer_epoch,
-            (topic, index),
-            generic=version > 10,
-        )
-        if error == E.invalid_txn_state:
-            return out | {
-                "error_code": error,
-                "error_message": "Partition was not added to the transaction",
-            }
-        if error in (E.concurrent_transactions, E.not_coordinator):  # pragma: no cover
-            return out | {"error_code": E.not_enough_replicas}
-        if error:
-            return out | {"error_code": error}
+        if not _ongoing(part, header):
+            # AddPartitionsToTxnManager: the partition must be in the producer's transaction
+            # (asked only when this partition has no open transaction of this producer epoch).
+            error = node.coordinator.transactions.verify(
+                transactional_id,
+                header.producer_id,
+                header.producer_epoch,
+                (topic, index),
+                generic=version > 10,
+            )
+            if error == E.invalid_txn_state:
+                return out | {
+                    "error_code": error,
+                    "error_message": "Partition was not added to the transaction",
+                }
+            if error in (E.concurrent_transactions, E.not_coordinator, E.coordinator_not_available):
+                # ReplicaManager: retriable verification failures old clients may not retry.
+                return out | {"error_code": E.not_enough_replicas}
+            if error:
+                return out | {"error_code": error}
     elif header.producer_id in part.log.ongoing:
         return out | {
             "error_code": E.invalid_txn_state,
@@ -283,6 +287,14 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
             endpoints.append({"node_id": n, "host": host, "port": port, "rack": None})
     cls = codec.response_schema(PRODUCE, req.version)
     return build(cls, {"responses": responses, "throttle_time": 0, "node_endpoints": endpoints})
+
+
+def _ongoing(part: PartitionState, h: records.BatchHeader) -> bool:
+    """UnifiedLog.hasOngoingTransaction: this producer epoch has an open transaction here."""
+    entry = part.producers.entries.get(h.producer_id)
+    return (
+        h.producer_id in part.log.ongoing and entry is not None and entry.epoch == h.producer_epoch
+    )
 
 
 def _first_batch_transactional(data: bytes | None) -> bool:

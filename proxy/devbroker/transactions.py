@@ -264,6 +264,8 @@ class TransactionCoordinator:
         """
         if not txn_id:
             return E.invalid_request
+        if coordinator_node(self.state.node_ids, txn_id) in self.state.stopped_nodes:
+            return E.coordinator_not_available  # its __transaction_state leader is down
         meta = self.txns.get(txn_id)
         if meta is None or meta.producer_id != pid:
             return E.invalid_producer_id_mapping

@@ -626,3 +626,20 @@ def test_timestamp_lookups_past_the_lso_find_nothing_for_read_committed(h: Harne
     assert list_offset(h, 500, 1) == (0, 1001)
     # A debugging replica (-2) is not a client: no isolation, the log end offset.
     assert list_offset(h, -1, 1, replica_id=-2)[0] == 2
+
+
+# -- strictness audit: verification needs the transaction coordinator (AddPartitionsToTxnManager)
+
+
+def test_verification_with_the_coordinator_down_gets_not_enough_replicas(h: Harness) -> None:
+    p = Producer(h)
+    p.init()
+    p.add(0, 1)
+    assert p.produce(0).error_code == E.none
+    assert (p.coordinator, h.leader_of("orders", 0), h.leader_of("orders", 1)) == (2, 0, 1)
+    h.state.stopped_nodes.add(p.coordinator)
+    # Partition 0 has the producer's open transaction: no verification, the write goes on.
+    assert p.produce(0).error_code == E.none
+    # Partition 1's first transactional write must be verified: the coordinator is down.
+    assert p.produce(1).error_code == E.not_enough_replicas
+    assert p.commit_offsets("g", 1) == E.coordinator_not_available
