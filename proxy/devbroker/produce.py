@@ -92,8 +92,18 @@ def validate_records(version: int, data: bytes | None) -> tuple[Check, bytes]:
     return OK, bytes(buf[first_pos : first_pos + size])
 
 
-def validate_batch(batch: bytes) -> tuple[Check, records.BatchHeader | None]:
-    """The leader's checks before appending (UnifiedLog.analyzeAndValidateRecords, LogValidator)."""
+def validate_batch(batch: bytes, where: str = "") -> tuple[Check, records.BatchHeader | None]:
+    """The leader's checks before appending (UnifiedLog.analyzeAndValidateRecords, LogValidator).
+
+    *where* names the partition ("topic-index") in messages.
+    """
+    base_offset = int.from_bytes(batch[:8], "big", signed=True)
+    if base_offset != 0:
+        return (
+            E.invalid_record,
+            f"The baseOffset of the record batch in the append to {where} should be 0,"
+            f" but it is {base_offset}",
+        ), None
     if len(batch) > MAX_MESSAGE_BYTES:
         return (
             E.message_too_large,
@@ -108,6 +118,9 @@ def validate_batch(batch: bytes) -> tuple[Check, records.BatchHeader | None]:
             E.corrupt_message,
             "Record is corrupt (stored crc does not match the computed crc)",
         ), None
+    if h.compression not in records.COMPRESSION_NAMES:
+        # CompressionType.forId throws IllegalArgumentException: an unexpected error.
+        return (E.unknown_server_error, f"Unknown compression type id: {h.compression}"), None
     if h.last_offset_delta < 0:
         return (E.invalid_record, "Batch has an invalid offset range"), None
     if h.records_count <= 0:
@@ -167,7 +180,7 @@ def _produce_partition(
     if part.leader != node.node_id:
         out["current_leader"] = {"leader_id": part.leader, "leader_epoch": part.leader_epoch}
         return out | {"error_code": E.not_leader_or_follower}
-    (error, message), header = validate_batch(batch)
+    (error, message), header = validate_batch(batch, f"{topic}-{index}")
     if error:
         return out | {"error_code": error, "error_message": message}
     assert header is not None
@@ -242,6 +255,18 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
     txn_refused = body.transactional_id is None and any(
         _first_batch_transactional(p.records) for t in body.topic_data for p in t.partition_data
     )
+    # ProduceRequest.validateRecords reads the codec for its ZStandard check (< v7);
+    # CompressionType.forId throws out of KafkaApis: the whole request fails.
+    codec_refused = (
+        not txn_refused
+        and req.version < 7
+        and any(
+            _first_batch_codec(p.records) > ZSTD
+            for t in body.topic_data
+            for p in t.partition_data
+            if node.state.partition(t.name, p.index) is not None
+        )
+    )
     # Partitions are keyed by topic-partition, as KafkaApis' maps: one answer each,
     # the last records listed for a partition are the ones written.
     wanted: dict[str, dict[int, bytes | None]] = {}
@@ -254,10 +279,12 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
     for name, partitions in wanted.items():
         parts = []
         for index, data in partitions.items():
-            if txn_refused:
+            if txn_refused or codec_refused:
                 r: dict[str, Any] = {
                     "index": index,
-                    "error_code": E.transactional_id_authorization_failed,
+                    "error_code": E.transactional_id_authorization_failed
+                    if txn_refused
+                    else E.unknown_server_error,
                     "base_offset": -1,
                     "log_append_time": None,
                     "log_start_offset": -1,
@@ -295,6 +322,13 @@ def _ongoing(part: PartitionState, h: records.BatchHeader) -> bool:
     return (
         h.producer_id in part.log.ongoing and entry is not None and entry.epoch == h.producer_epoch
     )
+
+
+def _first_batch_codec(data: bytes | None) -> int:
+    """The compression codec id of the first v2 batch (-1 when there is none to read)."""
+    if data is None or len(data) <= 22 or data[MAGIC_OFFSET] != records.MAGIC_V2:
+        return -1
+    return data[22] & records.COMPRESSION_MASK
 
 
 def _first_batch_transactional(data: bytes | None) -> bool:

@@ -286,3 +286,44 @@ def test_a_partition_listed_twice_is_written_once_with_the_last_records(h: Harne
     ]
     log = h.state.partition("orders", 0).log  # type: ignore[union-attr]
     assert log.log_end_offset == 5 and log.batch_count == 1
+
+
+# -- strictness audit: UnifiedLog.analyzeAndValidateRecords -----------------------------------
+
+
+def test_a_client_batch_must_have_base_offset_zero(h: Harness) -> None:
+    part = produce(h, 0, make_batch(7, 1))
+    assert part.error_code == E.invalid_record
+    assert part.error_message == (
+        "The baseOffset of the record batch in the append to orders-0 should be 0, but it is 7"
+    )
+
+
+def test_an_unknown_compression_codec_is_an_unexpected_error(h: Harness) -> None:
+    # CompressionType.forId throws for codec ids above zstd (4).
+    assert produce(h, 0, make_batch(0, 1, attributes=5)).error_code == E.unknown_server_error
+    assert h.state.partition("orders", 0).log.log_end_offset == 0  # type: ignore[union-attr]
+    # Below v7 the ZStandard check of ProduceRequest.validateRecords throws first, failing the
+    # whole request (every partition, known or not listed after it).
+    req = h.request(
+        PRODUCE,
+        6,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 1000,
+            "topic_data": [
+                {
+                    "name": "orders",
+                    "partition_data": [
+                        {"index": 0, "records": make_batch(0, 1)},
+                        {"index": 1, "records": make_batch(0, 1, attributes=6)},
+                    ],
+                }
+            ],
+        },
+    )
+    resp = h.call(h.leader_of("orders", 0), req)
+    codes = [p.error_code for t in resp.responses for p in t.partition_responses]
+    assert codes == [E.unknown_server_error, E.unknown_server_error]
+    assert h.state.partition("orders", 0).log.log_end_offset == 0  # type: ignore[union-attr]
