@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,9 @@ NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 EPOCH_EXHAUSTED = 2**15 - 2  # Short.MaxValue - 1
 COORDINATOR_EPOCH = 0
+MAX_TRANSACTIONAL_IDS = 10_000
+"""Transactional ids kept; beyond it the least recently initialised idle one is forgotten,
+as if it had expired (Kafka: transactional.id.expiration.ms)."""
 
 TopicPartition = tuple[str, int]
 
@@ -99,7 +103,7 @@ class TransactionCoordinator:
         self.groups = groups
         self.max_timeout_ms = max_timeout_ms
         self.wall_clock = wall_clock
-        self.txns: dict[str, TxnMetadata] = {}
+        self.txns: OrderedDict[str, TxnMetadata] = OrderedDict()
 
     def handlers(self) -> dict[int, Callable[[int, Request], Any]]:
         return {
@@ -139,6 +143,8 @@ class TransactionCoordinator:
         meta = self.txns.get(txn_id)
         if meta is None:
             meta = self.txns[txn_id] = TxnMetadata(txn_id, self.state.allocate_producer_id())
+            self._forget_idle()
+        self.txns.move_to_end(txn_id)
         if expected is not None and not (
             meta.producer_epoch == NO_PRODUCER_EPOCH
             or expected[0] == meta.producer_id
@@ -170,6 +176,15 @@ class TransactionCoordinator:
         meta.timeout_ms = timeout_ms
         meta.state, meta.partitions, meta.start_time = TxnState.EMPTY, set(), -1.0
         return respond(E.none, meta.producer_id, meta.producer_epoch)
+
+    def _forget_idle(self) -> None:
+        """Bound the transactional ids kept (oldest first; ongoing transactions stay)."""
+        excess = len(self.txns) - MAX_TRANSACTIONAL_IDS
+        for txn_id in [t for t, m in self.txns.items() if m.state is not TxnState.ONGOING]:
+            if excess <= 0:
+                break
+            del self.txns[txn_id]
+            excess -= 1
 
     # -- AddPartitionsToTxn / AddOffsetsToTxn --------------------------------------
 

@@ -643,3 +643,17 @@ def test_verification_with_the_coordinator_down_gets_not_enough_replicas(h: Harn
     # Partition 1's first transactional write must be verified: the coordinator is down.
     assert p.produce(1).error_code == E.not_enough_replicas
     assert p.commit_offsets("g", 1) == E.coordinator_not_available
+
+
+def test_transactional_ids_kept_are_bounded(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.devbroker import transactions
+
+    monkeypatch.setattr(transactions, "MAX_TRANSACTIONAL_IDS", 3)
+    busy = Producer(h, "busy")
+    busy.init()
+    busy.add(0)  # ongoing: never forgotten
+    for i in range(5):
+        idle = Producer(h, f"idle-{i}")
+        assert idle.init().error_code == E.none
+    kept = h.coordinator.transactions.txns
+    assert len(kept) == 3 and "busy" in kept and "idle-4" in kept
