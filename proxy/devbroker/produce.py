@@ -267,6 +267,20 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
             if node.state.partition(t.name, p.index) is not None
         )
     )
+    # ReplicaManager: the transactional batches of one request come from one producer.
+    pid_refused = not (txn_refused or codec_refused) and (
+        len(
+            {
+                _first_batch_producer(p.records)
+                for t in body.topic_data
+                for p in t.partition_data
+                if node.state.partition(t.name, p.index) is not None
+                and _first_batch_transactional(p.records)
+                and not validate_records(req.version, p.records)[0][0]
+            }
+        )
+        > 1
+    )
     # Partitions are keyed by topic-partition, as KafkaApis' maps: one answer each,
     # the last records listed for a partition are the ones written.
     wanted: dict[str, dict[int, bytes | None]] = {}
@@ -279,12 +293,14 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
     for name, partitions in wanted.items():
         parts = []
         for index, data in partitions.items():
-            if txn_refused or codec_refused:
+            if txn_refused or codec_refused or pid_refused:
                 r: dict[str, Any] = {
                     "index": index,
                     "error_code": E.transactional_id_authorization_failed
                     if txn_refused
-                    else E.unknown_server_error,
+                    else E.unknown_server_error
+                    if codec_refused
+                    else E.invalid_producer_id_mapping,
                     "base_offset": -1,
                     "log_append_time": None,
                     "log_start_offset": -1,
@@ -329,6 +345,15 @@ def _first_batch_codec(data: bytes | None) -> int:
     if data is None or len(data) <= 22 or data[MAGIC_OFFSET] != records.MAGIC_V2:
         return -1
     return data[22] & records.COMPRESSION_MASK
+
+
+def _first_batch_producer(data: bytes | None) -> tuple[int, int]:
+    """(producer id, producer epoch) of the first batch (call only for v2 batches)."""
+    assert data is not None
+    return (
+        int.from_bytes(data[43:51], "big", signed=True),
+        int.from_bytes(data[51:53], "big", signed=True),
+    )
 
 
 def _first_batch_transactional(data: bytes | None) -> bool:

@@ -657,3 +657,39 @@ def test_transactional_ids_kept_are_bounded(h: Harness, monkeypatch: pytest.Monk
         assert idle.init().error_code == E.none
     kept = h.coordinator.transactions.txns
     assert len(kept) == 3 and "busy" in kept and "idle-4" in kept
+
+
+def test_transactional_batches_of_two_producers_in_one_request_fail_it(h: Harness) -> None:
+    """ReplicaManager: "Transactional records contained more than one producer ID"."""
+    p = Producer(h)
+    p.init()
+    p.add(0, 3)
+    assert h.leader_of("orders", 0) == h.leader_of("orders", 3)
+
+    def txn(pid: int) -> bytes:
+        return make_batch(
+            0, 1, attributes=TXN, producer_id=pid, producer_epoch=p.epoch, base_sequence=0
+        )
+
+    req = h.request(
+        PRODUCE,
+        12,
+        {
+            "transactional_id": p.txn_id,
+            "acks": -1,
+            "timeout": 1000,
+            "topic_data": [
+                {
+                    "name": "orders",
+                    "partition_data": [
+                        {"index": 0, "records": txn(p.pid)},
+                        {"index": 3, "records": txn(p.pid + 1)},
+                    ],
+                }
+            ],
+        },
+    )
+    resp = h.call(h.leader_of("orders", 0), req)
+    codes = [x.error_code for t in resp.responses for x in t.partition_responses]
+    assert codes == [E.invalid_producer_id_mapping] * 2
+    assert h.state.partition("orders", 0).log.log_end_offset == 0  # type: ignore[union-attr]
