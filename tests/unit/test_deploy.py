@@ -384,7 +384,7 @@ def test_dashboard_structure() -> None:
 
 
 def test_metrics_table_in_the_docs_is_generated_from_the_catalogue() -> None:
-    text = (DEPLOY / "README.md").read_text()
+    text = (DEPLOY.parent / "README.md").read_text()
     begin, end = "<!-- metrics-table:begin -->\n", "<!-- metrics-table:end -->"
     table = text[text.index(begin) + len(begin) : text.index(end)]
     assert table == markdown_table()
