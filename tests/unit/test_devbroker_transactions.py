@@ -693,3 +693,21 @@ def test_transactional_batches_of_two_producers_in_one_request_fail_it(h: Harnes
     codes = [x.error_code for t in resp.responses for x in t.partition_responses]
     assert codes == [E.invalid_producer_id_mapping] * 2
     assert h.state.partition("orders", 0).log.log_end_offset == 0  # type: ignore[union-attr]
+
+
+def test_an_exhausted_epoch_rotates_the_producer_id(h: Harness) -> None:
+    p = Producer(h)
+    p.init()
+    first = p.pid
+    h.coordinator.transactions.txns["tx-1"].producer_epoch = 2**15 - 2
+    p.epoch = 2**15 - 2
+    resp = p.init(producer_id=first, producer_epoch=2**15 - 2)
+    assert (resp.error_code, resp.producer_epoch) == (E.none, 0)
+    assert resp.producer_id != first
+    # A retry of that call (its answer lost) is recognised through the previous id.
+    retry = p.init(producer_id=first, producer_epoch=2**15 - 2)
+    assert (retry.error_code, retry.producer_id, retry.producer_epoch) == (
+        E.none,
+        resp.producer_id,
+        0,
+    )
