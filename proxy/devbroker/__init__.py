@@ -31,9 +31,8 @@ Modules, edge first:
 Known differences from Apache Kafka: one replica per partition (CreateTopics
 refuses a replication factor above 1, and topic configs other than the
 defaults the dev cluster implements); transactions are V1 only (no KIP-890
-part 2 / KIP-939), and EndTxn writes its markers before it answers, so no
-request ever sees a PrepareCommit/PrepareAbort state (Kafka answers
-CONCURRENT_TRANSACTIONS then); record bodies are not validated (Kafka's
+part 2 / KIP-939), and EndTxn writes the markers of live leaders before it
+answers (Kafka: just after); record bodies are not validated (Kafka's
 LogValidator reads every record; here only timestamps of uncompressed and
 gzip batches are read, and tests may produce opaque bodies); the initial
 rebalance delay defaults to 0 (Kafka: 3 s); ListOffsets by timestamp reads

@@ -328,6 +328,7 @@ class DevCluster:
             raise RuntimeError(f"node {node_id} is running")
         assert self._nursery is not None
         await self._nursery.start(node.serve)
+        self.coordinator.transactions.retry_markers()  # markers that waited for this leader
         self.notify()
 
     def set_delay(self, node_id: int, seconds: float) -> None:

@@ -8,12 +8,13 @@ AddPartitionsToTxnManager verification, KIP-890 part 1).
 Each transactional id belongs to the node that leads its ``__transaction_state``
 partition (hash of the id modulo 50); the others answer NOT_COORDINATOR.
 States: Empty -> Ongoing -> PrepareCommit/PrepareAbort -> CompleteCommit/
-CompleteAbort.  Kafka answers EndTxn once PrepareCommit/PrepareAbort is in its
-log and writes the markers afterwards; here the markers (control batches,
-:func:`proxy.devbroker.log.control_batch`) are written to every partition of
-the transaction, and pending transactional offsets are committed or dropped,
-before EndTxn is answered, so the Prepare states are never seen by another
-request.  An InitProducerId for a transactional id whose transaction is
+CompleteAbort.  EndTxn moves to PrepareCommit/PrepareAbort and writes the
+markers (control batches, :func:`proxy.devbroker.log.control_batch`) to every
+partition of the transaction whose leader is up, committing or dropping the
+pending transactional offsets; markers for stopped leaders wait
+(:meth:`TransactionCoordinator.retry_markers`, called when a node restarts and
+on every tick), and until the last one is written the transaction stays in its
+Prepare state, where Kafka answers CONCURRENT_TRANSACTIONS.  An InitProducerId for a transactional id whose transaction is
 ongoing aborts it with a bumped epoch (fencing the old producer) and answers
 CONCURRENT_TRANSACTIONS, as Kafka does; :meth:`TransactionCoordinator.tick`
 aborts (and fences) transactions that outlived their timeout.
@@ -77,6 +78,8 @@ class TxnMetadata:
     state: TxnState = TxnState.EMPTY
     partitions: set[TopicPartition] = field(default_factory=set)
     start_time: float = -1.0
+    pending_markers: set[TopicPartition] = field(default_factory=set)
+    """Partitions still waiting for this transaction's marker (PrepareCommit/PrepareAbort)."""
 
     @property
     def epoch_exhausted(self) -> bool:
@@ -152,7 +155,7 @@ class TransactionCoordinator:
         ):
             return respond(E.producer_fenced)
         if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            return respond(E.concurrent_transactions)  # pragma: no cover - markers are synchronous
+            return respond(E.concurrent_transactions)
         if meta.state is TxnState.ONGOING:
             # Fence the producer: abort with a bumped epoch, let the client retry.
             self._fence_and_abort(meta)
@@ -199,7 +202,7 @@ class TransactionCoordinator:
         if meta.producer_epoch != epoch:
             return E.producer_fenced
         if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            return E.concurrent_transactions  # pragma: no cover - markers are synchronous
+            return E.concurrent_transactions
         return meta
 
     def _add(
@@ -287,7 +290,7 @@ class TransactionCoordinator:
         if meta.producer_epoch != epoch:
             return E.invalid_producer_epoch
         if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            return E.concurrent_transactions  # pragma: no cover - markers are synchronous
+            return E.concurrent_transactions
         if tp in meta.partitions and meta.state is TxnState.ONGOING:
             return E.none
         return E.transaction_abortable if generic else E.invalid_txn_state
@@ -319,28 +322,55 @@ class TransactionCoordinator:
             return E.none if commit else E.invalid_txn_state
         if meta.state is TxnState.COMPLETE_ABORT:
             return E.invalid_txn_state if commit else E.none
+        if meta.state is TxnState.PREPARE_COMMIT:
+            return E.concurrent_transactions if commit else E.invalid_txn_state
+        if meta.state is TxnState.PREPARE_ABORT:
+            return E.invalid_txn_state if commit else E.concurrent_transactions
         return E.invalid_txn_state  # Empty
 
     def _complete(self, meta: TxnMetadata, commit: bool) -> None:
-        """Write the markers (TransactionMarkerChannelManager) and complete the transaction."""
+        """PrepareCommit/PrepareAbort, then the markers (TransactionMarkerChannelManager)."""
         meta.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        meta.pending_markers = set(meta.partitions)
+        self._send_markers(meta)
+
+    def _send_markers(self, meta: TxnMetadata) -> bool:
+        """Write the markers whose partition leaders are up; complete when none is left."""
+        commit = meta.state is TxnState.PREPARE_COMMIT
         kind = COMMIT if commit else ABORT
         timestamp = int(self.wall_clock() * 1000)
-        for topic, index in sorted(meta.partitions):
+        sent = False
+        for topic, index in sorted(meta.pending_markers):
             if topic == OFFSETS_TOPIC:
+                leader = self.state.node_ids[index % len(self.state.node_ids)]
+                if leader in self.state.stopped_nodes:
+                    continue
                 self.groups.complete_txn_offsets(index, meta.producer_id, commit)
-                continue
-            part = self.state.partition(topic, index)
-            if part is None:  # pragma: no cover - topics are never deleted
-                continue
-            marker = control_batch(
-                meta.producer_id, meta.producer_epoch, kind, COORDINATOR_EPOCH, timestamp
-            )
-            part.log.append(marker, part.leader_epoch)
-            part.producers.record_marker(meta.producer_id, meta.producer_epoch)
-        meta.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-        meta.partitions = set()
-        meta.start_time = -1.0
+            else:
+                part = self.state.partition(topic, index)
+                if part is not None:  # topics are never deleted
+                    if part.leader in self.state.stopped_nodes:
+                        continue
+                    marker = control_batch(
+                        meta.producer_id, meta.producer_epoch, kind, COORDINATOR_EPOCH, timestamp
+                    )
+                    part.log.append(marker, part.leader_epoch)
+                    part.producers.record_marker(meta.producer_id, meta.producer_epoch)
+            meta.pending_markers.discard((topic, index))
+            sent = True
+        if not meta.pending_markers:
+            meta.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+            meta.partitions = set()
+            meta.start_time = -1.0
+        return sent
+
+    def retry_markers(self) -> bool:
+        """Send the markers that waited for a leader to come back; True if any was written."""
+        sent = False
+        for meta in self.txns.values():
+            if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                sent = self._send_markers(meta) or sent
+        return sent
 
     def _fence_and_abort(self, meta: TxnMetadata) -> None:
         """prepareFenceProducerEpoch + endTransaction(ABORT) with the bumped epoch."""
@@ -364,4 +394,4 @@ class TransactionCoordinator:
         ]
         for meta in expired:
             self._fence_and_abort(meta)
-        return bool(expired)
+        return self.retry_markers() or bool(expired)

@@ -711,3 +711,33 @@ def test_an_exhausted_epoch_rotates_the_producer_id(h: Harness) -> None:
         resp.producer_id,
         0,
     )
+
+
+# -- strictness audit: markers wait for down leaders (TransactionMarkerChannelManager) --------
+
+
+def test_markers_for_a_down_leader_keep_the_transaction_completing(h: Harness) -> None:
+    p = Producer(h)
+    p.init()
+    p.add(0, 1)
+    p.produce(0)
+    p.produce(1)
+    down = h.leader_of("orders", 1)
+    assert down not in (p.coordinator, h.leader_of("orders", 0))
+    h.state.stopped_nodes.add(down)
+    assert p.end(True) == E.none  # answered once PrepareCommit is logged
+    txns = h.coordinator.transactions
+    assert txns.txns["tx-1"].state.value == "PrepareCommit"
+    part0, part1 = h.state.partition("orders", 0), h.state.partition("orders", 1)
+    assert part0 is not None and part1 is not None
+    assert part0.log.last_stable_offset == part0.log.high_watermark == 2  # marker written
+    assert part1.log.last_stable_offset == 0  # still open there
+    assert p.end(True) == E.concurrent_transactions
+    assert p.end(False) == E.invalid_txn_state
+    assert p.add(0) == {("orders", 0): E.concurrent_transactions}
+    assert Producer(h).init().error_code == E.concurrent_transactions
+    h.state.stopped_nodes.discard(down)
+    assert txns.retry_markers()
+    assert txns.txns["tx-1"].state.value == "CompleteCommit"
+    assert part1.log.last_stable_offset == part1.log.high_watermark == 2
+    assert p.end(True) == E.none
