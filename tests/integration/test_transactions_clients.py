@@ -371,3 +371,60 @@ def test_consume_transform_produce_commits_offsets_in_the_transaction(stack: Sta
         assert committed[0].offset == 3
     finally:
         consumer.close()
+
+
+def test_a_timed_out_transaction_is_aborted_and_its_producer_fenced() -> None:
+    """transaction.timeout.ms passes: the coordinator aborts (bumping the epoch) on its tick."""
+    from support.cluster import ThreadedCluster
+
+    with ThreadedCluster(3, {"slow": 1}, txn_cleanup_interval=0.1) as cluster:
+        producer = confluent_kafka.Producer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "transactional.id": f"slow-{uuid.uuid4().hex[:6]}",
+                "transaction.timeout.ms": 1000,
+            }
+        )
+        producer.init_transactions(DEADLINE)
+        producer.begin_transaction()
+        producer.produce("slow", b"never-committed", partition=0)
+        assert producer.flush(DEADLINE) == 0
+
+        def aborted() -> int:
+            assert cluster.cluster is not None
+            return len(cluster.cluster.state.partition("slow", 0).log.aborted)  # type: ignore[union-attr]
+
+        deadline = time.monotonic() + DEADLINE
+        while cluster.run_sync(aborted) == 0:
+            assert time.monotonic() < deadline, "the transaction was never aborted"
+            producer.poll(0.1)
+        with pytest.raises(confluent_kafka.KafkaException) as failure:
+            producer.commit_transaction(DEADLINE)
+        error = failure.value.args[0]
+        assert error.fatal() or error.txn_requires_abort()
+        consumer = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            consumer.assign([confluent_kafka.TopicPartition("slow", 0, 0)])
+            # The high watermark is 2 (record + abort marker); read_committed delivers nothing.
+            low, high = consumer.get_watermark_offsets(
+                confluent_kafka.TopicPartition("slow", 0), timeout=DEADLINE
+            )
+            assert (low, high) == (0, 2)
+            got = []
+            deadline = time.monotonic() + DEADLINE
+            while consumer.position([confluent_kafka.TopicPartition("slow", 0)])[0].offset < 2:
+                assert time.monotonic() < deadline
+                msg = consumer.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    got.append(msg.value())
+            assert got == []
+        finally:
+            consumer.close()
