@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 import trio
+from support.stack import ProxyStack
 
-from proxy import config
-from proxy.devbroker.cluster import DevCluster, DevNode
+from proxy.devbroker.cluster import DevNode
 from proxy.fetchpath import FetchPathHandler
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder
@@ -94,99 +94,31 @@ class CountingStream(trio.abc.Stream):
         await self.inner.aclose()
 
 
-class SessionStack:
-    """DevCluster + the default Proxy in a trio thread, with byte counters on both sides."""
+class SessionStack(ProxyStack):
+    """The default Proxy in front of a dev cluster, with byte counters on both sides."""
 
     def __init__(self, settings: dict[str, Any] | None = None, *, nodes: int = 3) -> None:
-        self.nodes = nodes
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="session-stack", daemon=True)
-        self.extra_settings = settings or {}
+        super().__init__(settings, nodes=nodes, name="session-stack")
         self.handlers: list[FetchPathHandler] = []
         self.proxy_upstream = Traffic()
         """Every byte on the proxy's upstream sockets."""
         self.broker_side = Traffic()
         """Every byte on the dev broker's sockets (direct clients and the proxy alike)."""
-        self.cluster: DevCluster
-        self.proxy: Proxy
-        self._token: trio.lowlevel.TrioToken
-        self._stop: trio.Event
 
-    def start(self) -> SessionStack:
-        self._thread.start()
-        if not self._ready.wait(timeout=30):
-            raise RuntimeError("stack did not start in 30 s")
-        if self._error is not None:
-            raise RuntimeError("stack failed") from self._error
-        return self
+    def configure(self, proxy: Proxy) -> None:
+        path = proxy.fetch_path  # the default Fetch path, as `run` builds it
+        assert path is not None
+        new_handler = path.handler
 
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
+        def keep(node_id: int | None = None) -> FetchPathHandler:
+            handler = new_handler(node_id)
+            self.handlers.append(handler)
+            return handler
 
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
-        async with DevCluster(nodes=self.nodes) as cluster:
-            settings = config.validate(
-                {
-                    "upstream": [cluster.bootstrap],
-                    "listen": "127.0.0.1:0",
-                    "broker_port_base": 0,
-                    "connect_timeout_seconds": 5,
-                    "retry_backoff_initial_seconds": 0.05,
-                    "retry_backoff_max_seconds": 0.5,
-                    **self.extra_settings,
-                }
-            )
-            proxy = Proxy(settings)  # the default Fetch path, as `run` builds it
-            path = proxy.fetch_path
-            assert path is not None
-            new_handler = path.handler
+        path.handler = keep  # type: ignore[method-assign]
 
-            def keep(node_id: int | None = None) -> FetchPathHandler:
-                handler = new_handler(node_id)
-                self.handlers.append(handler)
-                return handler
-
-            path.handler = keep  # type: ignore[method-assign]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(proxy.serve)
-                with trio.fail_after(20):
-                    await proxy.discovered.wait()
-                self.cluster, self.proxy = cluster, proxy
-                self._ready.set()
-                await self._stop.wait()
-                nursery.cancel_scope.cancel()
-
-    def stop(self) -> None:
-        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(timeout=30)
-        assert not self._thread.is_alive(), "stack did not stop"
-
-    def run_sync(self, fn: Any, *args: Any) -> Any:
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
-
-    @property
-    def bootstrap(self) -> str:
-        assert self.proxy.bootstrap is not None
-        return f"127.0.0.1:{self.proxy.bootstrap.port}"
-
-    @property
-    def direct_bootstrap(self) -> str:
-        return self.cluster.bootstrap
-
-    def create_topic(self, partitions: int) -> str:
-        name = f"s-{uuid.uuid4().hex[:10]}"
-        self.run_sync(self.cluster.create_topic, name, partitions)
-        return name
-
-    def evict_upstream_sessions(self) -> None:
-        self.run_sync(self.cluster.evict_fetch_sessions)
+    def create_topic(self, partitions: int, prefix: str = "s") -> str:
+        return super().create_topic(partitions, prefix)
 
     def skew_upstream_epochs(self) -> None:
         """Make the next request of every upstream session fail INVALID_FETCH_SESSION_EPOCH."""

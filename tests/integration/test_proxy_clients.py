@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import re
 import subprocess
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -21,112 +20,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import trio
-
-from proxy import config
-from proxy.devbroker.cluster import DevCluster
-from proxy.server.proxy import Proxy
+from support.stack import ProxyStack
 
 pytestmark = pytest.mark.integration
 
 DEADLINE = 60.0  # seconds; every client loop below is bounded by it
-
-
-class ProxyStack:
-    """A DevCluster and a Proxy in front of it, served by trio in a background thread."""
-
-    def __init__(self, nodes: int = 3) -> None:
-        self.nodes = nodes
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="proxy-stack", daemon=True)
-        self.cluster: DevCluster
-        self.proxy: Proxy
-        self._token: trio.lowlevel.TrioToken
-        self._stop: trio.Event
-
-    def start(self) -> ProxyStack:
-        self._thread.start()
-        if not self._ready.wait(timeout=30):
-            raise RuntimeError("proxy stack did not start in 30 s")
-        if self._error is not None:
-            raise RuntimeError("proxy stack failed") from self._error
-        return self
-
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
-        async with DevCluster(nodes=self.nodes) as cluster:
-            settings = config.validate(
-                {
-                    "upstream": [cluster.bootstrap],
-                    "listen": "127.0.0.1:0",
-                    "broker_port_base": 0,
-                    "connect_timeout_seconds": 5,
-                    "retry_backoff_initial_seconds": 0.05,
-                    "retry_backoff_max_seconds": 0.5,
-                }
-            )
-            async with trio.open_nursery() as nursery:
-                proxy = await nursery.start(Proxy(settings).serve)
-                with trio.fail_after(20):
-                    await proxy.discovered.wait()
-                self.cluster, self.proxy = cluster, proxy
-                self._ready.set()
-                await self._stop.wait()
-                nursery.cancel_scope.cancel()
-
-    def stop(self) -> None:
-        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(timeout=30)
-        assert not self._thread.is_alive(), "proxy stack did not stop"
-
-    # --- helpers for tests (thread-safe) ---
-
-    @property
-    def bootstrap(self) -> str:
-        assert self.proxy.bootstrap is not None
-        return f"127.0.0.1:{self.proxy.bootstrap.port}"
-
-    def proxy_addresses(self) -> set[tuple[str, int]]:
-        return trio.from_thread.run_sync(
-            lambda: set(self.proxy.book.advertised.values()), trio_token=self._token
-        )
-
-    def broker_addresses(self) -> set[tuple[str, int]]:
-        return trio.from_thread.run_sync(
-            lambda: {(n.host, n.port) for n in self.cluster.nodes}, trio_token=self._token
-        )
-
-    def create_topic(self, partitions: int) -> str:
-        name = f"t-{uuid.uuid4().hex[:10]}"
-        trio.from_thread.run_sync(
-            self.cluster.create_topic, name, partitions, trio_token=self._token
-        )
-        return name
-
-    def leader_of(self, topic: str, partition: int) -> int:
-        return trio.from_thread.run_sync(
-            self.cluster.leader_of, topic, partition, trio_token=self._token
-        )
-
-    def stop_node(self, node_id: int) -> None:
-        trio.from_thread.run(self.cluster.stop_node, node_id, trio_token=self._token)
-
-    def restart_node(self, node_id: int) -> None:
-        trio.from_thread.run(self.cluster.restart_node, node_id, trio_token=self._token)
-
-    def topic_names(self) -> set[str]:
-        return trio.from_thread.run_sync(
-            lambda: set(self.cluster.state.topics), trio_token=self._token
-        )
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,156 @@
+"""A dev cluster and the proxy in front of it, served by trio in a background thread.
+
+For tests whose clients block (confluent-kafka, kafka-python) or run their own
+event loop (aiokafka):
+
+    stack = ProxyStack({"max_records": 50}).start()
+    Consumer({"bootstrap.servers": stack.bootstrap, ...})
+    stack.stop()
+
+The proxy is built exactly as ``kafka-fetch-proxy run`` builds it
+(``Proxy(settings)``, with the default Fetch path); *settings* are added to a
+loopback, port-0 base.  Subclasses customise the proxy before it serves by
+overriding :meth:`configure`.  Every helper is safe to call from the test's
+thread; start and stop are bounded in time.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from proxy import config
+from proxy.devbroker.cluster import DevCluster
+from proxy.server.proxy import Proxy
+
+T = TypeVar("T")
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 30.0
+
+
+class ProxyStack:
+    def __init__(
+        self,
+        settings: dict[str, Any] | None = None,
+        *,
+        nodes: int = 3,
+        with_proxy: bool = True,
+        name: str = "proxy-stack",
+    ) -> None:
+        self.nodes = nodes
+        self.extra_settings = settings or {}
+        self.with_proxy = with_proxy
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.cluster: DevCluster
+        self.proxy: Proxy
+        self._token: trio.lowlevel.TrioToken
+        self._stop: trio.Event
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self: T) -> T:
+        stack: ProxyStack = self  # type: ignore[assignment]
+        stack._thread.start()
+        if not stack._ready.wait(timeout=START_TIMEOUT):
+            raise RuntimeError(f"stack did not start in {START_TIMEOUT:.0f} s")
+        if stack._error is not None:
+            raise RuntimeError("stack failed to start") from stack._error
+        return self
+
+    def stop(self) -> None:
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(timeout=STOP_TIMEOUT)
+        assert not self._thread.is_alive(), "stack did not stop"
+
+    def configure(self, proxy: Proxy) -> None:
+        """Called on the trio thread after the Proxy is built and before it serves."""
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._stop = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        async with DevCluster(nodes=self.nodes) as cluster:
+            self.cluster = cluster
+            if not self.with_proxy:
+                self._ready.set()
+                await self._stop.wait()
+                return
+            settings = config.validate(
+                {
+                    "upstream": [cluster.bootstrap],
+                    "listen": "127.0.0.1:0",
+                    "broker_port_base": 0,
+                    "connect_timeout_seconds": 5,
+                    "retry_backoff_initial_seconds": 0.05,
+                    "retry_backoff_max_seconds": 0.5,
+                    **self.extra_settings,
+                }
+            )
+            proxy = Proxy(settings)
+            self.configure(proxy)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(proxy.serve)
+                with trio.fail_after(20):
+                    await proxy.discovered.wait()
+                self.proxy = proxy
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+    # -- helpers (thread-safe) -------------------------------------------------
+
+    def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def run(self, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return trio.from_thread.run(afn, *args, trio_token=self._token)
+
+    @property
+    def bootstrap(self) -> str:
+        """The proxy's bootstrap address (the cluster's when there is no proxy)."""
+        if not self.with_proxy:
+            return self.cluster.bootstrap
+        assert self.proxy.bootstrap is not None
+        return f"127.0.0.1:{self.proxy.bootstrap.port}"
+
+    @property
+    def direct_bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def create_topic(self, partitions: int, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        self.run_sync(self.cluster.create_topic, name, partitions)
+        return name
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        return self.run_sync(self.cluster.leader_of, topic, partition)
+
+    def stop_node(self, node_id: int) -> None:
+        self.run(self.cluster.stop_node, node_id)
+
+    def restart_node(self, node_id: int) -> None:
+        self.run(self.cluster.restart_node, node_id)
+
+    def evict_upstream_sessions(self) -> None:
+        self.run_sync(self.cluster.evict_fetch_sessions)
+
+    def topic_names(self) -> set[str]:
+        return self.run_sync(lambda: set(self.cluster.state.topics))
+
+    def proxy_addresses(self) -> set[tuple[str, int]]:
+        return self.run_sync(lambda: set(self.proxy.book.advertised.values()))
+
+    def broker_addresses(self) -> set[tuple[str, int]]:
+        return self.run_sync(lambda: {(n.host, n.port) for n in self.cluster.nodes})
