@@ -7,16 +7,44 @@ body, so a hostile length prefix cannot make us allocate.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 from .errors import FrameTooLarge, ProtocolError, TruncatedFrame
 
 _SIZE = struct.Struct(">i")
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
+COPY_BELOW = 64 * 1024
+"""``frame_chunks`` joins payloads smaller than this; larger ones are written as they are."""
+
+Buffer = bytes | bytearray | memoryview
 
 
-def encode_frame(payload: bytes | bytearray | memoryview) -> bytes:
+def encode_frame(payload: Buffer) -> bytes:
     return _SIZE.pack(len(payload)) + bytes(payload)
+
+
+def frame_chunks(payloads: Iterable[Buffer], copy_below: int = COPY_BELOW) -> list[Buffer]:
+    """The size-prefixed frames of *payloads* as buffers to write in order.
+
+    Length prefixes and small payloads are joined into as few buffers as
+    possible (one write for a burst of small responses); a payload of
+    *copy_below* bytes or more is its own buffer, the very object given, so a
+    large Fetch response is never copied just to put four bytes in front of it.
+    """
+    out: list[Buffer] = []
+    small: list[Buffer] = []
+    for payload in payloads:
+        small.append(_SIZE.pack(len(payload)))
+        if len(payload) < copy_below:
+            small.append(payload)
+        else:
+            out.append(b"".join(small))
+            small = []
+            out.append(payload)
+    if small:
+        out.append(b"".join(small))
+    return out
 
 
 class FrameDecoder:

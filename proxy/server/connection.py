@@ -19,7 +19,7 @@ import structlog
 import trio
 
 from ..protocol.errors import ProtocolError
-from ..protocol.framing import FrameDecoder, encode_frame
+from ..protocol.framing import FrameDecoder, frame_chunks
 from ..relay.pipeline import Relay
 
 if TYPE_CHECKING:
@@ -191,13 +191,26 @@ class Connection:
             if frames:
                 if self.meter is not None:
                     self.meter.upstream_sent(frames, trio.current_time())
-                await self.upstream.send_all(b"".join(encode_frame(f) for f in frames))
+                await _write(self.upstream, frames)
 
     async def _send_client(self) -> None:
         async with self._client_lock:
             frames = self.relay.take_client()
             if frames:
                 done = self.meter.client_sent(frames) if self.meter is not None else None
-                await self.client.send_all(b"".join(encode_frame(f) for f in frames))
+                await _write(self.client, frames)
                 if done is not None and self.meter is not None:
                     self.meter.client_written(done, trio.current_time())
+
+
+async def _write(stream: trio.abc.Stream, frames: list[bytes]) -> None:
+    """Write *frames* size-prefixed, without copying large ones; *frames* is emptied.
+
+    Each buffer is dropped as soon as it is written, so a slow reader holds
+    only what it has not read yet (the relay has already let go of them).
+    """
+    chunks = frame_chunks(frames)
+    frames.clear()
+    chunks.reverse()
+    while chunks:
+        await stream.send_all(chunks.pop())

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.protocol.errors import FrameTooLarge, ProtocolError, TruncatedFrame
-from proxy.protocol.framing import FrameDecoder, encode_frame
+from proxy.protocol.framing import FrameDecoder, encode_frame, frame_chunks
 
 frames = st.lists(st.binary(max_size=300), max_size=8)
 
@@ -65,3 +65,22 @@ def test_garbage_raises_only_protocol_errors(data: bytes) -> None:
         dec.close()
     except ProtocolError:
         pass
+
+
+@given(st.lists(st.binary(max_size=40), max_size=8), st.integers(min_value=0, max_value=30))
+def test_frame_chunks_write_the_same_stream(payloads: list[bytes], copy_below: int) -> None:
+    chunks = frame_chunks(payloads, copy_below=copy_below)
+    assert b"".join(chunks) == b"".join(encode_frame(p) for p in payloads)
+    dec = FrameDecoder(1024)
+    for chunk in chunks:
+        dec.feed(chunk)
+    assert dec.frames() == payloads
+
+
+def test_frame_chunks_pass_large_payloads_uncopied() -> None:
+    small, large = b"s" * 10, b"L" * 100
+    chunks = frame_chunks([small, large, small, small], copy_below=100)
+    assert len(chunks) == 3
+    assert chunks[1] is large  # the payload object itself, not a copy
+    assert chunks[0] == struct.pack(">i", 10) + small + struct.pack(">i", 100)
+    assert chunks[2] == (struct.pack(">i", 10) + small) * 2
