@@ -13,7 +13,6 @@ lists are cut to each delivered part of a partition.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,12 +22,9 @@ import aiokafka
 import confluent_kafka
 import kafka
 import pytest
-import trio
+from support.stack import ProxyStack
 
-from proxy import config
-from proxy.devbroker.cluster import DevCluster
 from proxy.observe.metrics import Metrics
-from proxy.server.proxy import Proxy
 
 pytestmark = pytest.mark.integration
 
@@ -37,77 +33,20 @@ PARTITIONS = 3
 SENTINEL = b"sentinel"
 
 
-class Stack:
-    """A 3-node DevCluster, optionally behind a Proxy (with *proxy_settings*), in a trio thread."""
+class Stack(ProxyStack):
+    """A 3-node DevCluster, behind a Proxy with *proxy_settings* unless they are None."""
 
     def __init__(self, proxy_settings: dict[str, Any] | None) -> None:
-        self.proxy_settings = proxy_settings
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="txn-stack", daemon=True)
-        self.bootstrap = ""
-        self.metrics = Metrics(process_metrics=False)
-        self.cluster: DevCluster
-        self._token: trio.lowlevel.TrioToken
-        self._stop: trio.Event
-
-    def start(self) -> Stack:
-        self._thread.start()
-        if not self._ready.wait(timeout=30):
-            raise RuntimeError("stack did not start in 30 s")
-        if self._error is not None:
-            raise RuntimeError("stack failed") from self._error
-        return self
-
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
-        async with DevCluster(nodes=3) as cluster:
-            self.cluster = cluster
-            if self.proxy_settings is None:
-                self.bootstrap = cluster.bootstrap
-                self._ready.set()
-                await self._stop.wait()
-                return
-            settings = config.validate(
-                {
-                    "upstream": [cluster.bootstrap],
-                    "listen": "127.0.0.1:0",
-                    "broker_port_base": 0,
-                    "connect_timeout_seconds": 5,
-                    "retry_backoff_initial_seconds": 0.05,
-                    "retry_backoff_max_seconds": 0.5,
-                }
-                | self.proxy_settings
-            )
-            async with trio.open_nursery() as nursery:
-                proxy = await nursery.start(Proxy(settings, metrics=self.metrics).serve)
-                with trio.fail_after(20):
-                    await proxy.discovered.wait()
-                assert proxy.bootstrap is not None
-                self.bootstrap = f"127.0.0.1:{proxy.bootstrap.port}"
-                self._ready.set()
-                await self._stop.wait()
-                nursery.cancel_scope.cancel()
-
-    def stop(self) -> None:
-        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(timeout=30)
-        assert not self._thread.is_alive(), "stack did not stop"
-
-    def create_topic(self, partitions: int) -> str:
-        name = f"txn-{uuid.uuid4().hex[:10]}"
-        trio.from_thread.run_sync(
-            self.cluster.create_topic, name, partitions, trio_token=self._token
+        super().__init__(
+            proxy_settings,
+            with_proxy=proxy_settings is not None,
+            metrics=Metrics(process_metrics=False),
+            name="txn-stack",
         )
-        return name
+        self.proxy_settings = proxy_settings
+
+    def create_topic(self, partitions: int, prefix: str = "txn") -> str:
+        return super().create_topic(partitions, prefix)
 
     def trimmed_records(self, limit: str) -> float:
         total = 0.0
@@ -124,8 +63,7 @@ class Stack:
         def count() -> int:
             return sum(len(p.log.aborted) for p in self.cluster.state.topics[topic].partitions)
 
-        result: int = trio.from_thread.run_sync(count, trio_token=self._token)
-        return result
+        return self.run_sync(count)
 
 
 @pytest.fixture(

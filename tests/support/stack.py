@@ -39,9 +39,12 @@ class ProxyStack:
         *,
         nodes: int = 3,
         with_proxy: bool = True,
+        metrics: Any | None = None,
         name: str = "proxy-stack",
     ) -> None:
         self.nodes = nodes
+        self.metrics = metrics
+        """A proxy.observe.metrics.Metrics for the proxy to report to (None: no metrics)."""
         self.extra_settings = settings or {}
         self.with_proxy = with_proxy
         self._ready = threading.Event()
@@ -98,7 +101,7 @@ class ProxyStack:
                     **self.extra_settings,
                 }
             )
-            proxy = Proxy(settings)
+            proxy = Proxy(settings, metrics=self.metrics)
             self.configure(proxy)
             async with trio.open_nursery() as nursery:
                 await nursery.start(proxy.serve)
