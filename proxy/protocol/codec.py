@@ -8,11 +8,10 @@ pass-through needs.
 
 from __future__ import annotations
 
-import io
 import struct
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import IO, Any, cast
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
@@ -227,10 +226,29 @@ def decode_response(
     return peek_correlation_id(frame), body
 
 
+class _Pieces(list[Any]):
+    """A kio ``Writable`` that keeps the written buffers instead of copying them.
+
+    kio writes bytes fields (a Fetch response's records) with one ``write`` of
+    the value itself, so the encoded message is assembled by a single join:
+    no growing buffer, no ``getvalue`` copy, no header concatenation.
+    """
+
+    __slots__ = ()
+
+    def write(self, data: Any) -> int:
+        self.append(data)
+        return len(data)
+
+
+def _encode(head: bytes, obj: Any) -> bytes:
+    pieces = _Pieces((head,))
+    entity_writer(type(obj))(cast(IO[bytes], pieces), obj)  # kio only calls write()
+    return b"".join(pieces)
+
+
 def encode_body(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    entity_writer(type(obj))(buf, obj)
-    return buf.getvalue()
+    return _encode(b"", obj)
 
 
 def encode_request(obj: Any, correlation_id: int, client_id: str | None) -> bytes:
@@ -238,11 +256,11 @@ def encode_request(obj: Any, correlation_id: int, client_id: str | None) -> byte
     header = encode_request_header(
         int(obj.__api_key__), int(obj.__version__), correlation_id, client_id
     )
-    return header + encode_body(obj)
+    return _encode(header, obj)
 
 
 def encode_response(obj: Any, correlation_id: int) -> bytes:
     """Header + body of a response (frame body, without the length prefix)."""
     hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
     assert hv is not None
-    return encode_response_header(correlation_id, hv) + encode_body(obj)
+    return _encode(encode_response_header(correlation_id, hv), obj)
