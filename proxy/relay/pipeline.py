@@ -146,7 +146,10 @@ class ClientRequest:
         else:
             if len(frame) < 4:
                 raise ProtocolError("response frame too short for a correlation id")
-            slot.response = _I32.pack(slot.correlation_id) + frame[4:]
+            cid = _I32.pack(slot.correlation_id)
+            # A handler that encoded the response itself already used the client's
+            # id: keep its frame rather than copy a whole Fetch response for 4 bytes.
+            slot.response = frame if frame.startswith(cid) else cid + frame[4:]
         self._relay._flush_slots()
 
 
