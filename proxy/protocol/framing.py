@@ -48,23 +48,47 @@ def frame_chunks(payloads: Iterable[Buffer], copy_below: int = COPY_BELOW) -> li
 
 
 class FrameDecoder:
-    """Feed bytes in, take whole frames out."""
+    """Feed bytes in, take whole frames out.
 
-    __slots__ = ("_buf", "_need", "max_frame_bytes")
+    A frame body is copied once.  Small frames are cut out of one receive
+    buffer.  A body of *assemble_from* bytes or more (a large Fetch response)
+    is collected as the pieces that arrive and joined once when complete, so
+    it is neither copied on every growth of a buffer nor sliced out of one.
+    """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    __slots__ = ("_buf", "_have", "_need", "_pieces", "assemble_from", "max_frame_bytes")
+
+    def __init__(
+        self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, assemble_from: int = COPY_BELOW
+    ) -> None:
         if max_frame_bytes <= 0:
             raise ValueError("max_frame_bytes must be positive")
         self.max_frame_bytes = max_frame_bytes
+        self.assemble_from = assemble_from
         self._buf = bytearray()
         self._need: int | None = None  # body size of the frame being assembled
+        self._pieces: list[bytes] | None = None  # a large body's pieces so far
+        self._have = 0  # bytes in _pieces
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return len(self._buf) + self._have
 
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        self._buf += data
+    def feed(self, data: Buffer) -> None:
+        pieces = self._pieces
+        if pieces is None:
+            self._buf += data
+            return
+        assert self._need is not None
+        room = self._need - self._have
+        if len(data) <= room:
+            pieces.append(data if type(data) is bytes else bytes(data))
+            self._have += len(data)
+            return
+        with memoryview(data) as view:
+            pieces.append(bytes(view[:room]))
+            self._have += room
+            self._buf += view[room:]
 
     def next_frame(self) -> bytes | None:
         """Return the next whole frame body, or None if more bytes are needed."""
@@ -78,10 +102,25 @@ class FrameDecoder:
                 raise FrameTooLarge(size, self.max_frame_bytes)
             del self._buf[:4]
             self._need = size
-        if len(self._buf) < self._need:
+        need = self._need
+        pieces = self._pieces
+        if pieces is not None:
+            if self._have < need:
+                return None
+            frame = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            self._pieces = None
+            self._have = 0
+        elif len(self._buf) >= need:
+            with memoryview(self._buf) as view:
+                frame = bytes(view[:need])
+            del self._buf[:need]
+        else:
+            if need >= self.assemble_from:
+                # The rest arrives in pieces: collect them instead of growing the buffer.
+                self._pieces = [bytes(self._buf)] if self._buf else []
+                self._have = len(self._buf)
+                self._buf = bytearray()
             return None
-        frame = bytes(self._buf[: self._need])
-        del self._buf[: self._need]
         self._need = None
         return frame
 
@@ -94,4 +133,4 @@ class FrameDecoder:
     def close(self) -> None:
         """The peer closed its side: complain if it left a partial frame behind."""
         if self._need is not None or self._buf:
-            raise TruncatedFrame(f"stream ended inside a frame ({len(self._buf)} bytes buffered)")
+            raise TruncatedFrame(f"stream ended inside a frame ({self.buffered} bytes buffered)")

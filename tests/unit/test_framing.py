@@ -55,9 +55,10 @@ def test_truncated_stream_detected_on_close(cut: int) -> None:
         dec.close()
 
 
+@pytest.mark.parametrize("assemble_from", [2, 65536])
 @given(st.binary(max_size=200))
-def test_garbage_raises_only_protocol_errors(data: bytes) -> None:
-    dec = FrameDecoder(64)
+def test_garbage_raises_only_protocol_errors(assemble_from: int, data: bytes) -> None:
+    dec = FrameDecoder(64, assemble_from=assemble_from)
     try:
         for i in range(len(data)):
             dec.feed(data[i : i + 1])
@@ -84,3 +85,40 @@ def test_frame_chunks_pass_large_payloads_uncopied() -> None:
     assert chunks[1] is large  # the payload object itself, not a copy
     assert chunks[0] == struct.pack(">i", 10) + small + struct.pack(">i", 100)
     assert chunks[2] == (struct.pack(">i", 10) + small) * 2
+
+
+@given(frames, st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=50))
+def test_large_frames_assembled_from_pieces(
+    payloads: list[bytes], assemble_from: int, piece: int
+) -> None:
+    """Bodies of assemble_from bytes or more are collected piece by piece: same frames."""
+    dec = FrameDecoder(1024, assemble_from=assemble_from)
+    stream = b"".join(encode_frame(p) for p in payloads)
+    out = []
+    for i in range(0, len(stream), piece):
+        dec.feed(memoryview(stream)[i : i + piece])
+        out += dec.frames()
+    assert out == payloads
+    assert all(type(f) is bytes for f in out)
+    assert dec.buffered == 0
+    dec.close()
+
+
+def test_large_frame_truncated_inside_its_pieces() -> None:
+    dec = FrameDecoder(1024, assemble_from=8)
+    dec.feed(encode_frame(b"x" * 20)[:10])
+    assert dec.next_frame() is None
+    dec.feed(b"yy")
+    assert dec.next_frame() is None
+    assert dec.buffered == 8
+    with pytest.raises(TruncatedFrame):
+        dec.close()
+
+
+def test_large_frame_piece_is_the_frame_when_it_arrives_whole() -> None:
+    body = b"z" * 100
+    dec = FrameDecoder(1024, assemble_from=10)
+    dec.feed(struct.pack(">i", len(body)))
+    assert dec.next_frame() is None
+    dec.feed(body)
+    assert dec.next_frame() is body  # one piece: no copy at all
