@@ -54,12 +54,26 @@ Aborted = tuple[tuple[int, int], ...]
 
 NONE_ERROR = 0
 
+Records = bytes | memoryview
+"""A run's bytes: owned ``bytes``, or a view into upstream's records field while one
+response is being trimmed (see :meth:`Run.split_view`)."""
+
+
+def _owned(data: Records) -> bytes:
+    """*data* as bytes that pin nothing else (a view is copied unless it is all its object)."""
+    if isinstance(data, bytes):
+        return data
+    base = data.obj
+    if isinstance(base, bytes) and data.nbytes == len(base):
+        return base
+    return bytes(data)
+
 
 @dataclass(frozen=True, slots=True)
 class Run:
     """Contiguous whole batches of one partition, exactly as upstream sent them."""
 
-    data: bytes
+    data: Records
     headers: tuple[BatchHeader, ...]
     """Headers of the batches in *data*; ``position`` is relative to *data*."""
     aborted: Aborted | None = None
@@ -93,9 +107,32 @@ class Run:
             dataclasses.replace(h, position=h.position - cut) for h in self.headers[count:]
         )
         return (
-            Run(self.data[:cut], head_headers, self.aborted),
-            Run(self.data[cut:], tail_headers, _aborted_after(self.aborted, head_headers)),
+            Run(_owned(self.data[:cut]), head_headers, self.aborted),
+            Run(_owned(self.data[cut:]), tail_headers, _aborted_after(self.aborted, head_headers)),
         )
+
+    def split_view(self, count: int) -> tuple[Run, Run]:
+        """``split`` for a response being trimmed: the head, which goes out in the
+        response and is then dropped, is a view (no copy); the tail, which may be
+        kept in the reuse buffer, is owned bytes, so it never pins the delivered part."""
+        if count <= 0:
+            return Run(b"", (), self.aborted), self._owning()
+        if count >= len(self.headers):
+            return self, Run(b"", (), _aborted_after(self.aborted, self.headers))
+        cut = self.headers[count].position
+        view = memoryview(self.data)
+        head_headers = self.headers[:count]
+        tail_headers = tuple(
+            dataclasses.replace(h, position=h.position - cut) for h in self.headers[count:]
+        )
+        return (
+            Run(view[:cut], head_headers, self.aborted),
+            Run(bytes(view[cut:]), tail_headers, _aborted_after(self.aborted, head_headers)),
+        )
+
+    def _owning(self) -> Run:
+        data = _owned(self.data)
+        return self if data is self.data else Run(data, self.headers, self.aborted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +164,10 @@ def parse_records(data: bytes | None, aborted: Aborted | None = None) -> tuple[R
         return Run(b"", (), aborted), 0
     headers = tuple(records.iter_batches(data))
     end = headers[-1].end if headers else 0
-    # Keep upstream's object when it is all whole batches: no copy on the common path.
-    whole = bytes(data[:end]) if end != len(data) else data
+    # Upstream's object when it is all whole batches, else a view without the
+    # partial trailing batch: no copy either way (what is kept gets copied by
+    # Run.split_view).
+    whole: Records = memoryview(data)[:end] if end != len(data) else data
     return Run(whole, headers, aborted), len(data) - end
 
 
@@ -151,7 +190,7 @@ def concat(prefix: Run, tail: Run) -> Run:
     start = keep[0].position
     shifted = tuple(dataclasses.replace(h, position=h.position - start + prefix.size) for h in keep)
     return Run(
-        prefix.data + tail.data[start:],
+        b"".join((prefix.data, memoryview(tail.data)[start:])),
         prefix.headers + shifted,
         _merge_aborted(prefix.aborted, tail.aborted),
     )
@@ -392,7 +431,7 @@ def trim_response(
             run = runs[key]
             up_bytes, up_records, partial, reused = upstream[key]
             count, exempt, held = plan.get(key, (0, False, frozenset()))
-            head, tail = run.split(count)
+            head, tail = run.split_view(count)
             all_limited |= held
             outcomes[key] = PartitionOutcome(
                 key=key,

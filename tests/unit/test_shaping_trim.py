@@ -437,3 +437,34 @@ def test_legacy_message_format_passes_through_unshaped() -> None:
     o = res.outcomes[k(0)]
     assert not o.shaped and o.delivered_bytes == len(legacy) * 3 and o.next_offset is None
     assert res.outcomes[k(1)].delivered_batches == 1  # the v2 partition is still shaped
+
+
+def test_split_view_copies_only_what_may_be_kept() -> None:
+    """The delivered head is a view of upstream's bytes; the kept tail owns its bytes."""
+    data = seq(0, 2, 3, 1)
+    partial = batch(6, 2)[:20]  # a trailing batch the broker cut at max_bytes
+    run, dropped = parse_records(data + partial)
+    assert dropped == 20 and bytes(run.data) == data
+    head, tail = run.split_view(1)
+    assert isinstance(head.data, memoryview)  # no copy for what goes out now
+    assert type(tail.data) is bytes and tail.data == data[head.size :]
+    assert [h.base_offset for h in tail.headers] == [2, 5]
+    none, rest = run.split_view(0)
+    assert none.size == 0 and type(rest.data) is bytes and rest.data == data
+    everything, empty = run.split_view(3)
+    assert everything is run and empty.size == 0
+    whole, _ = parse_records(data)
+    assert whole.data is data and whole.split_view(0)[1].data is data
+
+
+def test_trimmed_response_encodes_views_like_bytes() -> None:
+    data = seq(0, 2, 3)
+    resp = make_response(V, [make_partition(V, 0, data + batch(5, 4)[:30])])
+    res = trim_response(resp, ResponseLimits(response_bytes=len(batch(0, 2)) + 1))
+    (pd,) = res.response.responses[0].partitions
+    assert bytes(pd.records) == batch(0, 2)
+    (outcome,) = res.outcomes.values()
+    assert type(outcome.remainder.data) is bytes and outcome.remainder.data == batch(2, 3)
+    frame = codec.encode_response(res.response, 1)
+    _, decoded = codec.decode_response(1, V, frame)
+    assert decoded.responses[0].partitions[0].records == batch(0, 2)
