@@ -357,6 +357,43 @@ def rewrite(schema: type, frame: bytes, offset: int, hook: Hook) -> bytes:
     return apply_edits(frame, edits)
 
 
+class _SpanHook:
+    __slots__ = ("field", "match", "spans")
+
+    def __init__(self, match: Callable[[type], bool], field: str) -> None:
+        self.match = match
+        self.field = field
+        self.spans: list[Span] = []
+
+    def wants(self, cls: type) -> bool:
+        return self.match(cls)
+
+    def __call__(
+        self, cls: type, buf: bytes, spans: dict[str, Span], start: int, end: int
+    ) -> bytes | None:
+        self.spans.append(spans[self.field])
+        return None
+
+
+def field_spans(
+    schema: type, frame: bytes, offset: int, match: Callable[[type], bool], field: str
+) -> list[Span]:
+    """Where *field* is encoded in each entity *match* accepts, in message order.
+
+    The span covers the field's length prefix too.  Raises DecodeError like
+    ``rewrite`` (malformed body, trailing bytes).
+    """
+    hook = _SpanHook(match, field)
+    walker = _Walker(frame, hook)
+    try:
+        end = walker.entity(plan_for(schema), offset, [])
+    except (IndexError, struct.error) as exc:
+        raise DecodeError(f"{schema.__name__}: {exc}") from exc
+    if end != len(frame):
+        raise DecodeError(f"{schema.__name__}: {len(frame) - end} trailing bytes after body")
+    return hook.spans
+
+
 def field_reader(fmt: struct.Struct) -> Callable[[bytes, Span], int]:
     def read(buf: bytes, span: Span) -> int:
         return int(fmt.unpack_from(buf, span[0])[0])

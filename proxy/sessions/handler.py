@@ -23,6 +23,7 @@ which has one upstream connection and therefore one upstream session.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections import deque
 from typing import Any, Protocol
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 from ..observe.labels import ResetReason, Side
 from ..protocol import codec
 from ..protocol.errors import DecodeError
+from ..relay import walk
 from ..relay.pipeline import ClientRequest, PassThroughFetch, Upstream
 from .broker import FetchSessionCache
 from .downstream import SessionFetchServer
@@ -178,6 +180,7 @@ class SessionFetchHandler:
         def on_response(frame: bytes) -> None:
             self._round[1] += len(frame)
             _, response = codec.decode_response(FETCH_API_KEY, version, frame)
+            response = _records_as_views(response, version, frame)
             invalid_before = server.translator.stats.invalid_responses
             next_step = server.complete(response)
             if self.metrics is not None:
@@ -273,6 +276,46 @@ class SessionFetchHandler:
                 self.upstream_fetch_max = int(entry.max_version)
             elif int(entry.api_key) == METADATA_API_KEY:
                 self.upstream_metadata_max = int(entry.max_version)
+
+
+def _is_partition_data(cls: type) -> bool:
+    return cls.__name__ == "PartitionData"
+
+
+def _records_as_views(response: Any, version: int, frame: bytes) -> Any:
+    """*response* with each partition's records a view of *frame* instead of kio's copy.
+
+    kio copies every records field out of the frame, and the frame stays alive
+    until the response is answered anyway: pointing into it frees the copies
+    at once (a Fetch response's data is then held once, not twice).  The
+    shaping layer copies what it keeps (``Run.split_view``), so no view
+    outlives the exchange.  Anything unexpected keeps kio's copies.
+    """
+    schema = codec.response_schema(FETCH_API_KEY, version)
+    hv = codec.response_header_version(FETCH_API_KEY, version)
+    if schema is None or hv is None:
+        return response
+    try:
+        spans = walk.field_spans(
+            schema, frame, codec.response_body_offset(frame, hv), _is_partition_data, "records"
+        )
+    except DecodeError:
+        return response
+    if len(spans) != sum(len(t.partitions) for t in response.responses):
+        return response
+    view = memoryview(frame)
+    ends = iter(end for _, end in spans)
+    topics = []
+    for topic in response.responses:
+        parts = []
+        for pd in topic.partitions:
+            end = next(ends)
+            records = pd.records
+            if records:
+                pd = dataclasses.replace(pd, records=view[end - len(records) : end])
+            parts.append(pd)
+        topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
+    return dataclasses.replace(response, responses=tuple(topics))
 
 
 def _module_of(schema: Any) -> Any:

@@ -1,0 +1,70 @@
+"""The fetch path points decoded records into the upstream frame instead of kio's copies."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from proxy.protocol import codec
+from proxy.sessions.handler import _records_as_views
+from proxy.sessions.translate import _make
+
+
+def _response(version: int) -> Any:
+    mod = sys.modules[codec.response_schema(1, version).__module__]
+
+    def pd(index: int, records: bytes | None) -> Any:
+        kwargs: dict[str, Any] = {
+            "partition_index": index,
+            "error_code": ErrorCode(0),
+            "high_watermark": 10,
+            "last_stable_offset": 10,
+            "log_start_offset": 0,
+            "aborted_transactions": None,
+            "preferred_read_replica": -1,
+            "records": records,
+        }
+        if hasattr(mod, "LeaderIdAndEpoch"):  # a tagged field after records
+            kwargs["current_leader"] = mod.LeaderIdAndEpoch(leader_id=1, leader_epoch=3)
+        return _make(mod.PartitionData, **kwargs)
+
+    topics = tuple(
+        _make(
+            mod.FetchableTopicResponse,
+            topic=name,
+            topic_id=uuid.uuid4(),
+            partitions=(pd(0, name.encode() * 50), pd(1, None), pd(2, b""), pd(3, b"xyz")),
+        )
+        for name in ("a", "b")
+    )
+    return _make(
+        mod.FetchResponse,
+        throttle_time=timedelta(0),
+        error_code=ErrorCode(0),
+        session_id=0,
+        responses=topics,
+    )
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17])
+def test_records_become_views_of_the_frame(version: int) -> None:
+    frame = codec.encode_response(_response(version), 7)
+    _, decoded = codec.decode_response(1, version, frame)
+    viewed = _records_as_views(decoded, version, frame)
+    assert viewed == decoded  # same message
+    for topic in viewed.responses:
+        for pd in topic.partitions:
+            if pd.records:
+                assert isinstance(pd.records, memoryview) and pd.records.obj is frame
+    assert codec.encode_response(viewed, 7) == frame
+
+
+def test_a_frame_the_walk_cannot_follow_keeps_kio_copies() -> None:
+    frame = codec.encode_response(_response(12), 7)
+    _, decoded = codec.decode_response(1, 12, frame + b"\x00")  # trailing byte: kio ignores it
+    assert _records_as_views(decoded, 12, frame + b"\x00") is decoded
