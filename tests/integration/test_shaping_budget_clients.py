@@ -37,7 +37,7 @@ PER_PARTITION = 1500
 VALUE = 1000
 DEADLINE = 150.0
 IDLE_SECONDS = 3.0
-TRANSIENT_ALLOWANCE = 32 * 1024 * 1024
+TRANSIENT_ALLOWANCE = 16 * 1024 * 1024
 
 
 class ProxyProcess:
@@ -177,9 +177,12 @@ def test_fifty_consumers_under_a_64_mib_budget(tmp_path: Path) -> None:
     assert summary["limit_bytes"] == BUDGET
     assert 0 < summary["peak_bytes"] <= BUDGET and summary["overshoot_bytes"] == 0
     # RSS also holds what the accounting does not count: the one response being
-    # transformed at a time (upstream frame, decoded records, re-encoded frame: a few
-    # copies of at most budget/16) and the allocator's slack.  Measured: +66..77 MiB
-    # at a 64 MiB budget, +31 MiB at 16 MiB (roughly the budget plus ~16 MiB).
+    # transformed at a time (its upstream frame and the re-encoded response: two
+    # copies of at most budget/16; records are views of the frame, large frames are
+    # written without concatenation) and the allocator's slack, which varies from
+    # run to run.  Measured (bench/fetch_memory.py and this test, 2 cores): +56..66
+    # MiB at a 64 MiB budget, so growth < budget does not hold on every run; the
+    # traced Python peak is ~64 MiB.  Before the copies were removed: +62..88 MiB.
     assert rss_growth < BUDGET + TRANSIENT_ALLOWANCE
 
 
