@@ -237,6 +237,8 @@ class _Walker:
             return self._skip_var(step[1], flexible, pos)
         if kind == "parray":
             n, pos = self._array_count(flexible, pos)
+            if n > len(self.buf) - pos:  # every element takes a byte at least
+                raise DecodeError(f"array of {n} entries cannot fit in the message")
             for _ in range(max(n, 0)):
                 pos = self.step(step[1], flexible, pos, edits)
             return pos

@@ -328,3 +328,24 @@ def test_huge_array_count_rejected_without_allocating() -> None:
     frame = b"\x00\x00\x00\x01\x00" + b"\x00\x00\x00\x00" + walk.write_uvarint(2**28)
     with pytest.raises(ProtocolError):
         rewrite.rewrite_response(3, 12, frame, resolve)
+
+
+def test_huge_primitive_array_count_fails_fast() -> None:
+    """A damaged count of an int32 array (replica nodes) is refused, not walked 2**31 times."""
+    partition = md1.MetadataResponsePartition(
+        error_code=ErrorCode(0), partition_index=0, leader_id=1, replica_nodes=(7,), isr_nodes=(7,)
+    )
+    obj = md1.MetadataResponse(
+        brokers=(md1.MetadataResponseBroker(node_id=1, host="h", port=9, rack=None),),
+        controller_id=1,
+        topics=(
+            md1.MetadataResponseTopic(
+                error_code=ErrorCode(0), name="t", is_internal=False, partitions=(partition,)
+            ),
+        ),
+    )
+    frame = bytearray(codec.encode_response(obj, 1))
+    i = frame.index(bytes.fromhex("00000001 00000007"))  # replica_nodes: count 1, node 7
+    frame[i : i + 4] = bytes.fromhex("7fffffff")
+    with pytest.raises(DecodeError, match="cannot fit"):
+        rewrite.rewrite_response(3, 1, bytes(frame), lambda node, host, port: None)
