@@ -38,9 +38,9 @@ from __future__ import annotations
 from collections import deque
 
 from ..protocol import codec
+from ..protocol.codec import skip_tagged_fields
 from ..protocol.errors import ProtocolError
 from ..relay.pipeline import produce_acks
-from ..relay.walk import read_uvarint
 from .labels import Direction, ResetReason, Side
 from .metrics import Metrics
 
@@ -62,11 +62,7 @@ def fetch_error_code(api_version: int, frame: bytes) -> int | None:
     pos = 4  # correlation id
     try:
         if api_version >= FETCH_FLEXIBLE_SINCE:
-            count, pos = read_uvarint(frame, pos)
-            for _ in range(count):  # header tagged fields: skip each (tag, size, data)
-                _, pos = read_uvarint(frame, pos)
-                size, pos = read_uvarint(frame, pos)
-                pos += size
+            pos = skip_tagged_fields(frame, pos)  # response header v1
     except ProtocolError:
         return None
     pos += 4  # throttle_time_ms

@@ -63,7 +63,10 @@ def response_header_version(api_key: int, version: int) -> int | None:
     return 1 if schema.__flexible__ else 0
 
 
-def _read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """An unsigned varint at *pos*: (value, position after it); DecodeError if malformed."""
+    if pos < len(buf) and buf[pos] < 0x80:  # the common one-byte case
+        return buf[pos], pos + 1
     value = 0
     shift = 0
     while True:
@@ -80,10 +83,10 @@ def _read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 
 def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
-    count, pos = _read_uvarint(buf, pos)
+    count, pos = read_uvarint(buf, pos)
     for _ in range(count):
-        _tag, pos = _read_uvarint(buf, pos)
-        size, pos = _read_uvarint(buf, pos)
+        _tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
         pos += size
         if pos > len(buf):
             raise DecodeError("truncated tagged field")

@@ -59,7 +59,7 @@ from typing import Protocol
 
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
-from . import apiversions, rewrite, walk
+from . import apiversions, rewrite
 
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
@@ -173,7 +173,7 @@ def produce_acks(header: codec.RequestHeader, frame: bytes) -> int | None:
         return None
     try:
         if header.header_version == 2:  # flexible: compact nullable transactional_id
-            n, pos = walk.read_uvarint(frame, pos)
+            n, pos = codec.read_uvarint(frame, pos)
             pos += max(n - 1, 0)
         else:
             (n,) = _I16.unpack_from(frame, pos)

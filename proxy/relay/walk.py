@@ -38,6 +38,7 @@ from kio.serial._introspect import (
     is_optional,
 )
 
+from ..protocol.codec import read_uvarint
 from ..protocol.errors import DecodeError
 
 _FIXED_SIZES = {
@@ -73,24 +74,6 @@ class Hook(Protocol):
 
 
 # --- varints ------------------------------------------------------------------------------
-
-
-def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    if pos < len(buf) and buf[pos] < 0x80:  # the common one-byte case
-        return buf[pos], pos + 1
-    value = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise DecodeError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise DecodeError("varint too long")
 
 
 def write_uvarint(value: int) -> bytes:
