@@ -650,11 +650,18 @@ class GroupCoordinator:
 
     # -- offsets -----------------------------------------------------------------
 
-    def offset_commit(self, node_id: int, req: Request) -> Any:
+    def _commit_responders(
+        self, api_key: int, req: Request
+    ) -> tuple[Callable[[Callable[[str, Any], E]], Any], Callable[[E], Any]]:
+        """(respond, everywhere) for an OffsetCommit or TxnOffsetCommit request.
+
+        ``respond(code_for)`` answers every partition with ``code_for(topic, partition)``;
+        ``everywhere(code)`` answers *code*, except that unknown partitions get
+        UNKNOWN_TOPIC_OR_PARTITION (Kafka answers those before the coordinator sees
+        the request).
+        """
+        cls = codec.response_schema(api_key, req.version)
         b = req.body
-        now = req.now
-        self.tick(now)
-        cls = codec.response_schema(OFFSET_COMMIT, req.version)
 
         def respond(code_for: Callable[[str, Any], E]) -> Any:
             topics = [
@@ -670,7 +677,6 @@ class GroupCoordinator:
             return build(cls, {"throttle_time": 0, "topics": topics})
 
         def everywhere(code: E) -> Any:
-            # Kafka answers unknown partitions before the coordinator sees the request.
             return respond(
                 lambda t, p: (
                     E.unknown_topic_or_partition
@@ -678,6 +684,14 @@ class GroupCoordinator:
                     else code
                 )
             )
+
+        return respond, everywhere
+
+    def offset_commit(self, node_id: int, req: Request) -> Any:
+        b = req.body
+        now = req.now
+        self.tick(now)
+        respond, everywhere = self._commit_responders(OFFSET_COMMIT, req)
 
         # An empty group id is valid for offsets (Kafka's isValidGroupId for OffsetCommit).
         if not self.is_coordinator(node_id, b.group_id):
@@ -725,29 +739,7 @@ class GroupCoordinator:
         b = req.body
         now = req.now
         self.tick(now)
-        cls = codec.response_schema(TXN_OFFSET_COMMIT, req.version)
-
-        def respond(code_for: Callable[[str, Any], E]) -> Any:
-            topics = [
-                {
-                    "name": t.name,
-                    "partitions": [
-                        {"partition_index": p.partition_index, "error_code": code_for(t.name, p)}
-                        for p in t.partitions
-                    ],
-                }
-                for t in b.topics
-            ]
-            return build(cls, {"throttle_time": 0, "topics": topics})
-
-        def everywhere(code: E) -> Any:
-            return respond(
-                lambda t, p: (
-                    E.unknown_topic_or_partition
-                    if self.state.partition(t, p.partition_index) is None
-                    else code
-                )
-            )
+        respond, everywhere = self._commit_responders(TXN_OFFSET_COMMIT, req)
 
         if not b.group_id:
             return everywhere(E.invalid_group_id)

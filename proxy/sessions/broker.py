@@ -385,11 +385,10 @@ class SessionErrorContext(FetchContext):
         return SessionResponse(self.error_code, INVALID_SESSION_ID, [])
 
 
-class SessionlessFetchContext(FetchContext):
-    """A full fetch that neither uses nor creates a session."""
+class _FullRequestContext(FetchContext):
+    """A context whose partitions are exactly those of a full request."""
 
-    def __init__(self, fetch_data: Mapping[TopicIdPartition, PartitionRequest]) -> None:
-        self.fetch_data = fetch_data
+    fetch_data: Mapping[TopicIdPartition, PartitionRequest]
 
     def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
         req = self.fetch_data.get(tp)
@@ -397,6 +396,13 @@ class SessionlessFetchContext(FetchContext):
 
     def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
         return list(self.fetch_data.items())
+
+
+class SessionlessFetchContext(_FullRequestContext):
+    """A full fetch that neither uses nor creates a session."""
+
+    def __init__(self, fetch_data: Mapping[TopicIdPartition, PartitionRequest]) -> None:
+        self.fetch_data = fetch_data
 
     def update_and_generate_response_data(
         self,
@@ -406,7 +412,7 @@ class SessionlessFetchContext(FetchContext):
         return SessionResponse(NONE, INVALID_SESSION_ID, list(updates.items()))
 
 
-class FullFetchContext(FetchContext):
+class FullFetchContext(_FullRequestContext):
     """A full fetch that tries to create a new session once the response is known."""
 
     def __init__(
@@ -420,13 +426,6 @@ class FullFetchContext(FetchContext):
         self.fetch_data = fetch_data
         self.uses_topic_ids = uses_topic_ids
         self.privileged = privileged
-
-    def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
-        req = self.fetch_data.get(tp)
-        return None if req is None else req.fetch_offset
-
-    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
-        return list(self.fetch_data.items())
 
     def update_and_generate_response_data(
         self,
