@@ -530,16 +530,10 @@ class GroupCoordinator:
         def error(code: E) -> Any:
             return respond({"error_code": code})
 
-        if not b.group_id:
-            return error(E.invalid_group_id)
-        if not self.is_coordinator(node_id, b.group_id):
-            return error(E.not_coordinator)
-        g = self.groups.get(b.group_id)
-        member_error = self._member_error(g, b.member_id, getattr(b, "group_instance_id", None))
-        if g is None or member_error is not None:
-            return error(member_error or E.unknown_member_id)
-        if b.generation_id != g.generation:
-            return error(E.illegal_generation)
+        request_error = self._generation_member_error(node_id, b)
+        if request_error is not None:
+            return error(request_error)
+        g = self.groups[b.group_id]
         ptype = getattr(b, "protocol_type", None)
         pname = getattr(b, "protocol_name", None)
         if (ptype is not None and ptype != g.protocol_type) or (
@@ -584,16 +578,10 @@ class GroupCoordinator:
         def respond(code: E) -> Any:
             return build(cls, {"throttle_time": 0, "error_code": code})
 
-        if not b.group_id:
-            return respond(E.invalid_group_id)
-        if not self.is_coordinator(node_id, b.group_id):
-            return respond(E.not_coordinator)
-        g = self.groups.get(b.group_id)
-        member_error = self._member_error(g, b.member_id, getattr(b, "group_instance_id", None))
-        if g is None or member_error is not None:
-            return respond(member_error or E.unknown_member_id)
-        if b.generation_id != g.generation:
-            return respond(E.illegal_generation)
+        request_error = self._generation_member_error(node_id, b)
+        if request_error is not None:
+            return respond(request_error)
+        g = self.groups[b.group_id]
         m = g.members[b.member_id]
         m.heartbeat_deadline = now + m.session_timeout_ms / 1000.0
         if g.state is GroupState.PREPARING_REBALANCE:
@@ -649,6 +637,21 @@ class GroupCoordinator:
         return respond(E.none, codes)
 
     # -- offsets -----------------------------------------------------------------
+
+    def _generation_member_error(self, node_id: int, b: Any) -> E | None:
+        """The checks SyncGroup and Heartbeat share, in Kafka's order: group id, coordinator,
+        member (incl. static-member fencing), generation; None when all pass."""
+        if not b.group_id:
+            return E.invalid_group_id
+        if not self.is_coordinator(node_id, b.group_id):
+            return E.not_coordinator
+        g = self.groups.get(b.group_id)
+        member_error = self._member_error(g, b.member_id, getattr(b, "group_instance_id", None))
+        if g is None or member_error is not None:
+            return member_error or E.unknown_member_id
+        if b.generation_id != g.generation:
+            return E.illegal_generation
+        return None
 
     def _commit_responders(
         self, api_key: int, req: Request
