@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import trio
+from support.delivery import assert_exactly_once_in_order
 from support.stack import ProxyStack
 
 from proxy.devbroker.cluster import DevNode
@@ -185,18 +186,6 @@ def make_records(partitions: int, per_partition: int, tag: str) -> list[Record]:
         for i in range(per_partition)
         for p in range(partitions)
     ]
-
-
-def assert_exactly_once_in_order(sent: list[Record], got: list[Record]) -> None:
-    want: dict[int, list[Record]] = defaultdict(list)
-    have: dict[int, list[Record]] = defaultdict(list)
-    for r in sent:
-        want[r[0]].append(r)
-    for r in got:
-        have[r[0]].append(r)
-    assert set(have) == set(want)
-    for p in want:
-        assert have[p] == want[p], f"partition {p}: {len(have[p])} received, {len(want[p])} sent"
 
 
 confluent_kafka = pytest.importorskip("confluent_kafka")

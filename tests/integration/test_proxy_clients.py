@@ -15,11 +15,11 @@ import re
 import subprocess
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.delivery import assert_exactly_once_in_order
 from support.stack import ProxyStack
 
 pytestmark = pytest.mark.integration
@@ -48,18 +48,6 @@ def make_records(partitions: int, per_partition: int, tag: str) -> list[Record]:
         for i in range(per_partition)
         for p in range(partitions)
     ]
-
-
-def assert_exactly_once_in_order(sent: list[Record], received: list[Record]) -> None:
-    by_partition_sent: dict[int, list[Record]] = defaultdict(list)
-    by_partition_got: dict[int, list[Record]] = defaultdict(list)
-    for r in sent:
-        by_partition_sent[r[0]].append(r)
-    for r in received:
-        by_partition_got[r[0]].append(r)
-    assert set(by_partition_got) == set(by_partition_sent)
-    for p in by_partition_sent:
-        assert by_partition_got[p] == by_partition_sent[p], f"partition {p} differs"
 
 
 def until(deadline: float, done: Callable[[], bool]) -> Iterator[int]:
