@@ -51,6 +51,7 @@ from typing import Any, Protocol
 
 from .observe.decisionlog import limit_kind
 from .observe.labels import Side
+from .protocol.framing import Payload
 from .relay.pipeline import ClientRequest, Upstream
 from .sessions.broker import FetchSessionCache
 from .sessions.downstream import SessionFetchServer
@@ -420,7 +421,7 @@ class FetchPathHandler(SessionFetchHandler):
         self._stage = _Stage(self.shaper, grant, policy, self.path.clock())
         return server.begin(decoded, self._stage)
 
-    def _answered(self, request: ClientRequest, response: Any, frame: bytes) -> None:
+    def _answered(self, request: ClientRequest, response: Any, frame: Payload) -> None:
         stage, self._stage = self._stage, None
         if stage is None:
             return

@@ -36,10 +36,12 @@ two bytes of the error code are read (after the header and throttle_time_ms).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from ..protocol import codec
 from ..protocol.codec import skip_tagged_fields
 from ..protocol.errors import ProtocolError
+from ..protocol.framing import Gathered, Payload
 from ..relay.pipeline import produce_acks
 from .labels import Direction, ResetReason, Side
 from .metrics import Metrics
@@ -132,7 +134,7 @@ class TrafficMeter:
             api_key = UNKNOWN_API
         self.metrics.response(api_key, Direction.BROKER_TO_PROXY, len(frame), node=self.node)
 
-    def client_sent(self, frames: list[bytes]) -> list[tuple[int, float]]:
+    def client_sent(self, frames: Sequence[Payload]) -> list[tuple[int, float]]:
         """Responses taken for the client, in order; returns what ``client_written`` needs."""
         done = []
         for frame in frames:
@@ -141,7 +143,8 @@ class TrafficMeter:
             )
             self.metrics.response(api_key, Direction.PROXY_TO_CLIENT, len(frame))
             if api_key == FETCH and api_version >= FETCH_SESSIONS_SINCE:
-                reason = SESSION_ERRORS.get(fetch_error_code(api_version, frame) or 0)
+                head = bytes(frame.head) if isinstance(frame, Gathered) else frame
+                reason = SESSION_ERRORS.get(fetch_error_code(api_version, head) or 0)
                 if reason is not None:
                     self.metrics.fetch_session_reset(Side.DOWNSTREAM, reason)
             done.append((api_key, arrival))

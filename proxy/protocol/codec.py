@@ -17,6 +17,7 @@ from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_re
 from kio.serial import entity_reader, entity_writer
 
 from .errors import DecodeError, ProtocolError
+from .framing import COPY_BELOW, Buffer, Gathered
 
 API_VERSIONS_KEY = 18
 CONTROLLED_SHUTDOWN_KEY = 7
@@ -267,3 +268,32 @@ def encode_response(obj: Any, correlation_id: int) -> bytes:
     hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
     assert hv is not None
     return _encode(encode_response_header(correlation_id, hv), obj)
+
+
+def encode_response_gathered(
+    obj: Any, correlation_id: int, *, copy_below: int = COPY_BELOW
+) -> Gathered:
+    """``encode_response`` as a gather list: large values are referenced, not copied.
+
+    Every run of pieces kio writes that are smaller than *copy_below* is joined
+    into one buffer; a bytes field of *copy_below* bytes or more (a Fetch
+    response's records, often a view into the upstream frame) stays the object
+    kio was given.  ``b"".join(result.parts) == encode_response(obj, correlation_id)``.
+    """
+    hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
+    assert hv is not None
+    pieces = _Pieces((encode_response_header(correlation_id, hv),))
+    entity_writer(type(obj))(cast(IO[bytes], pieces), obj)  # kio only calls write()
+    parts: list[Buffer] = []
+    small: list[Buffer] = []
+    for piece in pieces:
+        if len(piece) < copy_below:
+            small.append(piece)
+            continue
+        if small:
+            parts.append(b"".join(small))
+            small = []
+        parts.append(piece)
+    if small or not parts:
+        parts.append(b"".join(small))
+    return Gathered(parts)

@@ -20,28 +20,77 @@ COPY_BELOW = 64 * 1024
 Buffer = bytes | bytearray | memoryview
 
 
+class Gathered:
+    """One frame body held as the buffers it is made of, in order (a gather list).
+
+    An encoded Fetch response whose records are views into the upstream frame
+    (``proxy.protocol.codec.encode_response_gathered``) is written to the
+    client from these pieces directly, so the records are never copied into a
+    second buffer as large as the response.  ``head`` is the first piece; the
+    encoder puts the response header and the fields before the first records
+    in it.
+    """
+
+    __slots__ = ("nbytes", "parts")
+
+    def __init__(self, parts: Iterable[Buffer]) -> None:
+        self.parts: tuple[Buffer, ...] = tuple(parts)
+        if not self.parts:
+            raise ValueError("a gathered frame needs at least one part")
+        self.nbytes = sum(len(p) for p in self.parts)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    @property
+    def head(self) -> Buffer:
+        return self.parts[0]
+
+    def with_head(self, head: Buffer) -> Gathered:
+        """The same frame with its first piece replaced (same length or not)."""
+        return Gathered((head, *self.parts[1:]))
+
+    def join(self) -> bytes:
+        """The frame as one bytes object (a copy: tests and small frames only)."""
+        return b"".join(self.parts)
+
+
+Payload = bytes | Gathered
+"""A frame body to write: one buffer, or a gather list of them."""
+
+
+def payload_bytes(payload: Payload) -> bytes:
+    """*payload* as one bytes object (joined, i.e. copied, when it is ``Gathered``)."""
+    return payload.join() if isinstance(payload, Gathered) else payload
+
+
 def encode_frame(payload: Buffer) -> bytes:
     return _SIZE.pack(len(payload)) + bytes(payload)
 
 
-def frame_chunks(payloads: Iterable[Buffer], copy_below: int = COPY_BELOW) -> list[Buffer]:
+def frame_chunks(payloads: Iterable[Payload], copy_below: int = COPY_BELOW) -> list[Buffer]:
     """The size-prefixed frames of *payloads* as buffers to write in order.
 
-    Length prefixes and small payloads are joined into as few buffers as
-    possible (one write for a burst of small responses); a payload of
-    *copy_below* bytes or more is its own buffer, the very object given, so a
-    large Fetch response is never copied just to put four bytes in front of it.
+    Length prefixes and small buffers are joined into as few buffers as
+    possible (one write for a burst of small responses); a buffer of
+    *copy_below* bytes or more, a whole payload or a part of a ``Gathered``
+    one, is its own buffer, the very object given, so a large Fetch response
+    is never copied just to put four bytes in front of it.
     """
     out: list[Buffer] = []
     small: list[Buffer] = []
     for payload in payloads:
         small.append(_SIZE.pack(len(payload)))
-        if len(payload) < copy_below:
-            small.append(payload)
-        else:
-            out.append(b"".join(small))
-            small = []
-            out.append(payload)
+        for part in payload.parts if isinstance(payload, Gathered) else (payload,):
+            if not part:
+                continue
+            if len(part) < copy_below:
+                small.append(part)
+            else:
+                if small:
+                    out.append(b"".join(small))
+                    small = []
+                out.append(part)
     if small:
         out.append(b"".join(small))
     return out

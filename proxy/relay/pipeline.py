@@ -55,10 +55,11 @@ import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
+from ..protocol.framing import Gathered, Payload
 from . import apiversions, rewrite
 
 _I32 = struct.Struct(">i")
@@ -86,6 +87,9 @@ class Upstream(Protocol):
 
     def rewrite_addresses(self, api_key: int, api_version: int, frame: bytes) -> bytes:
         """The response frame with broker endpoints pointing at the proxy."""
+
+    def rewrite_decoded(self, response: Any) -> Any:
+        """A decoded response (to be encoded by the handler) with its NodeEndpoints resolved."""
 
 
 class FetchHandler(Protocol):
@@ -117,7 +121,7 @@ class PassThroughFetch:
 @dataclass(slots=True, eq=False)
 class _Slot:
     correlation_id: int
-    response: bytes | None = None
+    response: Payload | None = None
     raw: bool = False
     """A SASL v0 token exchange: the response has no correlation id to restore."""
 
@@ -135,7 +139,8 @@ class ClientRequest:
     def expects_response(self) -> bool:
         return self._slot is not None
 
-    def reply(self, frame: bytes) -> None:
+    def reply(self, frame: Payload) -> None:
+        """Answer with *frame* (bytes, or a ``Gathered`` list of buffers written as one frame)."""
         slot = self._slot
         if slot is None:
             raise ProtocolError("reply to a request that has no response")
@@ -146,10 +151,18 @@ class ClientRequest:
         else:
             if len(frame) < 4:
                 raise ProtocolError("response frame too short for a correlation id")
+            if isinstance(frame, Gathered) and len(frame.head) < 4:
+                frame = frame.join()
             cid = _I32.pack(slot.correlation_id)
             # A handler that encoded the response itself already used the client's
             # id: keep its frame rather than copy a whole Fetch response for 4 bytes.
-            slot.response = frame if frame.startswith(cid) else cid + frame[4:]
+            if isinstance(frame, Gathered):
+                head = frame.head
+                if bytes(head[:4]) != cid:
+                    frame = frame.with_head(cid + bytes(head[4:]))
+                slot.response = frame
+            else:
+                slot.response = frame if frame.startswith(cid) else cid + frame[4:]
         self._relay._flush_slots()
 
 
@@ -216,7 +229,7 @@ class Relay:
         self._slots: deque[_Slot] = deque()
         self._pending: deque[_Pending] = deque()
         self._to_upstream: list[bytes] = []
-        self._to_client: list[bytes] = []
+        self._to_client: list[Payload] = []
         self._next_cid = 0
         self._raw_tokens = 0  # SASL v0 token frames still expected from the client
         self.last_header: codec.RequestHeader | None = None
@@ -240,7 +253,7 @@ class Relay:
         out, self._to_upstream = self._to_upstream, []
         return out
 
-    def take_client(self) -> list[bytes]:
+    def take_client(self) -> list[Payload]:
         out, self._to_client = self._to_client, []
         return out
 
@@ -359,3 +372,6 @@ class _Port:
 
     def rewrite_addresses(self, api_key: int, api_version: int, frame: bytes) -> bytes:
         return rewrite.rewrite_response(api_key, api_version, frame, self._relay._resolve)
+
+    def rewrite_decoded(self, response: Any) -> Any:
+        return rewrite.rewrite_node_endpoints(response, self._relay._resolve)

@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
+from typing import Any
+
+from kio.static.primitive import i32
 
 from ..protocol import codec
 from ..protocol.errors import DecodeError
@@ -118,6 +121,28 @@ def rewrite_response(api_key: int, api_version: int, frame: bytes, resolve: Reso
         raise DecodeError(f"cannot rewrite api_key={api_key} v{api_version}: unknown schema")
     offset = codec.response_body_offset(frame, hv)
     return walk.rewrite(schema, frame, offset, _EndpointHook(resolve))
+
+
+def rewrite_node_endpoints(response: Any, resolve: Resolver) -> Any:
+    """A decoded response with its NodeEndpoints (Fetch v16+, Produce v10+) resolved.
+
+    For responses the proxy encodes itself (a reshaped Fetch): the same rule as
+    ``rewrite_response`` (negative node ids and unresolved nodes kept), applied
+    to the object before encoding.  Returns *response* itself when nothing changed.
+    """
+    endpoints = getattr(response, "node_endpoints", None)
+    if not endpoints:
+        return response
+    out = []
+    changed = False
+    for endpoint in endpoints:
+        node_id, host, port = int(endpoint.node_id), endpoint.host, int(endpoint.port)
+        advertised = resolve(node_id, host, port) if node_id >= 0 else None
+        if advertised is not None and advertised != (host, port):
+            endpoint = replace(endpoint, host=advertised[0], port=i32(advertised[1]))
+            changed = True
+        out.append(endpoint)
+    return replace(response, node_endpoints=tuple(out)) if changed else response
 
 
 def collect_endpoints(api_key: int, api_version: int, frame: bytes) -> dict[int, tuple[str, int]]:

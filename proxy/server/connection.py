@@ -19,7 +19,7 @@ import structlog
 import trio
 
 from ..protocol.errors import ProtocolError
-from ..protocol.framing import FrameDecoder, frame_chunks
+from ..protocol.framing import FrameDecoder, Payload, frame_chunks
 from ..relay.pipeline import Relay
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ class Connection:
                     self.meter.client_written(done, trio.current_time())
 
 
-async def _write(stream: trio.abc.Stream, frames: list[bytes]) -> None:
+async def _write(stream: trio.abc.Stream, frames: list[bytes] | list[Payload]) -> None:
     """Write *frames* size-prefixed, without copying large ones; *frames* is emptied.
 
     Each buffer is dropped as soon as it is written, so a slow reader holds

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from ..observe.labels import ResetReason, Side
 from ..protocol import codec
 from ..protocol.errors import DecodeError
+from ..protocol.framing import Payload
 from ..relay import walk
 from ..relay.pipeline import ClientRequest, PassThroughFetch, Upstream
 from .broker import FetchSessionCache
@@ -163,7 +164,7 @@ class SessionFetchHandler:
     ) -> UpstreamFetch | ClientReply:
         return server.begin(decoded)
 
-    def _answered(self, request: ClientRequest, response: Any, frame: bytes) -> None:
+    def _answered(self, request: ClientRequest, response: Any, frame: Payload) -> None:
         """A consumer fetch was answered with *response* (already queued as *frame*)."""
 
     def _step(
@@ -202,9 +203,9 @@ class SessionFetchHandler:
 
     def _reply(self, request: ClientRequest, upstream: Upstream, response: Any) -> None:
         h = request.header
-        frame = upstream.rewrite_addresses(
-            h.api_key, h.api_version, codec.encode_response(response, h.correlation_id)
-        )
+        # Encoded as a gather list: the records stay views into the upstream frame
+        # until they are written, never copied into a second response-sized buffer.
+        frame = codec.encode_response_gathered(upstream.rewrite_decoded(response), h.correlation_id)
         request.reply(frame)
         self._answered(request, response, frame)
         up_request, up_response = self._round

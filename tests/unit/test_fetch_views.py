@@ -68,3 +68,27 @@ def test_a_frame_the_walk_cannot_follow_keeps_kio_copies() -> None:
     frame = codec.encode_response(_response(12), 7)
     _, decoded = codec.decode_response(1, 12, frame + b"\x00")  # trailing byte: kio ignores it
     assert _records_as_views(decoded, 12, frame + b"\x00") is decoded
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17])
+@pytest.mark.parametrize("copy_below", [1, 16, 64 * 1024])
+def test_gathered_reply_references_the_upstream_records(version: int, copy_below: int) -> None:
+    upstream = codec.encode_response(_response(version), 7)
+    _, decoded = codec.decode_response(1, version, upstream)
+    viewed = _records_as_views(decoded, version, upstream)
+    reply = codec.encode_response_gathered(viewed, 99, copy_below=copy_below)
+    assert reply.join() == codec.encode_response(viewed, 99)
+    assert len(reply) == len(reply.join())
+    assert codec.peek_correlation_id(bytes(reply.head)) == 99
+    # Records of copy_below bytes or more go out as views of the upstream frame:
+    # the reply adds no second copy of them.
+    referenced = [p for p in reply.parts if isinstance(p, memoryview) and p.obj is upstream]
+    expected = [
+        pd.records
+        for t in viewed.responses
+        for pd in t.partitions
+        if pd.records is not None and len(pd.records) >= copy_below
+    ]
+    assert [bytes(p) for p in referenced] == [bytes(r) for r in expected]
+    for a, b in zip(reply.parts, reply.parts[1:], strict=False):  # small runs were joined
+        assert len(a) >= copy_below or len(b) >= copy_below

@@ -22,6 +22,7 @@ from proxy.devbroker.state import ClusterState
 from proxy.fetchpath import FetchPath, FetchPathConfig, FetchPathHandler, InvalidFetchConfig
 from proxy.observe.metrics import PREFIX, Metrics
 from proxy.protocol import codec
+from proxy.protocol.framing import payload_bytes
 from proxy.protocol.records import iter_batches
 from proxy.relay.pipeline import Relay
 from proxy.sessions.broker import FetchSessionCache
@@ -71,7 +72,7 @@ class Conn:
                 break
             for f in frames:
                 self.relay.upstream_frame(self.world.answer(f))
-        out = self.relay.take_client()
+        out = [payload_bytes(p) for p in self.relay.take_client()]
         if out:
             self.handler.written()
         return out

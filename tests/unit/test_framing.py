@@ -5,7 +5,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.protocol.errors import FrameTooLarge, ProtocolError, TruncatedFrame
-from proxy.protocol.framing import FrameDecoder, encode_frame, frame_chunks
+from proxy.protocol.framing import (
+    FrameDecoder,
+    Gathered,
+    encode_frame,
+    frame_chunks,
+    payload_bytes,
+)
 
 frames = st.lists(st.binary(max_size=300), max_size=8)
 
@@ -85,6 +91,36 @@ def test_frame_chunks_pass_large_payloads_uncopied() -> None:
     assert chunks[1] is large  # the payload object itself, not a copy
     assert chunks[0] == struct.pack(">i", 10) + small + struct.pack(">i", 100)
     assert chunks[2] == (struct.pack(">i", 10) + small) * 2
+
+
+gathered = st.lists(st.binary(max_size=40), min_size=1, max_size=5).map(Gathered)
+
+
+@given(st.lists(st.binary(max_size=40) | gathered, max_size=8), st.integers(0, 30))
+def test_gathered_payloads_are_written_as_one_frame(
+    payloads: list[bytes | Gathered], copy_below: int
+) -> None:
+    chunks = frame_chunks(payloads, copy_below=copy_below)
+    whole = [payload_bytes(p) for p in payloads]
+    assert b"".join(chunks) == b"".join(encode_frame(p) for p in whole)
+    assert all(chunks)  # no empty writes
+    dec = FrameDecoder(1024)
+    for chunk in chunks:
+        dec.feed(chunk)
+    assert dec.frames() == whole
+
+
+def test_gathered_large_parts_pass_uncopied() -> None:
+    head, big1, big2, tail = b"h" * 6, b"A" * 100, memoryview(b"B" * 200), b"t" * 3
+    g = Gathered((head, big1, big2, tail))
+    assert len(g) == 309 and g.head is head
+    chunks = frame_chunks([g, b"x"], copy_below=100)
+    assert chunks[0] == struct.pack(">i", 309) + head
+    assert chunks[1] is big1 and chunks[2] is big2  # the very objects, back to back
+    assert chunks[3] == tail + struct.pack(">i", 1) + b"x"
+    assert len(chunks) == 4
+    with pytest.raises(ValueError):
+        Gathered(())
 
 
 @given(frames, st.integers(min_value=1, max_value=64), st.integers(min_value=1, max_value=50))

@@ -16,6 +16,7 @@ from kio.static.primitive import i16, i32, i32Timedelta
 
 from proxy.protocol import codec
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.framing import Gathered
 from proxy.relay import pipeline
 
 ZERO = i32Timedelta.parse(datetime.timedelta(0))
@@ -210,6 +211,39 @@ def test_late_reply_holds_back_later_responses() -> None:
     assert [codec.peek_correlation_id(f) for f in out] == [1, 2]
     with pytest.raises(ProtocolError):
         handler.held[0].reply(opaque_response(0, b"again"))
+
+
+def test_gathered_reply_keeps_its_parts_and_gets_the_client_correlation_id() -> None:
+    class Holding:
+        def __init__(self) -> None:
+            self.held: list[pipeline.ClientRequest] = []
+
+        def handle_fetch(
+            self, request: pipeline.ClientRequest, upstream: pipeline.Upstream
+        ) -> None:
+            self.held.append(request)
+
+        def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
+            return None
+
+    handler = Holding()
+    relay = pipeline.Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_request(41))
+    relay.client_frame(fetch_request(42))
+    records = memoryview(b"R" * 100_000)
+    right = Gathered((struct.pack(">i", 41) + b"\x00\x00", records, b"\x00"))
+    wrong = Gathered((b"\x00\x00\x00\x09\x00\x00", records, b"\x01"))
+    handler.held[0].reply(right)
+    handler.held[1].reply(wrong)
+    first, second = relay.take_client()
+    assert first is right  # already the client's id: kept as it is
+    assert isinstance(second, Gathered)
+    assert bytes(second.head) == struct.pack(">i", 42) + b"\x00\x00"
+    assert second.parts[1] is records and len(second) == len(wrong)
+    short = Gathered((b"\x00\x00", b"\x00\x07", b"tail"))  # id split across parts: joined
+    relay.client_frame(fetch_request(43))
+    handler.held[2].reply(short)
+    assert relay.take_client() == [struct.pack(">i", 43) + b"tail"]
 
 
 def test_upstream_correlation_ids_wrap() -> None:

@@ -349,3 +349,34 @@ def test_huge_primitive_array_count_fails_fast() -> None:
     frame[i : i + 4] = bytes.fromhex("7fffffff")
     with pytest.raises(DecodeError, match="cannot fit"):
         rewrite.rewrite_response(3, 1, bytes(frame), lambda node, host, port: None)
+
+
+@pytest.mark.parametrize("module", [f16, f17])
+def test_decoded_node_endpoints_rewritten_as_the_bytes_would_be(module: Any) -> None:
+    # The fetch path encodes its replies itself: the object rewrite must give the
+    # very bytes the frame rewrite gives, and keep unresolved and negative nodes.
+    resp = fetch_response(
+        module,
+        (
+            module.NodeEndpoint(node_id=BrokerId(3), host="k3", port=i32(9092), rack="r"),
+            module.NodeEndpoint(node_id=BrokerId(42), host="k42", port=i32(1), rack=None),
+            module.NodeEndpoint(node_id=BrokerId(-1), host="", port=i32(-1), rack=None),
+        ),
+    )
+    frame = codec.encode_response(resp, 5)
+    by_object = codec.encode_response(rewrite.rewrite_node_endpoints(resp, resolve), 5)
+    assert by_object == rewrite.rewrite_response(
+        1, module.FetchResponse.__version__, frame, resolve
+    )
+    assert by_object != frame
+
+
+def test_decoded_without_endpoints_or_changes_is_the_same_object() -> None:
+    resp = fetch_response(f16, ())
+    assert rewrite.rewrite_node_endpoints(resp, resolve) is resp
+    kept = fetch_response(
+        f16, (f16.NodeEndpoint(node_id=BrokerId(42), host="k42", port=i32(1), rack=None),)
+    )
+    assert rewrite.rewrite_node_endpoints(kept, resolve) is kept
+    metadata = metadata_v12([(1, "k1", 1)])  # no NodeEndpoints field at all
+    assert rewrite.rewrite_node_endpoints(metadata, resolve) is metadata

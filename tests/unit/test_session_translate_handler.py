@@ -21,6 +21,7 @@ from proxy.devbroker.node import NodeDispatcher
 from proxy.devbroker.outcome import Reply, Wait
 from proxy.devbroker.state import ClusterState
 from proxy.protocol import codec
+from proxy.protocol.framing import payload_bytes
 from proxy.relay.pipeline import Relay
 from proxy.sessions.broker import FetchSessionCache
 from proxy.sessions.handler import SessionFetchHandler
@@ -72,7 +73,7 @@ class Harness:
             self.upstream_frames.extend(frames)
             for f in frames:
                 self.relay.upstream_frame(self.answer(self.broker, f))
-        return self.relay.take_client()
+        return [payload_bytes(p) for p in self.relay.take_client()]
 
     def append(self, topic: str, p: int, count: int) -> None:
         part = self.state.partition(topic, p)
