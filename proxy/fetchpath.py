@@ -77,6 +77,20 @@ so a few long polls waiting upstream cannot hold the whole budget while other fe
 MAX_POLICY_CACHE = 1024
 
 
+def max_fetch_bytes(budget: MemoryBudget) -> int:
+    """The most one fetch is granted under a configured budget."""
+    return max(budget.floor, budget.capacity // FETCH_SHARE)
+
+
+def _configure_budget(budget: MemoryBudget, capacity: int | None) -> None:
+    budget.capacity = capacity or UNLIMITED_BUDGET
+    budget.floor = min(BUDGET_FLOOR, budget.capacity)
+    # The working copy of one response (MemoryBudget's docstring) is at most one
+    # fetch's grant; it is kept back only when there is a budget to keep it from.
+    working = 0 if capacity is None else max_fetch_bytes(budget)
+    budget.set_working(min(working, budget.capacity - budget.floor))
+
+
 class InvalidFetchConfig(ValueError):
     """A fetch-path setting is invalid; the message names the key, the value and what is allowed."""
 
@@ -177,8 +191,8 @@ class FetchPath:
         decision_log: DecisionSink | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        capacity = config.memory_budget_bytes or UNLIMITED_BUDGET
-        self.budget = MemoryBudget(capacity, floor=min(BUDGET_FLOOR, capacity))
+        self.budget = MemoryBudget(UNLIMITED_BUDGET)
+        _configure_budget(self.budget, config.memory_budget_bytes)
         self.topic_ids = TopicIdMap()
         self.metrics = metrics
         self.decision_log = decision_log
@@ -216,9 +230,7 @@ class FetchPath:
 
     def reload(self, config: FetchPathConfig) -> None:
         """Apply a new configuration; live connections use it from their next fetch."""
-        capacity = config.memory_budget_bytes or UNLIMITED_BUDGET
-        self.budget.capacity = capacity
-        self.budget.floor = min(BUDGET_FLOOR, capacity)
+        _configure_budget(self.budget, config.memory_budget_bytes)
         self.config = config
         self.generation += 1
         self._policy_cache.clear()
@@ -389,7 +401,7 @@ class FetchPathHandler(SessionFetchHandler):
             requested = min(requested, limits.max_response_bytes)
         budget = self.path.budget
         if self.path.config.memory_budget_bytes is not None:
-            requested = min(requested, max(budget.floor, budget.capacity // FETCH_SHARE))
+            requested = min(requested, max_fetch_bytes(budget))
         grant = budget.acquire_fetch(max(requested, 0))
         if grant is None and self.path.shed_buffers():
             grant = budget.acquire_fetch(max(requested, 0))

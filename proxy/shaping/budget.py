@@ -24,6 +24,13 @@ A fetch's life:
    Batches the buffer hands back for a later fetch move into that fetch's
    reservation (``absorb``).  :class:`~proxy.shaping.shaper.FetchShaper` does
    steps 3 and 4 when given the grant.
+
+The working copy: besides the data the reservations cover, one response
+exists twice for a moment while it is handled (the proxy's I/O is
+single-threaded, so one at a time): a large frame is joined from the pieces
+it arrived in, and kio copies its records before they are pointed back into
+the frame.  ``set_working(nbytes)`` keeps that much of the capacity back from
+every reservation (set it to the largest fetch grant); it counts as used.
 """
 
 from __future__ import annotations
@@ -113,6 +120,8 @@ class MemoryBudget:
         self.capacity = capacity
         self.floor = floor
         self._used = 0
+        self.working = 0
+        """Bytes kept back for the working copy of one response (see the module docstring)."""
         self.peak = 0
         self.overshoot_bytes = 0
         """Largest amount by which data already in memory pushed use past capacity."""
@@ -122,14 +131,25 @@ class MemoryBudget:
 
     @property
     def used(self) -> int:
-        return self._used
+        """Bytes reserved plus the working copy's."""
+        return self._used + self.working
 
     @property
     def headroom(self) -> int:
-        return max(0, self.capacity - self._used)
+        return max(0, self.capacity - self.used)
 
     def fits(self, nbytes: int) -> bool:
-        return self._used + nbytes <= self.capacity
+        return self.used + nbytes <= self.capacity
+
+    def set_working(self, nbytes: int) -> None:
+        """Keep *nbytes* back for the working copy (at most capacity - floor: a fetch still fits)."""
+        if not 0 <= nbytes <= self.capacity - self.floor:
+            raise ValueError("working must be between 0 and capacity - floor")
+        delta = nbytes - self.working
+        self.working = nbytes
+        self._adjust(0)
+        if delta < 0:
+            self._notify()
 
     def try_reserve(self, nbytes: int) -> Reservation | None:
         """Reserve exactly *nbytes* if it fits, else None (the reuse buffer uses this)."""
@@ -173,10 +193,14 @@ class MemoryBudget:
 
     def _adjust(self, delta: int) -> None:
         self._used += delta
-        if self._used > self.peak:
-            self.peak = self._used
-        if self._used > self.capacity:
-            self.overshoot_bytes = max(self.overshoot_bytes, self._used - self.capacity)
+        used = self.used
+        if used > self.peak:
+            self.peak = used
+        if used > self.capacity:
+            self.overshoot_bytes = max(self.overshoot_bytes, used - self.capacity)
         if delta < 0:
-            for callback in list(self._listeners):
-                callback()
+            self._notify()
+
+    def _notify(self) -> None:
+        for callback in list(self._listeners):
+            callback()

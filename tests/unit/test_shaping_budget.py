@@ -29,6 +29,24 @@ def test_small_requests_need_only_their_own_size() -> None:
     assert b.fetch_size(0) == 0
 
 
+def test_working_copy_is_kept_back_from_every_reservation() -> None:
+    b = MemoryBudget(1000, floor=100)
+    heard: list[int] = []
+    b.add_listener(lambda: heard.append(b.used))
+    b.set_working(300)
+    assert b.used == 300 and b.headroom == 700 and b.peak == 300 and heard == []
+    g = b.acquire_fetch(1000)
+    assert g is not None and g.nbytes == 700  # the working copy's bytes are not granted
+    assert b.try_reserve(1) is None and b.fetch_size(100) is None
+    b.set_working(200)  # smaller: room appeared, waiting fetches must hear of it
+    assert heard == [900] and b.fetch_size(100) == 100
+    g.release()
+    assert b.used == 200 and b.peak == 1000 and b.overshoot_bytes == 0
+    for bad in (-1, 901):  # a floor-sized fetch must always remain possible
+        with pytest.raises(ValueError):
+            b.set_working(bad)
+
+
 def test_listeners_hear_releases_only() -> None:
     b = MemoryBudget(100)
     calls: list[int] = []
