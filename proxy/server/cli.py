@@ -15,6 +15,7 @@ import trio
 
 from .. import config, logs
 from ..fetchpath import FetchPathConfig, InvalidFetchConfig
+from .allocator import LARGE_BUFFER_BYTES, fix_mmap_threshold
 from .proxy import Proxy
 from .reload import Reloader, watch_file
 
@@ -67,6 +68,8 @@ def _run(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     logs.configure(settings.log_level)
+    # Large buffers mapped and unmapped as they come and go: RSS follows the budget.
+    log.info("allocator_policy", reason=fix_mmap_threshold(), limit_bytes=LARGE_BUFFER_BYTES)
     observe = _observe_settings(settings)
     metrics = _metrics(observe)
     try:
