@@ -186,19 +186,20 @@ def test_fetch_handler_plug_in_internal_requests_and_ordering() -> None:
     assert handler.observed == [8]
 
 
+class Holding:
+    """A FetchHandler that keeps each Fetch for the test to answer."""
+
+    def __init__(self) -> None:
+        self.held: list[pipeline.ClientRequest] = []
+
+    def handle_fetch(self, request: pipeline.ClientRequest, upstream: pipeline.Upstream) -> None:
+        self.held.append(request)
+
+    def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
+        return None
+
+
 def test_late_reply_holds_back_later_responses() -> None:
-    class Holding:
-        def __init__(self) -> None:
-            self.held: list[pipeline.ClientRequest] = []
-
-        def handle_fetch(
-            self, request: pipeline.ClientRequest, upstream: pipeline.Upstream
-        ) -> None:
-            self.held.append(request)
-
-        def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
-            return None
-
     handler = Holding()
     relay = pipeline.Relay(resolve, fetch_handler=handler)
     relay.client_frame(fetch_request(1))
@@ -214,18 +215,6 @@ def test_late_reply_holds_back_later_responses() -> None:
 
 
 def test_gathered_reply_keeps_its_parts_and_gets_the_client_correlation_id() -> None:
-    class Holding:
-        def __init__(self) -> None:
-            self.held: list[pipeline.ClientRequest] = []
-
-        def handle_fetch(
-            self, request: pipeline.ClientRequest, upstream: pipeline.Upstream
-        ) -> None:
-            self.held.append(request)
-
-        def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
-            return None
-
     handler = Holding()
     relay = pipeline.Relay(resolve, fetch_handler=handler)
     relay.client_frame(fetch_request(41))
