@@ -1,0 +1,427 @@
+"""Real Apache Kafka (KRaft mode) on loopback, for the tests and the benchmarks.
+
+    cluster = KafkaCluster(brokers=3, workdir=tmp).start()
+    cluster.create_topic("orders", 12)
+    Consumer({"bootstrap.servers": cluster.bootstrap, ...})
+    cluster.stop_broker(2); cluster.start_broker(2)
+    cluster.stop()
+
+The broker's jars come from ``scripts/setup --test`` (``scripts/resolve-jvm``), which
+resolves ``org.apache.kafka:kafka_2.13`` from Maven Central into the cache
+(``$KAFKA_FETCH_PROXY_CACHE``, default ``~/.cache/kafka-fetch-proxy``).  A missing cache,
+JDK or broker is a set-up failure (:class:`SetupError`), never a skip.
+
+Every node is a combined broker+controller; a 3-node cluster has a 3-voter quorum, so
+one node can be stopped and restarted while the others keep serving.  Ports are chosen
+at run time, storage is formatted fresh, and every process is stopped by its pid.
+Each node's ``server.log`` stays in ``workdir``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+VERSIONS = {"4": "kafka-4", "3.9": "kafka-3.9"}
+"""Broker lines the tests can run: key -> artifact set in tests/jvm/."""
+
+START_TIMEOUT = 120.0
+STOP_TIMEOUT = 30.0
+JVM_OPTS = os.environ.get(
+    "KAFKA_FETCH_PROXY_KAFKA_JVM_OPTS",
+    "-Xms128m -Xmx768m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true",
+).split()
+
+_DEFAULTS = {
+    "group.initial.rebalance.delay.ms": "0",
+    "offsets.topic.num.partitions": "5",
+    "transaction.state.log.num.partitions": "5",
+    "share.coordinator.state.topic.num.partitions": "5",
+    "num.partitions": "1",
+    "log.segment.bytes": str(64 * 1024 * 1024),
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+    "transaction.remove.expired.transaction.cleanup.interval.ms": "2000",
+}
+
+
+class SetupError(RuntimeError):
+    """What the tests need was not installed: run ``scripts/setup --test``."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("KAFKA_FETCH_PROXY_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "kafka-fetch-proxy"
+
+
+def jvm_lib(artifact_set: str) -> Path:
+    """The directory of resolved jars for ``tests/jvm/<artifact_set>``."""
+    lib = cache_dir() / "jvm" / artifact_set / "lib"
+    if not lib.is_dir() or not any(lib.glob("*.jar")):
+        raise SetupError(
+            f"{lib} has no jars: run `scripts/setup --test` (it resolves tests/jvm/{artifact_set})"
+        )
+    return lib
+
+
+def java() -> str:
+    path = shutil.which("java")
+    if path is None:
+        raise SetupError("no `java` on PATH: run `scripts/setup --test` (it installs a JDK)")
+    return path
+
+
+def jar_version(lib: Path, artifact: str) -> str:
+    """The version of ``artifact`` among the jars in ``lib`` (``kafka_2.13`` -> ``4.4.0``)."""
+    for jar in lib.glob(f"{artifact}-*.jar"):
+        m = re.fullmatch(re.escape(artifact) + r"-(\d[\w.\-]*)\.jar", jar.name)
+        if m:
+            return m.group(1)
+    raise SetupError(f"no {artifact} jar in {lib}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _log_config(lib: Path, node_dir: Path) -> list[str]:
+    """JVM flags that send the broker's log to ``node_dir/server.log``."""
+    log = node_dir / "server.log"
+    if any(lib.glob("log4j-core-*.jar")):
+        conf = node_dir / "log4j2.properties"
+        conf.write_text(
+            "\n".join(
+                [
+                    "appender.f.type = File",
+                    "appender.f.name = F",
+                    f"appender.f.fileName = {log}",
+                    "appender.f.layout.type = PatternLayout",
+                    "appender.f.layout.pattern = [%d] %p %m (%c)%n",
+                    "rootLogger.level = INFO",
+                    "rootLogger.appenderRef.f.ref = F",
+                    "logger.kafka.name = kafka",
+                    "logger.kafka.level = INFO",
+                    "logger.state.name = state.change.logger",
+                    "logger.state.level = WARN",
+                    "",
+                ]
+            )
+        )
+        return [f"-Dlog4j2.configurationFile={conf}"]
+    conf = node_dir / "log4j.properties"
+    conf.write_text(
+        "\n".join(
+            [
+                "log4j.rootLogger=INFO, F",
+                "log4j.appender.F=org.apache.log4j.FileAppender",
+                f"log4j.appender.F.File={log}",
+                "log4j.appender.F.layout=org.apache.log4j.PatternLayout",
+                "log4j.appender.F.layout.ConversionPattern=[%d] %p %m (%c)%n",
+                "log4j.logger.state.change.logger=WARN",
+                "",
+            ]
+        )
+    )
+    return [f"-Dlog4j.configuration=file:{conf}"]
+
+
+@dataclass
+class KafkaNode:
+    node_id: int
+    port: int
+    controller_port: int
+    dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "server.log"
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no server.log)"
+        return "\n".join(text[-lines:])
+
+
+class KafkaCluster:
+    """A KRaft cluster of ``brokers`` combined broker+controller nodes on 127.0.0.1."""
+
+    def __init__(
+        self,
+        brokers: int = 1,
+        *,
+        workdir: Path,
+        version: str = "4",
+        config: Mapping[str, str] | None = None,
+        listeners: Mapping[str, int] | None = None,
+    ) -> None:
+        if version not in VERSIONS:
+            raise ValueError(f"unknown Kafka line {version!r}: one of {sorted(VERSIONS)}")
+        self.lib = jvm_lib(VERSIONS[version])
+        self.version = jar_version(self.lib, "kafka_2.13")
+        self.workdir = Path(workdir)
+        self.config = {**_DEFAULTS, **(config or {})}
+        self.extra_listeners = dict(listeners or {})
+        """name -> advertised port of a second PLAINTEXT listener on node 1 (e.g. for a relay)."""
+        self.cluster_id = ""
+        self.nodes: dict[int, KafkaNode] = {}
+        for node_id in range(1, brokers + 1):
+            node_dir = self.workdir / f"node-{node_id}"
+            self.nodes[node_id] = KafkaNode(node_id, free_port(), free_port(), node_dir)
+        self.start_seconds = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.address for n in self.nodes.values())
+
+    def start(self, timeout: float = START_TIMEOUT) -> KafkaCluster:
+        began = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.cluster_id = self._storage("random-uuid").strip().splitlines()[-1]
+        for node in self.nodes.values():
+            node.dir.mkdir(parents=True, exist_ok=True)
+            self._write_properties(node)
+            self._storage(
+                "format", "-t", self.cluster_id, "-c", str(node.dir / "server.properties")
+            )
+        try:
+            for node in self.nodes.values():
+                self._launch(node)
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - began
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM every node at once, SIGKILL what is still running after 10 s."""
+        running = [n for n in self.nodes.values() if n.proc is not None]
+        for node in running:
+            assert node.proc is not None
+            if node.proc.poll() is None:
+                if node.paused:
+                    node.proc.send_signal(signal.SIGCONT)
+                node.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        for node in running:
+            assert node.proc is not None
+            try:
+                node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+                node.proc.wait(STOP_TIMEOUT)
+            node.proc = None
+            node.paused = False
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop_broker(self, node_id: int, *, kill: bool = False) -> None:
+        """Stop one node (SIGTERM, a controlled shutdown; ``kill``: SIGKILL)."""
+        self._terminate(self.nodes[node_id], kill=kill)
+
+    def start_broker(self, node_id: int, timeout: float = START_TIMEOUT) -> None:
+        node = self.nodes[node_id]
+        if node.proc is not None and node.proc.poll() is None:
+            return
+        self._launch(node)
+        self.wait_ready(timeout)
+
+    def pause_broker(self, node_id: int) -> None:
+        """SIGSTOP: the node's sockets stay open but nothing answers."""
+        node = self.nodes[node_id]
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGSTOP)
+        node.paused = True
+
+    def resume_broker(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        assert node.proc is not None
+        node.proc.send_signal(signal.SIGCONT)
+        node.paused = False
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Until every running node is registered and serves metadata."""
+        deadline = time.monotonic() + timeout
+        want = {n.node_id for n in self.nodes.values() if n.proc is not None}
+        last: object = None
+        while time.monotonic() < deadline:
+            for node in self.nodes.values():
+                if node.proc is not None and node.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"Kafka node {node.node_id} exited with {node.proc.returncode}; "
+                        f"its log ({node.log}):\n{node.tail()}"
+                    )
+            try:
+                seen = set(self._admin(timeout=2).list_topics(timeout=2).brokers)
+                if want <= seen:
+                    return
+                last = f"brokers registered: {sorted(seen)}, want {sorted(want)}"
+            except Exception as exc:  # not up yet
+                last = exc
+            time.sleep(0.2)
+        raise TimeoutError(f"Kafka not ready in {timeout:.0f} s ({last})")
+
+    # -- admin -------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        *,
+        replication_factor: int | None = None,
+        config: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> str:
+        from confluent_kafka.admin import NewTopic
+
+        rf = replication_factor or len(self.nodes)
+        admin = self._admin(timeout=timeout)
+        futures = admin.create_topics(
+            [NewTopic(name, partitions, rf, config=dict(config or {}))],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+        futures[name].result(timeout=timeout)
+        self._wait_leaders(name, partitions, timeout)
+        return name
+
+    def new_topic(self, partitions: int, prefix: str = "t", **kwargs: Any) -> str:
+        return self.create_topic(f"{prefix}-{uuid.uuid4().hex[:10]}", partitions, **kwargs)
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        meta = self._admin().list_topics(topic, timeout=10)
+        return int(meta.topics[topic].partitions[partition].leader)
+
+    def _wait_leaders(self, topic: str, partitions: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            meta = self._admin().list_topics(topic, timeout=5).topics.get(topic)
+            if (
+                meta is not None
+                and meta.error is None
+                and len(meta.partitions) == partitions
+                and all(p.leader >= 0 for p in meta.partitions.values())
+            ):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"topic {topic} has no leaders after {timeout:.0f} s")
+
+    def _admin(self, timeout: float = 10.0) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        running = [n.address for n in self.nodes.values() if n.proc is not None and not n.paused]
+        return AdminClient(
+            {
+                "bootstrap.servers": ",".join(running or [self.bootstrap]),
+                "socket.timeout.ms": int(timeout * 1000),
+                "log_level": 0,
+            }
+        )
+
+    # -- processes ---------------------------------------------------------------
+
+    def _storage(self, *args: str) -> str:
+        proc = subprocess.run(
+            [java(), "-cp", f"{self.lib}/*", "kafka.tools.StorageTool", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"kafka-storage {args[0]} failed: {proc.stdout}{proc.stderr}")
+        return proc.stdout
+
+    def _write_properties(self, node: KafkaNode) -> None:
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes.values())
+        listeners = [f"PLAINTEXT://127.0.0.1:{node.port}"]
+        advertised = [f"PLAINTEXT://127.0.0.1:{node.port}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        if node.node_id == 1:
+            for name, port in self.extra_listeners.items():
+                listen = free_port()
+                node.extra[name] = str(listen)
+                listeners.append(f"{name}://127.0.0.1:{listen}")
+                advertised.append(f"{name}://127.0.0.1:{port}")
+                protocols.append(f"{name}:PLAINTEXT")
+        listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
+        rf = str(min(3, len(self.nodes)))
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": ",".join(protocols),
+            "log.dirs": str(node.dir / "data"),
+            "offsets.topic.replication.factor": rf,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": "1",
+            "default.replication.factor": rf,
+            **self.config,
+        }
+        (node.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+
+    def _launch(self, node: KafkaNode) -> None:
+        log_flags = _log_config(self.lib, node.dir)
+        cmd = [
+            java(),
+            *JVM_OPTS,
+            *log_flags,
+            "-cp",
+            f"{self.lib}/*",
+            "kafka.Kafka",
+            str(node.dir / "server.properties"),
+        ]
+        out = (node.dir / "stdout.log").open("ab")
+        node.proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        out.close()
+        node.paused = False
+
+    def _terminate(self, node: KafkaNode, *, kill: bool = False) -> None:
+        proc = node.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if node.paused:
+                proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(STOP_TIMEOUT)
+        node.proc = None
+        node.paused = False
