@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from typing import IO, Any, cast
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
@@ -22,12 +22,14 @@ from .framing import COPY_BELOW, Buffer, Gathered
 API_VERSIONS_KEY = 18
 CONTROLLED_SHUTDOWN_KEY = 7
 
+_SCHEMAS_CACHED = 4096
+"""Schema look-ups cached: bounded, since request headers name any (api_key, version)."""
 _PREFIX = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
-@cache
+@lru_cache(maxsize=_SCHEMAS_CACHED)
 def request_schema(api_key: int, version: int) -> Any | None:
     """The kio request class for (api_key, version), or None if kio does not know it."""
     try:
@@ -36,7 +38,7 @@ def request_schema(api_key: int, version: int) -> Any | None:
         return None
 
 
-@cache
+@lru_cache(maxsize=_SCHEMAS_CACHED)
 def response_schema(api_key: int, version: int) -> Any | None:
     try:
         return load_response_schema(api_key, version)

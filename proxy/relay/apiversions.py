@@ -1,11 +1,15 @@
-"""ApiVersions: tell clients only versions the proxy can read.
+"""ApiVersions: tell clients only versions the proxy can relay safely.
 
 The proxy answers a client's ApiVersions with the upstream broker's answer,
-intersected with what the proxy can decode: for every API the proxy decodes or
-rewrites (``DECODED_APIS``) the range is capped at the versions kio's generated
-schemas know; every other API passes through opaque, so upstream's range is
-kept.  An API whose intersection is empty is removed from the list.  All other
-content (features, throttle time, unknown tagged fields) is kept byte for byte.
+intersected with what the proxy can vouch for (``endpoints.advertisable``):
+a version is offered only when kio has its schemas and every broker address
+its response can carry is rewritten to the proxy.  This fails closed: an API
+or a version kio does not know is not advertised (it might carry broker addresses, as Fetch v16,
+Produce v10 and ShareFetch brought them), nor is one whose addresses the
+proxy does not rewrite (DescribeQuorum v2+, the controllers' Raft APIs).  Each API keeps the highest contiguous run of
+allowed versions within upstream's range; an API left with none is removed
+from the list.  All other content (features, throttle time, unknown tagged
+fields) is kept byte for byte.
 
 A client that asks with an ApiVersions version newer than the proxy knows gets
 what Kafka's broker answers in that case: a v0 response with
@@ -26,15 +30,12 @@ from kio.static.primitive import i16
 
 from ..protocol import codec
 from ..protocol.errors import DecodeError
-from . import walk
-from .rewrite import FETCH, PRODUCE, REWRITTEN_APIS
+from . import endpoints, walk
 
 API_VERSIONS = 18
-DECODED_APIS = frozenset(REWRITTEN_APIS | {PRODUCE, FETCH, API_VERSIONS})
-"""APIs whose requests or responses the proxy parses beyond the header prefix."""
 
 _I16 = struct.Struct(">h")
-_MAX_PROBE = 64
+_MAX_PROBE = endpoints.MAX_PROBE
 
 
 @cache
@@ -56,14 +57,26 @@ def kio_range(api_key: int) -> tuple[int, int] | None:
 
 
 def proxy_range(api_key: int, upstream: tuple[int, int]) -> tuple[int, int] | None:
-    """What the proxy advertises for ``api_key`` when upstream supports ``upstream``."""
-    if api_key not in DECODED_APIS:
-        return upstream
-    ours = kio_range(api_key)
-    if ours is None:
+    """What the proxy advertises for ``api_key`` when upstream supports ``upstream``.
+
+    The highest contiguous run of ``endpoints.advertisable`` versions within
+    upstream's range, or None when there is none.
+    """
+    low, high = upstream
+    top = next(
+        (
+            v
+            for v in range(min(high, _MAX_PROBE - 1), max(low, 0) - 1, -1)
+            if endpoints.advertisable(api_key, v)
+        ),
+        None,
+    )
+    if top is None:
         return None
-    low, high = max(upstream[0], ours[0]), min(upstream[1], ours[1])
-    return (low, high) if low <= high else None
+    bottom = top
+    while bottom - 1 >= low and endpoints.advertisable(api_key, bottom - 1):
+        bottom -= 1
+    return bottom, top
 
 
 @dataclass(slots=True)

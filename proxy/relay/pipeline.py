@@ -23,6 +23,10 @@ SASL
     forwards that many token frames (PLAIN and OAUTHBEARER: one exchange,
     SCRAM-SHA-256/512: two) untouched, one raw response each, then resumes
     normal relaying.  Other mechanisms over v0 close the connection.
+Fail closed
+    A request at a version whose response would carry broker addresses the
+    proxy does not rewrite (``endpoints.refused``; never advertised) closes
+    the connection, as Kafka does for a version it does not support.
 Bounds
     At most ``max_in_flight`` client requests are awaiting a response; the edge
     stops reading from the client while ``can_accept`` is False.
@@ -60,7 +64,7 @@ from typing import Any, Protocol
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import Gathered, Payload
-from . import apiversions, rewrite
+from . import apiversions, endpoints, rewrite
 
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
@@ -273,6 +277,13 @@ class Relay:
             return None
         header = codec.parse_request_header(frame)
         self.last_header = header
+        if endpoints.refused(header.api_key, header.api_version):
+            # Fail closed (endpoints.py): never advertised, and Kafka closes the
+            # connection on a request version it does not support.
+            raise ProtocolError(
+                f"api_key={header.api_key} v{header.api_version} is not relayed: its response"
+                " would carry broker addresses the proxy does not rewrite"
+            )
         expects = not (header.api_key == rewrite.PRODUCE and produce_acks(header, frame) == 0)
         slot = _Slot(header.correlation_id) if expects else None
         if slot is not None:

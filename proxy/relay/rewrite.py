@@ -15,10 +15,14 @@ FindCoordinator     v0-v3       the response itself (node_id, host, port)
 (10)                v4+         coordinators[]
 DescribeCluster     all         brokers[] (broker_id, host, port)
 (60)
-ShareFetch (78),    all         NodeEndpoints
-ShareAcknowledge
+ShareFetch (78),    all         NodeEndpoints (KIP-932; kio knows v1+, the first
+ShareAcknowledge                stable version; a v0 request is refused)
 (79)
 ==================  ==========  =======================================================
+
+Produce v13 and Fetch v13+ name topics by id; their NodeEndpoints are the same.
+Which other responses carry addresses, and why the proxy never advertises
+them, is ``endpoints.py``.
 
 An entry with a negative node id (e.g. FindCoordinator's "no coordinator"
 answer, node -1 with an empty host) is left alone.  Everything else in the
@@ -65,7 +69,8 @@ def needs_rewrite(api_key: int, api_version: int) -> bool:
     return minimum is not None and api_version >= minimum
 
 
-def _is_endpoint(cls: type) -> bool:
+def is_endpoint(cls: type) -> bool:
+    """Is *cls* an entity the proxy rewrites (a host and port that name a node)?"""
     names = {f.name for f in fields(cls)}
     return {"host", "port"} <= names and bool(names & {"node_id", "broker_id"})
 
@@ -77,7 +82,7 @@ class _EndpointHook:
         self.resolve = resolve
 
     def wants(self, cls: type) -> bool:
-        return _is_endpoint(cls)
+        return is_endpoint(cls)
 
     def __call__(
         self, cls: type, buf: bytes, spans: dict[str, walk.Span], start: int, end: int

@@ -47,7 +47,13 @@ class TopicIdMap:
             self._by_id.pop(self._by_name.pop(evicted_name), None)
 
     def learn_metadata(self, response: Any) -> None:
-        """Learn from a decoded Metadata response (v10+ carries topic ids)."""
+        """Learn from a decoded Metadata response (v10+ carries topic ids).
+
+        A response with a top-level error (v13+, e.g. KIP-1102's
+        REBOOTSTRAP_REQUIRED) says nothing about topics: nothing is learnt.
+        """
+        if int(getattr(response, "error_code", 0)) != 0:
+            return
         for topic in getattr(response, "topics", ()):
             if getattr(topic, "error_code", 0) != 0:
                 continue

@@ -36,15 +36,16 @@ def ranges(body: object) -> dict[int, tuple[int, int]]:
     return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}  # type: ignore[attr-defined]
 
 
-def test_decoded_apis_capped_pass_through_apis_kept() -> None:
+def test_every_api_capped_at_what_kio_knows_unknown_apis_dropped() -> None:
     fetch_max = apiversions.kio_range(1)
-    assert fetch_max is not None
+    commit_max = apiversions.kio_range(8)
+    assert fetch_max is not None and commit_max is not None
     upstream = {
         0: (3, 99),  # Produce: capped at kio
         1: (4, fetch_max[1] + 5),  # Fetch: capped
         3: (0, 12),  # Metadata: within kio, unchanged
-        8: (2, 42),  # OffsetCommit: pass-through, upstream's range even beyond kio
-        1000: (0, 3),  # an API the proxy has never heard of: pass-through
+        8: (2, 42),  # OffsetCommit: relayed opaque, yet capped (a newer version may add addresses)
+        1000: (0, 3),  # an API kio has never heard of: not advertised
         18: (0, 4),
     }
     frame = codec.encode_response(v3(upstream), 11)
@@ -54,23 +55,37 @@ def test_decoded_apis_capped_pass_through_apis_kept() -> None:
     assert cid == 11
     assert got[0] == (3, apiversions.kio_range(0)[1])  # type: ignore[index]
     assert got[1] == (4, fetch_max[1])
-    assert got[3] == (0, 12) and got[8] == (2, 42) and got[1000] == (0, 3)
+    assert got[3] == (0, 12) and got[8] == (2, commit_max[1]) and 1000 not in got
     assert (
         body.finalized_features_epoch == 7 and body.finalized_features[0].name == "metadata.version"
     )
 
 
+def test_describe_quorum_capped_below_its_controller_endpoints() -> None:
+    # v2 lists each voter's controller listeners (host, port): never advertised
+    frame = codec.encode_response(v3({55: (0, 2), 82: (0, 0), 8: (2, 9)}), 1)
+    body = codec.decode_response(18, 3, apiversions.rewrite_api_versions(3, frame))[1]
+    assert ranges(body) == {55: (0, 1), 8: (2, 9)}  # UpdateRaftVoter v0 (leader endpoint): gone
+
+
 def test_empty_intersection_removes_the_api() -> None:
     top = apiversions.kio_range(3)
     assert top is not None
-    frame = codec.encode_response(v3({3: (top[1] + 1, top[1] + 3), 8: (0, 9)}), 1)
+    frame = codec.encode_response(v3({3: (top[1] + 1, top[1] + 3), 8: (2, 9)}), 1)
     body = codec.decode_response(18, 3, apiversions.rewrite_api_versions(3, frame))[1]
-    assert ranges(body) == {8: (0, 9)}
+    assert ranges(body) == {8: (2, 9)}
 
 
 def test_within_range_is_unchanged_bytes() -> None:
-    frame = codec.encode_response(v3({3: (0, 12), 8: (0, 9)}), 1)
+    frame = codec.encode_response(v3({3: (0, 12), 8: (2, 9)}), 1)
     assert apiversions.rewrite_api_versions(3, frame) is frame
+
+
+def test_versions_older_than_kio_knows_are_not_offered() -> None:
+    # OffsetCommit v0-1 (removed by Kafka 4.0) from a 3.x broker: kio cannot vouch for them
+    frame = codec.encode_response(v3({8: (0, 9), 76: (0, 1)}), 1)
+    body = codec.decode_response(18, 3, apiversions.rewrite_api_versions(3, frame))[1]
+    assert ranges(body) == {8: (2, 9), 76: (1, 1)}  # ShareGroupHeartbeat v0: early access
 
 
 def test_unsupported_version_answer_in_v0_is_read_as_v0() -> None:

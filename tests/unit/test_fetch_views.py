@@ -51,7 +51,7 @@ def _response(version: int) -> Any:
     )
 
 
-@pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17])
+@pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17, 18])
 def test_records_become_views_of_the_frame(version: int) -> None:
     frame = codec.encode_response(_response(version), 7)
     _, decoded = codec.decode_response(1, version, frame)
@@ -70,7 +70,7 @@ def test_a_frame_the_walk_cannot_follow_keeps_kio_copies() -> None:
     assert _records_as_views(decoded, 12, frame + b"\x00") is decoded
 
 
-@pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17])
+@pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17, 18])
 @pytest.mark.parametrize("copy_below", [1, 16, 64 * 1024])
 def test_gathered_reply_references_the_upstream_records(version: int, copy_below: int) -> None:
     upstream = codec.encode_response(_response(version), 7)

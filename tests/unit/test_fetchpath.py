@@ -134,12 +134,15 @@ class World:
 ALL = [("orders", p, 0) for p in range(4)] + [("events", p, 0) for p in range(3)]
 
 
-def delivered(response: Any) -> dict[tuple[str, int], list[tuple[int, int]]]:
-    """(base offset, record count) of every batch per partition."""
+def delivered(
+    response: Any, world: World | None = None
+) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """(base offset, record count) of every batch per partition (v13+: pass the world)."""
     out: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for t in response.responses:
+        name = t.topic if world is None else world.state.topics_by_id[t.topic_id].name
         for pd in t.partitions:
-            out[(t.topic, int(pd.partition_index))] = [
+            out[(name, int(pd.partition_index))] = [
                 (h.base_offset, h.records_count) for h in iter_batches(pd.records or b"")
             ]
     return out
@@ -153,36 +156,42 @@ def upstream_fetches(conn: Conn) -> list[Any]:
     return out
 
 
-def test_unlimited_path_answers_exactly_as_the_broker() -> None:
+@pytest.mark.parametrize("version", [12, 13, 17, 18])
+def test_unlimited_path_answers_exactly_as_the_broker(version: int) -> None:
     w = World()
     c = Conn(w)
     w.append("events", 2, 3)
     w.append("orders", 1, 5, times=2)
     for cid in (2, 3, 4):
-        frame = c.fetch_frame(cid, ALL)
+        frame = c.fetch_frame(cid, ALL, version)
         [out] = c.send(frame)
         assert out == w.answer(frame, w.direct)
     assert upstream_fetches(c)[-1].session_epoch >= 1  # incremental upstream
     assert w.path.budget.used == 0
 
 
-def test_record_cap_delivers_whole_batches_and_serves_the_rest_from_the_buffer() -> None:
+@pytest.mark.parametrize("version", [12, 18])
+def test_record_cap_delivers_whole_batches_and_serves_the_rest_from_the_buffer(
+    version: int,
+) -> None:
     metrics = Metrics(process_metrics=False)
     w = World(FetchPathConfig(limits=Limits(max_records=5)), metrics=metrics)
     c = Conn(w)
     w.append("orders", 0, 3, times=3)  # offsets 0-2, 3-5, 6-8
-    first = c.fetch(2, [("orders", 0, 0)])
-    assert delivered(first)[("orders", 0)] == [(0, 3)]
+    names = w if version >= 13 else None
+    first = c.fetch(2, [("orders", 0, 0)], version)
+    assert delivered(first, names)[("orders", 0)] == [(0, 3)]
     assert first.responses[0].partitions[0].high_watermark == 9
     upstream_before = len(upstream_fetches(c))
-    second = c.fetch(3, [("orders", 0, 3)])
-    assert delivered(second)[("orders", 0)] == [(3, 3)]
+    second = c.fetch(3, [("orders", 0, 3)], version)
+    assert delivered(second, names)[("orders", 0)] == [(3, 3)]
     # The batch came from the reuse buffer: upstream was asked from past the held batches.
     last = upstream_fetches(c)[upstream_before]
+    assert last.__version__ == version
     offsets = [p.fetch_offset for t in last.topics for p in t.partitions]
     assert offsets in ([9], [])  # changed partition sent, or the session already had it
-    third = c.fetch(4, [("orders", 0, 6)])
-    assert delivered(third)[("orders", 0)] == [(6, 3)]
+    third = c.fetch(4, [("orders", 0, 6)], version)
+    assert delivered(third, names)[("orders", 0)] == [(6, 3)]
     value = metrics.registry.get_sample_value
     assert value(f"{PREFIX}buffered_reuse_hits_total") == 2
     assert value(f"{PREFIX}trimmed_records_total", {"limit": "max_records", "policy": "default"})

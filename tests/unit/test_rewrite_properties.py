@@ -45,7 +45,7 @@ def expected(obj: Any) -> Any:
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return obj
     changes = {f.name: expected(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if rewrite._is_endpoint(type(obj)):
+    if rewrite.is_endpoint(type(obj)):
         node = changes.get("node_id", changes.get("broker_id"))
         if node >= 0:
             host, port = advertised(node)

@@ -135,8 +135,8 @@ step_strategy = st.booleans().flatmap(lambda fetch: fetch_steps if fetch else ot
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    upstream_version=st.integers(7, 17),
-    client_version=st.integers(4, 17),
+    upstream_version=st.integers(7, 18),
+    client_version=st.integers(4, 18),
     max_slots=st.sampled_from([0, 1000]),
     steps=st.lists(step_strategy, min_size=5, max_size=40),
 )

@@ -168,8 +168,8 @@ fetch_steps = st.tuples(
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    upstream_version=st.integers(7, 17),
-    client_version=st.integers(7, 17),
+    upstream_version=st.integers(7, 18),
+    client_version=st.integers(7, 18),
     seed=st.integers(0, 1000),
     steps=st.lists(
         st.booleans().flatmap(lambda fetch: fetch_steps if fetch else other_steps),
