@@ -1,0 +1,360 @@
+// The Java client (org.apache.kafka:kafka-clients) as the integration tests drive it through the
+// proxy.  One JVM runs several steps in order, so a test pays the JVM's start-up once:
+//
+//   java -cp <classes>:<kafka-clients jars> ProxyClient --bootstrap HOST:PORT --client-id ID \
+//        [--timeout SECONDS] STEP [STEP ...]
+//
+// Steps (TOPIC has PARTITIONS partitions; N records; TAG marks a producer's values):
+//   produce,TOPIC,PARTITIONS,N,TAG      record i goes to partition i % PARTITIONS with
+//                                       key "k<p>-<seq>" and value "TAG|<p>|<seq>|" + "v" * (seq % 40),
+//                                       seq = i / PARTITIONS; acks=all, idempotence on
+//   assign,TOPIC,PARTITIONS,N           assign() every partition, seek to the beginning, read N
+//   group,TOPIC,PARTITIONS,N,PROTOCOL   subscribe() in a new group (group.protocol classic or
+//                                       consumer), read N, commitSync, report committed offsets
+//   share,TOPIC,PARTITIONS,N            KafkaShareConsumer in a new share group whose
+//                                       share.auto.offset.reset is set to earliest (Admin
+//                                       incrementalAlterConfigs on the GROUP resource), explicit
+//                                       acknowledgement, until every one of N records is
+//                                       acknowledged
+//
+// Output: JSON lines on stdout ({"op": ...}); one "record" line per record delivered.  Any
+// error, or a step that does not finish within the timeout, exits non-zero.
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.Properties;
+import java.util.Set;
+import java.util.TreeMap;
+import java.util.UUID;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.KafkaShareConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.Node;
+import org.apache.kafka.common.PartitionInfo;
+import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.serialization.StringDeserializer;
+import org.apache.kafka.common.serialization.StringSerializer;
+
+public final class ProxyClient {
+  private String bootstrap;
+  private String clientId = "kfp-java";
+  private long timeoutMs = 60_000;
+
+  public static void main(String[] args) {
+    try {
+      new ProxyClient().run(args);
+    } catch (Throwable t) {
+      System.out.flush();
+      System.err.println("ProxyClient failed:");
+      t.printStackTrace();
+      System.exit(1);
+    }
+    System.exit(0);
+  }
+
+  private void run(String[] args) throws Exception {
+    List<String[]> steps = new ArrayList<>();
+    for (int i = 0; i < args.length; i++) {
+      switch (args[i]) {
+        case "--bootstrap" -> bootstrap = args[++i];
+        case "--client-id" -> clientId = args[++i];
+        case "--timeout" -> timeoutMs = (long) (Double.parseDouble(args[++i]) * 1000);
+        default -> steps.add(args[i].split(","));
+      }
+    }
+    if (bootstrap == null || steps.isEmpty()) {
+      throw new IllegalArgumentException("usage: --bootstrap HOST:PORT [--client-id ID] STEP...");
+    }
+    emit(obj("op", "start", "client", "kafka-clients"));
+    for (String[] s : steps) {
+      long started = System.nanoTime();
+      String topic = s[1];
+      int partitions = Integer.parseInt(s[2]);
+      int count = Integer.parseInt(s[3]);
+      switch (s[0]) {
+        case "produce" -> produce(topic, partitions, count, s[4]);
+        case "assign" -> assign(topic, partitions, count);
+        case "group" -> group(topic, partitions, count, s[4]);
+        case "share" -> share(topic, count);
+        default -> throw new IllegalArgumentException("unknown step " + s[0]);
+      }
+      long ms = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started);
+      emit(obj("op", "done", "step", s[0], "ms", ms));
+    }
+  }
+
+  // -- steps --------------------------------------------------------------------------------
+
+  private void produce(String topic, int partitions, int count, String tag) throws Exception {
+    Properties props = common("produce");
+    props.put(ProducerConfig.ACKS_CONFIG, "all");
+    props.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
+    props.put(ProducerConfig.LINGER_MS_CONFIG, "5");
+    props.put(ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG, Long.toString(timeoutMs));
+    AtomicReference<Exception> failed = new AtomicReference<>();
+    Map<Integer, Long> last = new TreeMap<>();
+    try (KafkaProducer<String, String> producer =
+        new KafkaProducer<>(props, new StringSerializer(), new StringSerializer())) {
+      for (int i = 0; i < count; i++) {
+        int p = i % partitions;
+        int seq = i / partitions;
+        String value = tag + "|" + p + "|" + seq + "|" + "v".repeat(seq % 40);
+        producer.send(
+            new ProducerRecord<>(topic, p, "k" + p + "-" + seq, value),
+            (md, err) -> {
+              if (err != null) {
+                failed.compareAndSet(null, err);
+              } else {
+                synchronized (last) {
+                  last.merge(md.partition(), md.offset(), Math::max);
+                }
+              }
+            });
+      }
+      producer.flush();
+      if (failed.get() != null) {
+        throw failed.get();
+      }
+      emitMetadata("produce", producer.partitionsFor(topic));
+    }
+    emit(obj("op", "produced", "count", count, "last_offsets", last));
+  }
+
+  private void assign(String topic, int partitions, int count) {
+    Properties props = common("assign");
+    props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+    try (KafkaConsumer<String, String> consumer =
+        new KafkaConsumer<>(props, new StringDeserializer(), new StringDeserializer())) {
+      List<TopicPartition> tps = new ArrayList<>();
+      for (int p = 0; p < partitions; p++) {
+        tps.add(new TopicPartition(topic, p));
+      }
+      consumer.assign(tps);
+      consumer.seekToBeginning(tps);
+      readAll(consumer, "assign", count);
+      emitMetadata("assign", consumer.partitionsFor(topic));
+    }
+  }
+
+  private void group(String topic, int partitions, int count, String protocol) {
+    Properties props = common("group-" + protocol);
+    String groupId = "g-java-" + protocol + "-" + UUID.randomUUID().toString().substring(0, 8);
+    props.put(ConsumerConfig.GROUP_ID_CONFIG, groupId);
+    props.put(ConsumerConfig.GROUP_PROTOCOL_CONFIG, protocol);
+    props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+    props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+    try (KafkaConsumer<String, String> consumer =
+        new KafkaConsumer<>(props, new StringDeserializer(), new StringDeserializer())) {
+      consumer.subscribe(List.of(topic));
+      readAll(consumer, "group", count);
+      consumer.commitSync(Duration.ofMillis(timeoutMs));
+      Set<TopicPartition> tps = new HashSet<>();
+      for (int p = 0; p < partitions; p++) {
+        tps.add(new TopicPartition(topic, p));
+      }
+      Map<Integer, Long> committed = new TreeMap<>();
+      for (Map.Entry<TopicPartition, OffsetAndMetadata> e :
+          consumer.committed(tps, Duration.ofMillis(timeoutMs)).entrySet()) {
+        if (e.getValue() != null) {
+          committed.put(e.getKey().partition(), e.getValue().offset());
+        }
+      }
+      emit(obj("op", "committed", "group", groupId, "protocol", protocol, "offsets", committed));
+      emitMetadata("group", consumer.partitionsFor(topic));
+    }
+  }
+
+  private void readAll(KafkaConsumer<String, String> consumer, String step, int count) {
+    long deadline = System.currentTimeMillis() + timeoutMs;
+    int got = 0;
+    while (got < count) {
+      if (System.currentTimeMillis() > deadline) {
+        throw new IllegalStateException(step + ": " + got + " of " + count + " records in time");
+      }
+      for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(200))) {
+        emit(record(step, r));
+        got++;
+      }
+    }
+  }
+
+  private void share(String topic, int count) throws Exception {
+    String groupId = "sg-java-" + UUID.randomUUID().toString().substring(0, 8);
+    Properties adminProps = new Properties();
+    adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+    adminProps.put(AdminClientConfig.CLIENT_ID_CONFIG, clientId + "-admin");
+    try (Admin admin = Admin.create(adminProps)) {
+      ConfigResource group = new ConfigResource(ConfigResource.Type.GROUP, groupId);
+      AlterConfigOp earliest =
+          new AlterConfigOp(
+              new ConfigEntry("share.auto.offset.reset", "earliest"), AlterConfigOp.OpType.SET);
+      admin
+          .incrementalAlterConfigs(Map.of(group, List.of(earliest)))
+          .all()
+          .get(timeoutMs, TimeUnit.MILLISECONDS);
+      Collection<Node> nodes =
+          admin.describeCluster().nodes().get(timeoutMs, TimeUnit.MILLISECONDS);
+      emit(obj("op", "metadata", "step", "share", "nodes", nodeList(nodes)));
+    }
+    Properties props = common("share");
+    props.put(ConsumerConfig.GROUP_ID_CONFIG, groupId);
+    props.put(ConsumerConfig.SHARE_ACKNOWLEDGEMENT_MODE_CONFIG, "explicit");
+    long deadline = System.currentTimeMillis() + timeoutMs;
+    Set<String> acknowledged = new HashSet<>();
+    int deliveries = 0;
+    try (KafkaShareConsumer<String, String> consumer =
+        new KafkaShareConsumer<>(props, new StringDeserializer(), new StringDeserializer())) {
+      consumer.subscribe(List.of(topic));
+      while (acknowledged.size() < count) {
+        if (System.currentTimeMillis() > deadline) {
+          throw new IllegalStateException(
+              "share: " + acknowledged.size() + " of " + count + " records acknowledged in time");
+        }
+        List<ConsumerRecord<String, String>> polled = new ArrayList<>();
+        for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(200))) {
+          Map<String, Object> line = record("share", r);
+          line.put("delivery_count", r.deliveryCount().map(Short::intValue).orElse(-1));
+          emit(line);
+          consumer.acknowledge(r, AcknowledgeType.ACCEPT);
+          polled.add(r);
+          deliveries++;
+        }
+        if (polled.isEmpty()) {
+          continue;
+        }
+        Map<TopicIdPartition, Optional<KafkaException>> results =
+            consumer.commitSync(Duration.ofMillis(timeoutMs));
+        Map<String, String> errors = new TreeMap<>();
+        for (Map.Entry<TopicIdPartition, Optional<KafkaException>> e : results.entrySet()) {
+          e.getValue().ifPresent(err -> errors.put(e.getKey().toString(), err.toString()));
+        }
+        if (!errors.isEmpty()) {
+          throw new IllegalStateException("share acknowledgements failed: " + errors);
+        }
+        for (ConsumerRecord<String, String> r : polled) {
+          acknowledged.add(r.partition() + ":" + r.offset());
+        }
+        emit(obj("op", "acknowledged", "records", polled.size(), "total", acknowledged.size()));
+      }
+    }
+    emit(obj("op", "share_done", "group", groupId, "deliveries", deliveries));
+  }
+
+  // -- helpers ------------------------------------------------------------------------------
+
+  private Properties common(String role) {
+    Properties props = new Properties();
+    props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+    props.put(ConsumerConfig.CLIENT_ID_CONFIG, clientId + "-" + role);
+    return props;
+  }
+
+  private static Map<String, Object> record(String step, ConsumerRecord<String, String> r) {
+    return obj("op", "record", "step", step, "p", r.partition(), "o", r.offset(), "k", r.key(),
+        "v", r.value());
+  }
+
+  private static void emitMetadata(String step, List<PartitionInfo> infos) {
+    Set<Node> nodes = new HashSet<>();
+    for (PartitionInfo info : infos) {
+      if (info.leader() != null) {
+        nodes.add(info.leader());
+      }
+      for (Node n : info.replicas()) {
+        nodes.add(n);
+      }
+    }
+    emit(obj("op", "metadata", "step", step, "nodes", nodeList(nodes)));
+  }
+
+  private static List<Object> nodeList(Collection<Node> nodes) {
+    List<Object> out = new ArrayList<>();
+    for (Node n : nodes) {
+      out.add(obj("id", n.id(), "host", n.host(), "port", n.port()));
+    }
+    return out;
+  }
+
+  private static Map<String, Object> obj(Object... kv) {
+    Map<String, Object> m = new java.util.LinkedHashMap<>();
+    for (int i = 0; i < kv.length; i += 2) {
+      m.put((String) kv[i], kv[i + 1]);
+    }
+    return m;
+  }
+
+  private static synchronized void emit(Map<String, Object> line) {
+    StringBuilder sb = new StringBuilder();
+    json(sb, line);
+    System.out.println(sb);
+  }
+
+  private static void json(StringBuilder sb, Object v) {
+    if (v == null) {
+      sb.append("null");
+    } else if (v instanceof Number || v instanceof Boolean) {
+      sb.append(v);
+    } else if (v instanceof Map<?, ?> m) {
+      sb.append('{');
+      boolean first = true;
+      for (Map.Entry<?, ?> e : m.entrySet()) {
+        if (!first) {
+          sb.append(',');
+        }
+        first = false;
+        json(sb, String.valueOf(e.getKey()));
+        sb.append(':');
+        json(sb, e.getValue());
+      }
+      sb.append('}');
+    } else if (v instanceof Collection<?> c) {
+      sb.append('[');
+      boolean first = true;
+      for (Object o : c) {
+        if (!first) {
+          sb.append(',');
+        }
+        first = false;
+        json(sb, o);
+      }
+      sb.append(']');
+    } else {
+      String s = v.toString();
+      sb.append('"');
+      for (int i = 0; i < s.length(); i++) {
+        char ch = s.charAt(i);
+        switch (ch) {
+          case '"' -> sb.append("\\\"");
+          case '\\' -> sb.append("\\\\");
+          default -> {
+            if (ch < 0x20) {
+              sb.append(String.format("\\u%04x", (int) ch));
+            } else {
+              sb.append(ch);
+            }
+          }
+        }
+      }
+      sb.append('"');
+    }
+  }
+}
