@@ -1,11 +1,12 @@
 """``spark.read.format("kafka-proxy")``: Kafka through kafka-fetch-proxy, as a PySpark data source.
 
-Spark's own Kafka connector is a Maven artifact; this source needs only PySpark
-and confluent-kafka.  The driver plans one Spark input partition per Kafka
-partition and offset range (split further by ``maxRecordsPerPartition``); each
-executor task reads its range with a confluent-kafka consumer pointed at
-``kafka.bootstrap.servers`` (the proxy's bootstrap address).  Rows have the
-schema of Spark's built-in Kafka source.
+The fallback for Spark's own Kafka connector (``format("kafka")``, the pipeline's
+default), which is a Maven artifact (see pipeline/spark.py); this source needs only
+PyPI packages, PySpark and confluent-kafka, and gives the same rows.  The driver
+plans one Spark input partition per Kafka partition and offset range (split further
+by ``maxRecordsPerPartition``); each executor task reads its range with a
+confluent-kafka consumer pointed at ``kafka.bootstrap.servers`` (the proxy's
+bootstrap address).  Rows have the schema of Spark's built-in Kafka source.
 
 Options (names as in Spark's built-in source):
 

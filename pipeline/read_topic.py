@@ -1,9 +1,14 @@
-"""Read Kafka topics through kafka-fetch-proxy into Parquet, with the ``kafka-proxy`` source.
+"""Read Kafka topics through kafka-fetch-proxy into Parquet.
 
     python -m pipeline.read_topic --bootstrap localhost:9092 --topic orders --output orders.parquet
 
+``--source kafka`` (the default) reads with Spark's own Kafka connector, whose jars
+``scripts/setup --test`` puts in the cache (or ``--jars`` / ``$KAFKA_FETCH_PROXY_SPARK_JARS``);
+``--source kafka-proxy`` reads with the project's data source, which needs only PyPI
+packages (PySpark, confluent-kafka).  Both take the same options and give the same rows.
+
 Runs on ``local[*]`` unless ``--master`` is given (or spark-submit sets one):
-``spark-submit --master spark://host:7077 pipeline/read_topic.py ...``.
+``spark-submit --master spark://host:7077 --jars <the connector's jars> pipeline/read_topic.py ...``.
 Prints the rows read per partition.
 """
 
@@ -17,10 +22,24 @@ from pathlib import Path
 if __package__ in (None, ""):  # spark-submit runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from pipeline.kafka_source import KafkaProxySource
-    from pipeline.spark import session
+    from pipeline.spark import (
+        ConnectorMissing,
+        kafka_connector_jars,
+        require_kafka_source,
+        session,
+        under_spark_submit,
+    )
 else:
     from .kafka_source import KafkaProxySource
-    from .spark import session
+    from .spark import (
+        ConnectorMissing,
+        kafka_connector_jars,
+        require_kafka_source,
+        session,
+        under_spark_submit,
+    )
+
+SOURCES = ("kafka", "kafka-proxy")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,12 +51,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ending-offsets", default="latest")
     parser.add_argument("--max-records-per-partition", type=int, default=None)
     parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
+    parser.add_argument(
+        "--source",
+        choices=SOURCES,
+        default="kafka",
+        help="kafka: Spark's Kafka connector (default); kafka-proxy: the project's "
+        "PyPI-only data source",
+    )
+    parser.add_argument(
+        "--jars",
+        default=None,
+        help="Spark's Kafka connector: a directory of jars or comma-separated jar files "
+        "(default: $KAFKA_FETCH_PROXY_SPARK_JARS, else the cache scripts/setup --test fills; "
+        "under spark-submit, pass spark-submit --jars instead)",
+    )
     args = parser.parse_args(argv)
 
-    spark = session("kafka-fetch-proxy read_topic", args.master)
-    spark.dataSource.register(KafkaProxySource)
+    try:
+        jars = None
+        if args.source == "kafka" and not under_spark_submit():
+            jars = kafka_connector_jars(args.jars)  # a clear error before Spark starts
+        spark = session("kafka-fetch-proxy read_topic", args.master, jars)
+        if args.source == "kafka":
+            require_kafka_source(spark)
+    except ConnectorMissing as exc:
+        parser.error(f"--source kafka: {exc}")
+    if args.source == "kafka-proxy":
+        spark.dataSource.register(KafkaProxySource)
     reader = (
-        spark.read.format("kafka-proxy")
+        spark.read.format(args.source)
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option("subscribe", ",".join(args.topic))
         .option("startingOffsets", args.starting_offsets)
