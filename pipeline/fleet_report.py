@@ -3,8 +3,9 @@
 Input: decision-log files (JSON lines, ``schemas/decision-log.schema.json``),
 given as files, directories or globs.  Output directory:
 
-* ``starvation_by_partition/`` (Parquet): per topic-partition, events in which it
-  was starved, max and p99 of the rounds it had gone unserved while data waited;
+* ``starvation_by_partition/`` (Parquet): per topic-partition (topics by name, with
+  their id when known), events in which it was starved, max and p99 of the rounds it
+  had gone unserved while data waited;
 * ``limit_hits_by_policy/``: per client policy and limit, how many shaped
   responses that limit held data back in (weighted by 1/sample_rate);
 * ``savings/``: per proxy instance, upstream fetch bytes saved by incremental
@@ -101,13 +102,35 @@ def load_events(spark: SparkSession, files: list[str]) -> tuple[DataFrame, int, 
 
 
 def starvation_by_partition(events: DataFrame) -> DataFrame:
+    """Per topic-partition starvation, topics by name.
+
+    Fetch v13+ clients name topics by id; the proxy writes the name in ``topic``
+    when it knows it and the id in ``topic_id``.  An event whose ``topic`` is
+    still the id (written before the proxy learnt the name, or by a proxy that
+    did not record ``topic_id``) is named from any other event that pairs that id
+    with a name; an id nobody named stays as it is.
+    """
     s = events.select(F.explode("starved_partitions").alias("s")).select("s.*")
+    names = (
+        s.filter(F.col("topic_id").isNotNull() & (F.col("topic") != F.col("topic_id")))
+        .groupBy(F.col("topic_id").alias("named_id"))
+        .agg(F.max("topic").alias("name"))
+    )
+    named = s.join(
+        names, F.coalesce(F.col("topic_id"), F.col("topic")) == F.col("named_id"), "left"
+    ).select(
+        F.coalesce("name", "topic").alias("topic"),
+        F.coalesce("topic_id", "named_id").alias("topic_id"),
+        "partition",
+        "rounds",
+    )
     return (
-        s.groupBy("topic", "partition")
+        named.groupBy("topic", "partition")
         .agg(
             F.count("*").alias("starved_events"),
             F.max("rounds").alias("max_rounds"),
             F.percentile("rounds", 0.99).alias("p99_rounds"),
+            F.max("topic_id").alias("topic_id"),
         )
         .orderBy(F.desc("max_rounds"), "topic", "partition")
     )
@@ -174,6 +197,13 @@ def latency_by_client(events: DataFrame) -> DataFrame:
     )
 
 
+def partition_labels(rows: list[dict[str, object]]) -> list[str]:
+    """Chart labels of starvation rows: ``topic-partition``, the topic by name when known."""
+    return [
+        f"{r['topic'] if r['topic'] is not None else '(unknown)'}-{r['partition']}" for r in rows
+    ]
+
+
 def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple[str, str]]:
     import matplotlib
 
@@ -203,7 +233,7 @@ def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple
     bar(
         "starvation",
         "Starvation: rounds unserved while data waited (top 20 partitions)",
-        [f"{r['topic']}-{r['partition']}" for r in starv],
+        partition_labels(starv),
         {
             "max": [float(r["max_rounds"] or 0) for r in starv],  # type: ignore[arg-type]
             "p99": [float(r["p99_rounds"] or 0) for r in starv],  # type: ignore[arg-type]

@@ -91,6 +91,9 @@ class Settings:
     downstream_tls: DownstreamTls = DownstreamTls()
     raw: Mapping[str, Any] = field(default_factory=dict)
     """Every validated key, including those later features read themselves."""
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Where each key given came from (``file F``, ``environment VAR``, ``flag --f``), by
+    key (``upstream_tls.ca_file`` for a table's key); keys not in it have their default."""
 
     def broker_port(self, node_id: int) -> int:
         """The listener port for a broker (0: pick a free one)."""
@@ -184,12 +187,53 @@ def _number(text: str) -> Any:
 # --- command line -------------------------------------------------------------------------
 
 
+def metavar(option: _Option) -> str:
+    """The placeholder ``--help`` shows for a flag's value, from the schema's type and key."""
+    spec = option.spec
+    name = option.path[-1]
+    kind = spec.get("type")
+    host_port = schema()["properties"]["listen"]["pattern"]
+    if kind == "array" and spec.get("items", {}).get("type") == "object":
+        return "JSON"
+    if kind == "array":
+        item = spec.get("items", {})
+        one = "HOST:PORT" if item.get("pattern") == host_port else "VALUE"
+        return f"{one}[,{one}...]"
+    if kind == "object":
+        return "NODE=PORT[,...]" if name == "broker_ports" else "KEY=VALUE[,...]"
+    if spec.get("pattern") == host_port:
+        return "HOST:PORT"
+    if "enum" in spec:
+        return "{" + ",".join(str(v) for v in spec["enum"]) + "}"
+    if name.endswith("_bytes"):
+        return "BYTES"
+    if name.endswith("_seconds"):
+        return "SECONDS"
+    if name.endswith("_file"):
+        return "PATH"
+    if name == "decision_log":
+        return "PATH|-"
+    if name.endswith("_rate"):
+        return "RATE"
+    if name.endswith("_port") or name.endswith("_port_base"):
+        return "PORT"
+    if name.endswith("_host"):
+        return "HOST"
+    if kind == "integer":
+        return "N"
+    if kind == "number":
+        return "NUMBER"
+    return "NAME" if name == "instance" else "TEXT"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--config`` and one flag per schema key."""
-    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    parser.add_argument("--config", metavar="PATH", help="TOML configuration file")
     for option in _options():
         help_text = option.spec.get("description", "")
-        if "default" in option.spec and option.spec["default"] not in ({}, []):
+        if option.key == "upstream":
+            help_text = "required (flag, env or config file): " + help_text
+        if "default" in option.spec and option.spec["default"] not in ({}, [], ""):
             help_text += f" (default: {option.spec['default']})"
         help_text += f" [env {option.env}]"
         if option.spec.get("type") == "boolean":
@@ -201,7 +245,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help=help_text,
             )
         else:
-            parser.add_argument(option.flag, dest=option.dest, metavar="VALUE", help=help_text)
+            parser.add_argument(
+                option.flag, dest=option.dest, metavar=metavar(option), help=help_text
+            )
 
 
 # --- loading ------------------------------------------------------------------------------
@@ -271,7 +317,7 @@ def validate(values: Mapping[str, Any], source: Mapping[str, str] | None = None)
         messages = _semantic_errors(values, source)
     if messages:
         raise ConfigError(messages)
-    return _build(values)
+    return _build(values, source)
 
 
 def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> str:
@@ -343,7 +389,7 @@ def _default(key: str) -> Any:
     return schema()["properties"][key].get("default")
 
 
-def _build(values: Mapping[str, Any]) -> Settings:
+def _build(values: Mapping[str, Any], source: Mapping[str, str]) -> Settings:
     def get(key: str) -> Any:
         return values.get(key, _default(key))
 
@@ -371,11 +417,40 @@ def _build(values: Mapping[str, Any]) -> Settings:
         upstream_tls=UpstreamTls(**up_tls),
         downstream_tls=DownstreamTls(**down_tls),
         raw=dict(values),
+        sources=dict(source),
     )
 
 
 def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     return load(config_file=getattr(args, "config", None), env=env, flags=args)
+
+
+def effective(settings: Settings) -> tuple[dict[str, Any], dict[str, str]]:
+    """(every setting as the proxy uses it, where each came from), for ``check-config``.
+
+    Every key of the schema appears, with its default when not given (tables key by
+    key); ``advertised_host`` is the derived value when unset.  Sources are
+    ``file F``, ``environment VAR``, ``flag --f``, ``default`` or ``derived``.
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    given = settings.sources
+    for key, spec in schema()["properties"].items():
+        if spec.get("type") == "object" and "properties" in spec:
+            table = settings.raw.get(key) or {}
+            values[key] = {}
+            for sub, sub_spec in spec["properties"].items():
+                values[key][sub] = table.get(sub, sub_spec.get("default"))
+                sources[f"{key}.{sub}"] = given.get(f"{key}.{sub}", "default")
+            continue
+        values[key] = settings.raw.get(key, spec.get("default"))
+        sources[key] = given.get(key, "default")
+    values["listen"] = str(settings.listen)
+    values["upstream"] = [str(u) for u in settings.upstream]
+    values["advertised_host"] = settings.advertised_host
+    if "advertised_host" not in settings.raw:
+        sources["advertised_host"] = "derived (from listen)"
+    return values, sources
 
 
 def option_names() -> Sequence[tuple[str, str, str]]:

@@ -172,6 +172,7 @@ class DecisionSink(Protocol):
         starved_partitions: Mapping[tuple[Any, int], int] | None = None,
         upstream_fetch_bytes: int = 0,
         sessionless_fetch_bytes: int | None = None,
+        topic_ids: Any = None,
     ) -> Any: ...
 
 
@@ -494,6 +495,7 @@ class FetchPathHandler(SessionFetchHandler):
                 else None,
                 upstream_fetch_bytes=sum(self._round),
                 sessionless_fetch_bytes=self._sessionless_estimate(request, d, reply_bytes),
+                topic_ids=self.path.topic_ids,  # names for Fetch v13+ topic ids
             )
 
     def _sessionless_estimate(

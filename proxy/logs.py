@@ -29,8 +29,10 @@ count              a count relevant to the event (e.g. brokers discovered)
 config_keys        config keys a reload applied (list)
 restart_keys       config keys a reload changed that need a restart (list)
 limit_bytes        the configured memory budget (memory_budget_summary)
-peak_bytes         most response data held at once against the budget
+peak_bytes         most bytes reserved against the budget at once (only with a budget)
 overshoot_bytes    most the budget was exceeded by data already in memory
+setting            the config key a problem is about (e.g. listen_failed: listen)
+hint               what the event means for clients and what to do (no payload)
 =================  ==========================================================
 
 Per-connection keys are bound with ``structlog.contextvars.bind_contextvars``
@@ -72,6 +74,8 @@ DOCUMENTED_KEYS = frozenset(
         "limit_bytes",
         "peak_bytes",
         "overshoot_bytes",
+        "setting",
+        "hint",
     }
 )
 

@@ -7,6 +7,12 @@ limits held data back, which partitions are going unserved, and what the
 upstream fetch session saved.  Events carry counts, sizes and partition
 identities, never record data or client addresses.
 
+Partitions are named by topic name even when the client fetches by topic id
+(Fetch v13+): the proxy's topic name <-> id map, learnt from the Metadata
+responses it relays (``proxy.sessions.topic_ids``), is passed in as
+``topic_ids``; each starved partition carries the name (``topic``, the id when
+the name is not known) and the id (``topic_id``, null when not known).
+
 The format is specified field by field in ``schemas/decision-log.schema.json``
 (JSON Schema 2020-12); the fleet report (PySpark) reads these files, so every
 change to :class:`DecisionEvent` must change the schema and its
@@ -30,6 +36,7 @@ import json
 import random
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import IO, Any, Protocol
@@ -75,6 +82,23 @@ def limit_kind(name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class StarvedPartition:
+    """A partition going unserved: its topic's name (else its id), the id if known."""
+
+    topic: str | None
+    partition: int
+    rounds: int
+    topic_id: str | None = None
+
+
+class TopicNames(Protocol):
+    """The topic name <-> id map (``proxy.sessions.topic_ids.TopicIdMap``), read structurally."""
+
+    def name_for(self, topic_id: uuid.UUID) -> str | None: ...
+    def id_for(self, name: str) -> uuid.UUID | None: ...
+
+
+@dataclass(frozen=True, slots=True)
 class DecisionEvent:
     """One shaped Fetch response.  Field meanings: schemas/decision-log.schema.json."""
 
@@ -93,7 +117,7 @@ class DecisionEvent:
     partitions_served: int
     partitions_trimmed: int
     partitions_starved: int
-    starved_partitions: tuple[tuple[str | None, int, int], ...]
+    starved_partitions: tuple[StarvedPartition, ...]
     max_starvation_rounds: int
     upstream_record_bytes: int
     upstream_records: int
@@ -113,8 +137,8 @@ class DecisionEvent:
         obj: dict[str, object] = {"schema_version": SCHEMA_VERSION, "event": EVENT_TYPE}
         obj.update(asdict(self))
         obj["starved_partitions"] = [
-            {"topic": topic, "partition": partition, "rounds": rounds}
-            for topic, partition, rounds in self.starved_partitions
+            {"topic": s.topic, "topic_id": s.topic_id, "partition": s.partition, "rounds": s.rounds}
+            for s in self.starved_partitions
         ]
         obj["limits_applied"] = list(self.limits_applied)
         obj["limits"] = dict(self.limits)
@@ -178,18 +202,31 @@ def _clip(value: str | None, limit: int) -> str | None:
     return None if value is None else value[:limit]
 
 
+def _topic(key: Any, topic_ids: TopicNames | None) -> tuple[str | None, str | None]:
+    """(name, else id; id) of a partition key's topic: a name (Fetch < 13) or a topic id."""
+    if isinstance(key, uuid.UUID):
+        name = topic_ids.name_for(key) if topic_ids is not None else None
+        return (name or str(key))[:MAX_TOPIC_CHARS], str(key)
+    if key is None:
+        return None, None
+    name = str(key)
+    topic_id = topic_ids.id_for(name) if topic_ids is not None else None
+    return name[:MAX_TOPIC_CHARS], None if topic_id is None else str(topic_id)
+
+
 def _starved(
     starved: Mapping[tuple[Any, int], int] | None,
-) -> tuple[tuple[str | None, int, int], ...]:
-    """Most-starved first, capped; topics are names or topic ids (UUIDs) as strings."""
+    topic_ids: TopicNames | None = None,
+) -> tuple[StarvedPartition, ...]:
+    """Most-starved first, capped; topics by name when known (see the module docstring)."""
     if not starved:
         return ()
-    rows = [
-        (None if topic is None else str(topic)[:MAX_TOPIC_CHARS], int(partition), int(rounds))
-        for (topic, partition), rounds in starved.items()
-        if rounds > 0
-    ]
-    rows.sort(key=lambda r: (-r[2], r[0] or "", r[1]))
+    rows = []
+    for (topic, partition), rounds in starved.items():
+        if rounds > 0:
+            name, topic_id = _topic(topic, topic_ids)
+            rows.append(StarvedPartition(name, int(partition), int(rounds), topic_id))
+    rows.sort(key=lambda r: (-r.rounds, r.topic or "", r.partition))
     return tuple(rows[:MAX_STARVED_PARTITIONS])
 
 
@@ -207,11 +244,13 @@ def event_from_shaping(
     starved_partitions: Mapping[tuple[Any, int], int] | None = None,
     upstream_fetch_bytes: int = 0,
     sessionless_fetch_bytes: int | None = None,
+    topic_ids: TopicNames | None = None,
 ) -> DecisionEvent:
     """Convert the shaping layer's record plus the relay's context into a log event.
 
     ``starved_partitions`` maps (topic name or id, partition) to the consecutive
-    responses it went unserved (the shaping layer's ``ServeRotation.starved()``).
+    responses it went unserved (the shaping layer's ``ServeRotation.starved()``);
+    ``topic_ids`` names the topics a Fetch v13+ client addresses by id.
     ``upstream_fetch_bytes`` is the size of the upstream Fetch request plus
     response frames; ``sessionless_fetch_bytes`` what a full fetch would have
     cost (the session layer's estimate; defaults to ``upstream_fetch_bytes``,
@@ -234,7 +273,7 @@ def event_from_shaping(
         partitions_served=decision.partitions_served,
         partitions_trimmed=decision.partitions_trimmed,
         partitions_starved=decision.partitions_starved,
-        starved_partitions=_starved(starved_partitions),
+        starved_partitions=_starved(starved_partitions, topic_ids),
         max_starvation_rounds=decision.max_starvation,
         upstream_record_bytes=decision.upstream_bytes,
         upstream_records=decision.upstream_records,
@@ -348,6 +387,7 @@ class DecisionLog:
         starved_partitions: Mapping[tuple[Any, int], int] | None = None,
         upstream_fetch_bytes: int = 0,
         sessionless_fetch_bytes: int | None = None,
+        topic_ids: TopicNames | None = None,
     ) -> DecisionEvent | None:
         """Sample, then write one event; returns the event written (None if not).
 
@@ -369,6 +409,7 @@ class DecisionLog:
             starved_partitions=starved_partitions,
             upstream_fetch_bytes=upstream_fetch_bytes,
             sessionless_fetch_bytes=sessionless_fetch_bytes,
+            topic_ids=topic_ids,
         )
         return event if self.write(event) else None
 

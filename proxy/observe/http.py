@@ -167,15 +167,39 @@ async def serve_http(
     addresses each listener may get its own, and the first one's is reported.
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
+    await serve_http_listeners(
+        app,
+        listeners,
+        max_connections=max_connections,
+        request_timeout=request_timeout,
+        idle_timeout=idle_timeout,
+        task_status=task_status,
+    )
+
+
+async def serve_http_listeners(
+    app: ObserveApp,
+    listeners: list[trio.SocketListener],
+    *,
+    max_connections: int = 16,
+    request_timeout: float = 10.0,
+    idle_timeout: float = 60.0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serve_http` on listeners already bound (so a bind error comes before serving)."""
     limiter = trio.CapacityLimiter(max_connections)
 
     async def handler(stream: trio.SocketStream) -> None:
         await _serve_connection(app, stream, limiter, request_timeout, idle_timeout)
 
-    bound = listeners[0].socket.getsockname()[1]
-    _log.info("http_listening", host=host, port=bound)
+    host, bound = listeners[0].socket.getsockname()[:2]
+    _log.info("http_listening", address=_host_port(str(host), int(bound)))
     task_status.started(bound)
     await trio.serve_listeners(handler, listeners)
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def _serve_connection(

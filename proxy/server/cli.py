@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
 import trio
 
 from .. import config, logs
-from ..fetchpath import FetchPathConfig, InvalidFetchConfig
+from ..fetchpath import BUDGET_FLOOR, FetchPathConfig, InvalidFetchConfig, max_fetch_bytes
+from ..shaping.budget import MemoryBudget
+from ..shaping.policy import overridden
 from .allocator import LARGE_BUFFER_BYTES, fix_mmap_threshold
-from .proxy import Proxy
+from .proxy import ListenError, Proxy
 from .reload import Reloader, watch_file
 
 log = structlog.get_logger("proxy.server")
@@ -57,10 +59,55 @@ def _check(args: argparse.Namespace) -> int:
     settings = _load(args)
     if settings is None:
         return 2
-    effective = dataclasses.asdict(settings)
-    effective.pop("raw")
-    print(json.dumps({"ok": True, "settings": effective}, sort_keys=True, default=str))
+    print(json.dumps(check_report(settings), indent=2, sort_keys=True, default=str))
     return 0
+
+
+def check_report(
+    settings: config.Settings, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """What ``check-config`` prints: every setting, where it came from, and what it means.
+
+    ``settings`` holds every key of the schema (defaults filled in), ``sources``
+    where each came from; ``effective`` spells out what the fetch path and the
+    decision log will do with them: the global limits, each policy with what it
+    matches and the limits a matching client gets, the memory budget and its
+    per-fetch grant, and the decision log's target, sample rate and instance.
+    """
+    values, sources = config.effective(settings)
+    fetch = FetchPathConfig.from_raw(settings.raw)
+    budget = fetch.memory_budget_bytes
+    effective: dict[str, Any] = {
+        "limits": fetch.limits.as_dict(),
+        "policies": [
+            {
+                "name": p.name,
+                "matches": {"client_id": p.client_id or "*", "listener": p.listener or "*"},
+                "limits": overridden(fetch.limits, p.limits).as_dict(),
+            }
+            for p in fetch.policies
+        ],
+        "fetch_sessions": fetch.fetch_sessions,
+        "reuse_buffer_bytes": fetch.reuse_buffer_bytes,
+        "memory_budget": (
+            {"budget_bytes": None, "meaning": "no budget: fetches never wait"}
+            if budget is None
+            else {
+                "budget_bytes": budget,
+                "max_fetch_grant_bytes": max_fetch_bytes(
+                    MemoryBudget(budget, floor=min(BUDGET_FLOOR, budget))
+                ),
+            }
+        ),
+    }
+    observe = _observe_settings(settings, environ)
+    if observe is not None:
+        effective["decision_log"] = {
+            "target": observe.decision_log or "off",
+            "sample_rate": observe.decision_log_sample_rate,
+            "instance": observe.instance,
+        }
+    return {"ok": True, "settings": values, "sources": sources, "effective": effective}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -76,21 +123,43 @@ def _run(args: argparse.Namespace) -> int:
         # opened before the proxy starts, closed after it stops; Proxy.decision_log
         decision_log = observe.open_decision_log(metrics) if observe is not None else None
     except OSError as exc:
-        log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
-        print(f"kafka-fetch-proxy: cannot open the decision log: {exc}", file=sys.stderr)
-        return 1
+        log.error("startup_failed", setting="decision_log", error=f"{type(exc).__name__}: {exc}")
+        print(
+            f"kafka-fetch-proxy: cannot open the decision log (setting decision_log): {exc}",
+            file=sys.stderr,
+        )
+        return 1  # deploy/README.md documents 1 for this one
     try:
         trio.run(_serve, settings, metrics, observe, decision_log, args)
     except KeyboardInterrupt:
         pass
-    except OSError as exc:  # e.g. the listen address is taken
-        log.error("startup_failed", error=f"{type(exc).__name__}: {exc}")
-        print(f"kafka-fetch-proxy: cannot start: {exc}", file=sys.stderr)
-        return 1
+    except BaseException as exc:
+        failure = _startup_failure(exc)
+        if failure is None:
+            raise
+        if isinstance(failure, ListenError):
+            log.error("startup_failed", **failure.log_fields())
+        else:  # e.g. a TLS file that cannot be read
+            log.error("startup_failed", error=f"{type(failure).__name__}: {failure}")
+        print(f"kafka-fetch-proxy: cannot start: {failure}", file=sys.stderr)
+        return 2
     finally:
         if decision_log is not None:
             decision_log.close()
     return 0
+
+
+def _startup_failure(exc: BaseException) -> OSError | None:
+    """The OSError (e.g. a ListenError) that stopped the proxy, found inside trio's groups.
+
+    None when anything else is in the group too: that is a bug, and its traceback shows.
+    """
+    while isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(OSError)
+        if matched is None or rest is not None:
+            return None
+        exc = matched.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
 
 
 async def _serve(
@@ -107,7 +176,12 @@ async def _serve(
             lambda: config.from_args(args, os.environ), proxy.fetch_path, settings, metrics=metrics
         )
     debug_sessions = observe is not None and observe.debug_sessions
-    proxy.bind()  # fails here, outside any nursery, when the address is taken
+    # Both listeners bind here, outside any nursery: a taken address is a ListenError
+    # naming its setting, raised before anything is printed.
+    proxy.bind()
+    metrics_listeners = None
+    if settings.metrics_listen is not None and proxy.metrics is not None:
+        metrics_listeners = await _open_metrics_listeners(settings.metrics_listen)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve)
@@ -116,10 +190,8 @@ async def _serve(
                 await nursery.start(watch_file, config_file, lambda: reloader.reload("file"))
             assert proxy.bootstrap is not None
             print(f"bootstrap={proxy.bootstrap}", flush=True)
-            if settings.metrics_listen is not None and proxy.metrics is not None:
-                port = await nursery.start(
-                    _serve_metrics, proxy, settings.metrics_listen, debug_sessions
-                )
+            if settings.metrics_listen is not None and metrics_listeners is not None:
+                port = await nursery.start(_serve_metrics, proxy, metrics_listeners, debug_sessions)
                 endpoint = config.HostPort(settings.metrics_listen.host, port)
                 print(f"metrics=http://{endpoint}/metrics", flush=True)
             async for signum in signals:
@@ -131,14 +203,34 @@ async def _serve(
                 nursery.cancel_scope.cancel()
                 break
     if proxy.fetch_path is not None:
-        budget = proxy.fetch_path.budget
         log.info(
             "memory_budget_summary",
-            limit_bytes=proxy.fetch_path.config.memory_budget_bytes,
-            peak_bytes=budget.peak,
-            overshoot_bytes=budget.overshoot_bytes,
-            count=proxy.fetch_path.fetch_waits,
+            **budget_summary(
+                proxy.fetch_path.config.memory_budget_bytes,
+                proxy.fetch_path.budget,
+                proxy.fetch_path.fetch_waits,
+            ),
         )
+
+
+def budget_summary(limit: int | None, budget: MemoryBudget, waits: int) -> dict[str, Any]:
+    """The fields of the ``memory_budget_summary`` line written at shutdown.
+
+    ``peak_bytes`` is the most the budget ever had reserved at once: the max_bytes
+    grants of fetches waiting upstream (a long poll holds its whole grant while no
+    data has arrived), the reuse buffers and the working copy.  It bounds the
+    response data held, it is not bytes received.  Without a budget each fetch
+    reserves all the client asked for (librdkafka's fetch.max.bytes is 50 MiB), so
+    the number says nothing about memory and is left out.
+    """
+    if limit is None:
+        return {"limit_bytes": None, "count": waits}
+    return {
+        "limit_bytes": limit,
+        "peak_bytes": budget.peak,
+        "overshoot_bytes": budget.overshoot_bytes,
+        "count": waits,
+    }
 
 
 def _metrics(observe: Any = None) -> Any:
@@ -150,22 +242,29 @@ def _metrics(observe: Any = None) -> Any:
     return Metrics(client_id_label_cap=cap)
 
 
-def _observe_settings(settings: config.Settings) -> Any:
+def _observe_settings(settings: config.Settings, environ: Mapping[str, str] | None = None) -> Any:
     try:
         from ..observe.settings import ObserveSettings
     except ImportError:  # the observability module is optional for the relay
         return None
-    return ObserveSettings.from_settings(settings)
+    return ObserveSettings.from_settings(settings, environ)
+
+
+async def _open_metrics_listeners(address: config.HostPort) -> list[trio.SocketListener]:
+    try:
+        return await trio.open_tcp_listeners(address.port, host=address.host)
+    except OSError as exc:
+        raise ListenError("metrics_listen", address, exc) from exc
 
 
 async def _serve_metrics(
     proxy: Proxy,
-    address: config.HostPort,
+    listeners: list[trio.SocketListener],
     debug_sessions: bool = False,
     *,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    from ..observe.http import ObserveApp, Readiness, serve_http
+    from ..observe.http import ObserveApp, Readiness, serve_http_listeners
 
     def readiness() -> Readiness:
         ready, checks = proxy.readiness()
@@ -178,4 +277,4 @@ async def _serve_metrics(
         debug_sessions=proxy.debug_sessions if debug_sessions else None,
         refresh=proxy.refresh_metrics,
     )
-    await serve_http(app, address.host, address.port, task_status=task_status)
+    await serve_http_listeners(app, listeners, task_status=task_status)

@@ -15,6 +15,7 @@ are probed again with backoff and shown in ``readiness()``.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import socket
@@ -29,7 +30,7 @@ import trio
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 
-from ..config import HostPort, Settings
+from ..config import ENV_PREFIX, HostPort, Settings
 from ..fetchpath import FetchPath, FetchPathConfig
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
@@ -50,6 +51,101 @@ _CONNECT_ERRORS = (
     trio.BrokenResourceError,
     trio.ClosedResourceError,
     ProtocolError,
+)
+
+
+def _setting_hint(key: str) -> str:
+    """How a user sets *key*: its flag, its environment variable and the config-file key."""
+    return f"--{key.replace('_', '-')} / {ENV_PREFIX}{key.upper()} / {key} in the config file"
+
+
+def _bind_problem(error: OSError) -> str:
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve the host ({error.strerror})"
+    if error.errno == errno.EADDRINUSE:
+        return "the port is already in use by another process"
+    if error.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return "the host is not an address of this machine"
+    return error.strerror or str(error)
+
+
+class ListenError(OSError):
+    """A listener could not bind its address.
+
+    Its message names the address, the setting that chose it (``listen``,
+    ``metrics_listen``, ``broker_port_base`` or ``broker_ports`` with the node id),
+    the problem and what to do; ``kafka-fetch-proxy run`` prints it and exits 2.
+    """
+
+    def __init__(
+        self, setting: str, address: HostPort, error: OSError, *, node_id: int | None = None
+    ) -> None:
+        super().__init__(error.errno, _bind_problem(error))
+        self.setting = setting
+        self.address = address
+        self.node_id = node_id
+        self.problem = _bind_problem(error)
+        port = address.port
+        if setting == "broker_ports":
+            what = f"broker node {node_id}'s listener (setting broker_ports: {node_id} = {port})"
+            self.hint = (
+                f"give node {node_id} a free port in broker_ports ({_setting_hint('broker_ports')})"
+            )
+        elif setting == "broker_port_base":
+            what = (
+                f"broker node {node_id}'s listener"
+                f" (setting broker_port_base: {port - (node_id or 0)} + node id {node_id})"
+            )
+            self.hint = (
+                f"choose a broker_port_base whose port + node id is free for every broker"
+                f" ({_setting_hint('broker_port_base')}; 0 picks free ports), or give node"
+                f" {node_id} its own port with broker_ports = {{ {node_id} = PORT }}"
+            )
+        else:
+            kind = "bootstrap" if setting == "listen" else "metrics"
+            what = f"the {kind} listener (setting {setting})"
+            self.hint = f"choose another HOST:PORT with {_setting_hint(setting)}"
+        if error.errno == errno.EADDRINUSE and port:
+            self.hint = (
+                f"stop the process holding port {port} (`ss -ltnp 'sport = :{port}'` shows it),"
+                f" or {self.hint}"
+            )
+        self.what = what
+
+    def __str__(self) -> str:
+        return f"cannot listen on {self.address} for {self.what}: {self.problem}; {self.hint}"
+
+    def log_fields(self) -> dict[str, Any]:
+        """The fields of its log lines (``listen_failed``, ``startup_failed``)."""
+        return {
+            "address": str(self.address),
+            "setting": self.setting,
+            "node_id": self.node_id,
+            "error": self.problem,
+            "hint": self.hint,
+        }
+
+
+def describe_connect_error(exc: BaseException) -> str:
+    """``Class: message`` of a failed upstream connection, with the causes trio groups."""
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        texts = dict.fromkeys(f"{type(e).__name__}: {e}" for e in cause.exceptions)
+        return "; ".join(texts)
+    return f"{type(exc).__name__}: {exc}"
+
+
+UPSTREAM_DOWN_HINT = (
+    "no broker of the upstream setting answers: client connections are closed"
+    " (clients report e.g. 'Disconnected while requesting ApiVersion') and /readyz answers 503"
+    " until one does; retrying"
+)
+CLIENT_CLOSED_HINT = (
+    "the proxy could not reach upstream (see upstream_connect_failed): the client connection"
+    " was closed; clients report e.g. 'Disconnected while requesting ApiVersion' until"
+    " upstream is reachable"
 )
 
 
@@ -103,6 +199,8 @@ class Proxy:
         self._nursery: trio.Nursery | None = None
         self._conn_ids = itertools.count(1)
         self._bootstrap_turn = 0
+        self.bind_failures: dict[int, ListenError] = {}
+        """Broker listeners that could not bind, by node id (retried when next announced)."""
         self.fetch_path: FetchPath | None = None
         """The default Fetch path (upstream sessions and shaping), unless a factory is given."""
         if fetch_handler_factory is None:
@@ -152,10 +250,13 @@ class Proxy:
     # --- serving ---------------------------------------------------------------------------
 
     def bind(self) -> HostPort:
-        """Bind the bootstrap listener now (OSError if the address is taken); idempotent."""
+        """Bind the bootstrap listener now (ListenError if the address is taken); idempotent."""
         if self._bootstrap_sock is None:
             listen = self.settings.listen
-            self._bootstrap_sock = _bind_socket(listen.host, listen.port)
+            try:
+                self._bootstrap_sock = _bind_socket(listen.host, listen.port)
+            except OSError as exc:
+                raise ListenError("listen", listen, exc) from exc
             self.bootstrap = HostPort(listen.host, self._bootstrap_sock.getsockname()[1])
         assert self.bootstrap is not None
         return self.bootstrap
@@ -178,14 +279,14 @@ class Proxy:
         try:
             sock = _bind_socket(host, port)
         except OSError as exc:
-            log.error(
-                "listener_bind_failed",
-                listener="broker",
-                node_id=node_id,
-                address=str(HostPort(host, port)),
-                error=str(exc),
+            setting = (
+                "broker_ports" if node_id in self.settings.broker_ports else "broker_port_base"
             )
+            failure = ListenError(setting, HostPort(host, port), exc, node_id=node_id)
+            self.bind_failures[node_id] = failure
+            log.error("listen_failed", listener="broker", **failure.log_fields())
             return None
+        self.bind_failures.pop(node_id, None)
         bound = int(sock.getsockname()[1])
         self._nursery.start_soon(self._serve_listener, sock, node_id)
         log.info(
@@ -236,7 +337,7 @@ class Proxy:
             upstream = await self._connect_for(node_id)
             if upstream is None:
                 reason = "upstream_unreachable"
-                log.warning("connection_closed", reason=reason)
+                log.warning("connection_closed", reason=reason, hint=CLIENT_CLOSED_HINT)
                 return
             if self.metrics is not None:
                 self.metrics.broker_connection_opened(node_id)
@@ -327,7 +428,7 @@ class Proxy:
                 log.warning(
                     "upstream_connect_failed",
                     upstream=str(address),
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=describe_connect_error(exc),
                 )
                 if candidate_node is not None:
                     self._mark(candidate_node, False)
@@ -353,7 +454,11 @@ class Proxy:
     # --- discovery and probing -------------------------------------------------------------
 
     async def _discover(self) -> None:
-        """Learn the brokers from the upstream bootstrap list, retrying with backoff."""
+        """Learn the brokers from the upstream bootstrap list, retrying with backoff.
+
+        Raises ListenError when a broker's listener cannot bind then: the proxy
+        could not serve that broker's clients (later brokers only log it).
+        """
         backoff = self.settings.retry_backoff_initial_seconds
         for attempt in itertools.count(1):
             for address in self.settings.upstream:
@@ -367,13 +472,17 @@ class Proxy:
                         upstream=str(address),
                         attempt=attempt,
                         backoff_seconds=backoff,
-                        error=f"{type(exc).__name__}: {exc}",
+                        error=describe_connect_error(exc),
+                        hint=UPSTREAM_DOWN_HINT,
                     )
                     continue
                 self.upstream_seen = True
                 for node_id, (host, port) in sorted(brokers.items()):
                     self.book.resolve(node_id, host, port)
                     self.reachable.setdefault(node_id, False)
+                for node_id in sorted(brokers):
+                    if node_id in self.bind_failures:
+                        raise self.bind_failures[node_id]
                 log.info("upstream_discovered", upstream=str(address), count=len(brokers))
                 assert self._nursery is not None
                 for node_id in sorted(brokers):
@@ -400,7 +509,7 @@ class Proxy:
                     upstream=str(address),
                     attempt=attempt,
                     backoff_seconds=backoff,
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=describe_connect_error(exc),
                 )
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.retry_backoff_max_seconds)

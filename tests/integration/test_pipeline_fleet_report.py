@@ -67,6 +67,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _independent_totals(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    # the name of each topic id, from events that carry both (topic ids are Fetch v13+)
+    names = {
+        s["topic_id"]: s["topic"]
+        for e in lines
+        for s in e["starved_partitions"]
+        if s.get("topic_id") and s["topic"] != s["topic_id"]
+    }
     hits: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
     savings: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     trimmed: dict[str, float] = defaultdict(float)
@@ -85,7 +92,8 @@ def _independent_totals(lines: list[dict[str, Any]]) -> dict[str, Any]:
         )
         latency[e["client_id"] or "(null)"].append(e["latency_ms"])
         for s in e["starved_partitions"]:
-            starved[(s["topic"], s["partition"])].append(s["rounds"])
+            topic = names.get(s.get("topic_id") or s["topic"], s["topic"])
+            starved[(topic, s["partition"])].append(s["rounds"])
     return {
         "hits": hits,
         "savings": savings,
@@ -102,9 +110,10 @@ def test_fleet_report_matches_independent_totals(tmp_path: Path) -> None:
 
     logs = tmp_path / "logs"
     logs.mkdir()
+    # tight enough that a response leaves partitions with data unserved (starved)
     limits = [
         "--max-records",
-        "30",
+        "12",
         "--max-partition-records",
         "10",
         "--decision-log-sample-rate",
@@ -127,7 +136,26 @@ def test_fleet_report_matches_independent_totals(tmp_path: Path) -> None:
     ]
     assert {e["instance"] for e in lines} == {"pod-a", "pod-b"}
     assert any(e["limits_applied"] for e in lines), "the limits never held data back"
+    # librdkafka fetches by topic id (Fetch v13+); the proxy names the topics anyway
+    starved = [s for e in lines for s in e["starved_partitions"]]
+    assert starved, "no partition was ever starved"
+    assert {e["api_version"] for e in lines} and min(e["api_version"] for e in lines) >= 13
+    assert {s["topic"] for s in starved} == {TOPIC}
+    topic_id = starved[0]["topic_id"]
+    assert topic_id and {s["topic_id"] for s in starved} == {topic_id}
+    # An older proxy's file: the topic as its id, no topic_id (named from the events
+    # above), and an id no event names (shown as the id).
+    unknown_id = "00000000-0000-4000-8000-000000000001"
+    old = []
+    for topic, partition in ((topic_id, 0), (unknown_id, 1)):
+        event = json.loads(json.dumps(lines[0]))
+        event["instance"] = "pod-old"
+        event["starved_partitions"] = [{"topic": topic, "partition": partition, "rounds": 7}]
+        old.append(event)
+    (logs / "pod-old.jsonl").write_text("".join(json.dumps(e) + "\n" for e in old))
+    lines += old
     expected = _independent_totals(lines)
+    assert (TOPIC, 0) in expected["starved"] and (unknown_id, 1) in expected["starved"]
 
     result = fleet_report.run([str(logs)], str(tmp_path / "report"))
     tables = result["tables"]
@@ -159,6 +187,8 @@ def test_fleet_report_matches_independent_totals(tmp_path: Path) -> None:
 
     got_starved = {(r["topic"], r["partition"]): r for r in tables["starvation_by_partition"]}
     assert set(got_starved) == set(expected["starved"])
+    got_ids = {r["topic"]: r["topic_id"] for r in tables["starvation_by_partition"]}
+    assert got_ids == {TOPIC: topic_id, unknown_id: None}  # an id nobody named stays as it is
     for key, rounds in expected["starved"].items():
         assert got_starved[key]["max_rounds"] == max(rounds)
         assert got_starved[key]["p99_rounds"] == pytest.approx(_percentile(rounds, 0.99))
@@ -166,6 +196,9 @@ def test_fleet_report_matches_independent_totals(tmp_path: Path) -> None:
     out = tmp_path / "report"
     html = (out / "report.html").read_text()
     assert "fleet report" in html
+    assert f"<td>{TOPIC}</td>" in html
+    labels = fleet_report.partition_labels(tables["starvation_by_partition"])  # the chart's
+    assert f"{TOPIC}-0" in labels and not any(label.startswith(topic_id) for label in labels)
     pngs = sorted(out.glob("*.png"))
     assert len(pngs) == 4
     for png in pngs:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import trio
+from support.procs import devbroker, proxy
 
 pytestmark = pytest.mark.integration
 
@@ -95,33 +100,123 @@ async def test_run_in_front_of_devbroker() -> None:
                 e["event"] for e in events
             }
             assert all("hello" not in json.dumps(e) for e in events)  # never a payload
+            # No budget: the summary says so and reports no reserved peak (the long polls
+            # above reserved the clients' whole fetch.max.bytes, which is no memory figure).
+            summary = next(e for e in events if e["event"] == "memory_budget_summary")
+            assert summary["limit_bytes"] is None and "peak_bytes" not in summary
         finally:
             dev.send_signal(signal.SIGTERM)
             await dev.wait()
 
 
-def test_run_exits_non_zero_when_the_listen_address_is_taken() -> None:
-    import socket
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+    )
 
+
+@contextmanager
+def taken_port() -> Iterator[int]:
+    """A loopback port another socket listens on for the duration of the block."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "proxy",
-                "run",
-                "--upstream",
-                "127.0.0.1:1",
-                "--listen",
-                f"127.0.0.1:{port}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=REPO,
+        yield taken.getsockname()[1]
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port bound but not listening: connecting to it is refused."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        yield closed.getsockname()[1]
+
+
+def assert_listen_failure(
+    done: subprocess.CompletedProcess[str], address: str, setting: str
+) -> None:
+    assert done.returncode == 2, done.stderr
+    message = [line for line in done.stderr.splitlines() if line.startswith("kafka-fetch-proxy:")]
+    assert len(message) == 1, done.stderr
+    text = message[0]
+    assert f"cannot listen on {address} " in text and f"(setting {setting}" in text, text
+    assert "already in use" in text and "ss -ltnp" in text, text
+    assert "Traceback" not in done.stderr
+    failed = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    startup = next(e for e in failed if e["event"] == "startup_failed")
+    assert startup["setting"] == setting and startup["address"] == address, startup
+
+
+def test_run_names_the_listen_setting_when_its_port_is_taken() -> None:
+    with refusing_port() as upstream, taken_port() as port:
+        done = run_cli(
+            "run", "--upstream", f"127.0.0.1:{upstream}", "--listen", f"127.0.0.1:{port}"
         )
-    assert done.returncode == 1
-    assert "cannot start" in done.stderr and "Address already in use" in done.stderr
+    assert_listen_failure(done, f"127.0.0.1:{port}", "listen")
+    assert "--listen / KAFKA_FETCH_PROXY_LISTEN" in done.stderr
+    assert "bootstrap=" not in done.stdout
+
+
+def test_run_names_the_metrics_listen_setting_when_its_port_is_taken() -> None:
+    with refusing_port() as upstream, taken_port() as port:
+        done = run_cli(
+            "run", "--upstream", f"127.0.0.1:{upstream}", "--listen", "127.0.0.1:0",
+            "--metrics-listen", f"127.0.0.1:{port}",
+        )  # fmt: skip
+    assert_listen_failure(done, f"127.0.0.1:{port}", "metrics_listen")
+    assert "--metrics-listen" in done.stderr
+    assert "bootstrap=" not in done.stdout  # nothing announced before every listener is bound
+
+
+@pytest.mark.parametrize("setting", ["broker_port_base", "broker_ports"])
+def test_run_names_the_broker_listener_setting_and_node_when_its_port_is_taken(
+    setting: str,
+) -> None:
+    with devbroker("t:1", nodes=1) as upstream, taken_port() as port:
+        broker = ["--broker-port-base", str(port)]  # node 0's port: base + 0
+        if setting == "broker_ports":
+            broker = ["--broker-ports", f"0={port}"]
+        done = run_cli("run", "--upstream", upstream, "--listen", "127.0.0.1:0", *broker)
+    assert_listen_failure(done, f"127.0.0.1:{port}", setting)
+    assert "broker node 0's listener" in done.stderr
+
+
+def test_upstream_unreachable_is_logged_with_address_error_and_what_clients_see() -> None:
+    """The README's Troubleshooting section quotes these lines and /readyz's answer."""
+    with refusing_port() as upstream_port:
+        upstream = f"127.0.0.1:{upstream_port}"
+        with proxy(upstream, "--retry-backoff-max-seconds", "0.2") as p:
+            base = p.lines["metrics"].removesuffix("/metrics")
+            status, body = http_get(base + "/readyz")
+            assert status == 503
+            assert json.loads(body) == {
+                "ready": False,
+                "checks": {
+                    "bootstrap_listener_bound": True,
+                    "broker_listeners_bound": True,
+                    "upstream_reachable": False,
+                },
+            }
+            host, port = p.lines["bootstrap"].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=30) as client:
+                assert client.recv(1) == b""  # closed by the proxy: nothing to relay to
+            deadline = time.monotonic() + 30
+            while "connection_closed" not in p.stderr():
+                assert time.monotonic() < deadline, p.stderr()
+                time.sleep(0.05)
+            logs = p.stderr()
+    events = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    down = next(e for e in events if e["event"] == "upstream_unreachable")
+    assert down["level"] == "warning" and down["upstream"] == upstream
+    assert down["error"].startswith("ConnectionRefusedError: "), down
+    assert "client connections are closed" in down["hint"] and "/readyz" in down["hint"]
+    closed = next(e for e in events if e["event"] == "connection_closed")
+    assert closed["reason"] == "upstream_unreachable"
+    assert "Disconnected while requesting ApiVersion" in closed["hint"]
+    failed = next(e for e in events if e["event"] == "upstream_connect_failed")
+    assert failed["upstream"] == upstream and "ConnectionRefusedError" in failed["error"]

@@ -172,3 +172,147 @@ def test_run_refuses_an_invalid_file_before_starting(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "broker_port_base" in bad.stderr and "-5" in bad.stderr and ">= 0" in bad.stderr
+
+
+def test_check_config_prints_every_effective_setting_and_its_source(tmp_path: Path) -> None:
+    """A user confirms their limits, policies, budget and decision log were read as meant."""
+    path = write(
+        tmp_path,
+        """
+upstream = ["k:9092"]
+max_records = 500
+memory_budget_bytes = 67108864
+fetch_sessions = false
+decision_log = "/var/log/decisions.jsonl"
+decision_log_sample_rate = 0.1
+instance = "pod-1"
+
+[[policies]]
+name = "batch-jobs"
+client_id = "spark-*"
+max_records = 10000
+
+[[policies]]
+name = "broker-2-tight"
+listener = "broker-2"
+max_partition_bytes = 65536
+
+[upstream_tls]
+enabled = true
+""",
+    )
+    done = run_cli(
+        "check-config",
+        "--config",
+        str(path),
+        "--reuse-buffer-bytes",
+        "0",
+        env={"KAFKA_FETCH_PROXY_MAX_PARTITION_RECORDS": "50"},
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["ok"] is True
+    settings, sources, effective = out["settings"], out["sources"], out["effective"]
+    # every key of the schema, tables key by key, defaults filled in
+    schema = config.schema()["properties"]
+    assert set(settings) == set(schema)
+    assert set(settings["upstream_tls"]) == set(schema["upstream_tls"]["properties"])
+    assert settings["upstream"] == ["k:9092"] and settings["listen"] == "127.0.0.1:9092"
+    assert settings["max_records"] == 500 and settings["max_response_bytes"] is None
+    assert settings["max_partition_records"] == 50
+    assert settings["memory_budget_bytes"] == 67108864 and settings["reuse_buffer_bytes"] == 0
+    assert settings["fetch_sessions"] is False and settings["max_in_flight"] == 512
+    assert settings["decision_log"] == "/var/log/decisions.jsonl"
+    assert settings["decision_log_sample_rate"] == 0.1
+    assert settings["upstream_tls"] == {
+        "enabled": True,
+        "ca_file": None,
+        "cert_file": None,
+        "key_file": None,
+        "check_hostname": True,
+    }
+    # where each came from
+    assert sources["max_records"] == f"file {path}"
+    assert sources["max_partition_records"] == "environment KAFKA_FETCH_PROXY_MAX_PARTITION_RECORDS"
+    assert sources["reuse_buffer_bytes"] == "flag --reuse-buffer-bytes"
+    assert sources["max_in_flight"] == "default"
+    assert sources["upstream_tls.enabled"] == f"file {path}"
+    assert sources["upstream_tls.ca_file"] == "default"
+    assert sources["advertised_host"] == "derived (from listen)"
+    # what the fetch path and the decision log will do with them
+    assert effective["limits"] == {
+        "max_response_bytes": None,
+        "max_partition_bytes": None,
+        "max_records": 500,
+        "max_partition_records": 50,
+    }
+    assert effective["policies"] == [
+        {
+            "name": "batch-jobs",
+            "matches": {"client_id": "spark-*", "listener": "*"},
+            "limits": {
+                "max_response_bytes": None,
+                "max_partition_bytes": None,
+                "max_records": 10000,
+                "max_partition_records": 50,
+            },
+        },
+        {
+            "name": "broker-2-tight",
+            "matches": {"client_id": "*", "listener": "broker-2"},
+            "limits": {
+                "max_response_bytes": None,
+                "max_partition_bytes": 65536,
+                "max_records": 500,
+                "max_partition_records": 50,
+            },
+        },
+    ]
+    assert effective["fetch_sessions"] is False and effective["reuse_buffer_bytes"] == 0
+    assert effective["memory_budget"] == {
+        "budget_bytes": 67108864,
+        "max_fetch_grant_bytes": 67108864 // 16,
+    }
+    assert effective["decision_log"] == {
+        "target": "/var/log/decisions.jsonl",
+        "sample_rate": 0.1,
+        "instance": "pod-1",
+    }
+
+
+def test_check_config_without_budget_or_decision_log_says_so() -> None:
+    done = run_cli("check-config", "--upstream", "k:9092")
+    assert done.returncode == 0, done.stderr
+    effective = json.loads(done.stdout)["effective"]
+    assert effective["memory_budget"]["budget_bytes"] is None
+    assert effective["decision_log"]["target"] == "off"
+    assert effective["policies"] == []
+
+
+def test_run_help_shows_what_each_value_is_and_that_upstream_is_required() -> None:
+    done = run_cli("run", "--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # argparse wraps lines
+    assert "VALUE" not in text
+    for flag, metavar in [
+        ("--upstream", "HOST:PORT[,HOST:PORT...]"),
+        ("--listen", "HOST:PORT"),
+        ("--metrics-listen", "HOST:PORT"),
+        ("--advertised-host", "HOST"),
+        ("--broker-port-base", "PORT"),
+        ("--broker-ports", "NODE=PORT[,...]"),
+        ("--max-records", "N"),
+        ("--max-response-bytes", "BYTES"),
+        ("--memory-budget-bytes", "BYTES"),
+        ("--connect-timeout-seconds", "SECONDS"),
+        ("--upstream-tls-ca-file", "PATH"),
+        ("--decision-log-sample-rate", "RATE"),
+        ("--policies", "JSON"),
+        ("--log-level", "{debug,info,warning,error}"),
+        ("--config", "PATH"),
+    ]:
+        assert f"{flag} {metavar}" in text, flag
+    assert "--upstream HOST:PORT[,HOST:PORT...] required (flag, env or config file):" in text
+    # every flag with a value has a placeholder derived from the schema
+    for _key, flag, _env in config.option_names():
+        assert flag in text

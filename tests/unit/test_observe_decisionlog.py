@@ -259,11 +259,57 @@ def test_starved_partitions_and_session_savings() -> None:
     )
     obj = json.loads(sink.getvalue())
     VALIDATOR.validate(obj)
-    assert obj["starved_partitions"] == [
-        {"topic": str(topic_id), "partition": 0, "rounds": 5},
-        {"topic": "orders", "partition": 3, "rounds": 2},
+    assert obj["starved_partitions"] == [  # no topic map given: the id stands for the name
+        {"topic": str(topic_id), "topic_id": str(topic_id), "partition": 0, "rounds": 5},
+        {"topic": "orders", "topic_id": None, "partition": 3, "rounds": 2},
     ]
     assert (obj["upstream_fetch_bytes"], obj["sessionless_fetch_bytes"]) == (1_000, 4_000)
+
+
+def test_starved_partitions_of_fetch_v13_clients_are_named_from_the_topic_map() -> None:
+    """Fetch v13+ keys partitions by topic id: the event names them from what Metadata taught."""
+    from proxy.sessions.topic_ids import TopicIdMap
+
+    orders, payments, unknown = uuid.UUID(int=7), uuid.UUID(int=8), uuid.UUID(int=9)
+    topics = TopicIdMap()
+    topics.learn("orders", orders)
+    topics.learn("payments", payments)
+    sink = io.StringIO()
+    DecisionLog(sink, sampler=FractionSampler(1.0)).log(
+        FakeDecision(api_version=13),
+        **log_kwargs(),
+        starved_partitions={(orders, 0): 5, (payments, 2): 3, (unknown, 1): 1},
+        topic_ids=topics,
+    )
+    obj = json.loads(sink.getvalue())
+    VALIDATOR.validate(obj)
+    assert obj["starved_partitions"] == [
+        {"topic": "orders", "topic_id": str(orders), "partition": 0, "rounds": 5},
+        {"topic": "payments", "topic_id": str(payments), "partition": 2, "rounds": 3},
+        {"topic": str(unknown), "topic_id": str(unknown), "partition": 1, "rounds": 1},
+    ]
+    # a client on names (Fetch < 13) gets the id alongside when Metadata told it
+    sink = io.StringIO()
+    DecisionLog(sink, sampler=FractionSampler(1.0)).log(
+        FakeDecision(), **log_kwargs(), starved_partitions={("orders", 4): 2}, topic_ids=topics
+    )
+    obj = json.loads(sink.getvalue())
+    VALIDATOR.validate(obj)
+    assert obj["starved_partitions"] == [
+        {"topic": "orders", "topic_id": str(orders), "partition": 4, "rounds": 2}
+    ]
+
+
+def test_events_without_topic_id_still_validate() -> None:
+    """topic_id is optional: files written before it was added stay valid."""
+    sink = io.StringIO()
+    DecisionLog(sink, sampler=FractionSampler(1.0)).log(
+        FakeDecision(), **log_kwargs(), starved_partitions={("orders", 0): 1}
+    )
+    obj = json.loads(sink.getvalue())
+    for entry in obj["starved_partitions"]:
+        del entry["topic_id"]
+    VALIDATOR.validate(obj)
 
 
 def test_the_fleet_report_can_derive_its_spark_schema() -> None:
@@ -273,7 +319,7 @@ def test_the_fleet_report_can_derive_its_spark_schema() -> None:
     struct = spark_schema("decision-log.schema.json")
     assert set(struct.fieldNames()) == set(SCHEMA["properties"])
     starved = struct["starved_partitions"].dataType.elementType
-    assert starved.fieldNames() == ["topic", "partition", "rounds"]
+    assert starved.fieldNames() == ["topic", "topic_id", "partition", "rounds"]
 
 
 def test_limit_names_map_to_config_keys() -> None:

@@ -96,3 +96,27 @@ async def test_every_leg_is_counted_and_timed_and_live_connections_are_listed() 
     assert value("client_request_duration_seconds_sum", api="metadata") >= value(
         "broker_request_duration_seconds_sum", api="metadata"
     )
+
+
+def test_the_shutdown_summary_reports_a_peak_only_against_a_budget() -> None:
+    """Without a budget a fetch reserves all its client asked for (librdkafka: 50 MiB),
+    so a reserved peak of 150 MiB with three idle consumers says nothing about memory."""
+    from proxy.server.cli import budget_summary
+    from proxy.shaping.budget import MemoryBudget
+
+    unlimited = MemoryBudget(2**62)
+    for _ in range(3):  # three long polls waiting upstream, no data yet
+        assert unlimited.acquire_fetch(52_428_800) is not None
+    assert budget_summary(None, unlimited, 0) == {"limit_bytes": None, "count": 0}
+
+    budget = MemoryBudget(64 << 20, floor=1 << 20)
+    grant = budget.acquire_fetch(4 << 20)
+    assert grant is not None
+    grant.resize(1000)  # what actually arrived
+    grant.release()
+    assert budget_summary(64 << 20, budget, 2) == {
+        "limit_bytes": 64 << 20,
+        "peak_bytes": 4 << 20,
+        "overshoot_bytes": 0,
+        "count": 2,
+    }

@@ -80,7 +80,8 @@ def test_run_refuses_a_decision_log_it_cannot_open(
     finally:
         structlog.configure(**saved)
     assert code == 1
-    assert "cannot open the decision log" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot open the decision log (setting decision_log)" in err and str(target) in err
 
 
 def test_check_config_accepts_and_validates_the_keys(capsys: pytest.CaptureFixture[str]) -> None:
