@@ -530,7 +530,17 @@ class Proxy:
             frame = await _exchange(
                 stream, decoder, codec.encode_request(request, 1, "kafka-fetch-proxy")
             )
-            return rewrite.collect_endpoints(rewrite.METADATA, version, frame)
+            brokers = rewrite.collect_endpoints(rewrite.METADATA, version, frame)
+            if not brokers:
+                # Metadata v13+ can answer with a top-level error instead (KIP-1102's
+                # REBOOTSTRAP_REQUIRED): not a discovery; the next bootstrap address is tried.
+                _, response = codec.decode_response(rewrite.METADATA, version, frame)
+                error = getattr(response, "error_code", None)
+                raise ProtocolError(
+                    f"upstream answered Metadata v{version} with no brokers"
+                    + (f" (error code {int(error)})" if error else "")
+                )
+            return brokers
         finally:
             await trio.aclose_forcefully(stream)
 

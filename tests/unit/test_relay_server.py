@@ -19,6 +19,7 @@ from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import response as md12
 from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.metadata.v13 import response as md13
 from kio.schema.types import BrokerId
 from kio.static.primitive import i16, i32, i32Timedelta
 
@@ -134,9 +135,11 @@ async def test_metadata_through_proxy_has_proxy_addresses_and_garbage_does_not_h
 class FakeBroker:
     """A one-node upstream that announces whatever brokers the test lists (Metadata v12 only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rebootstrap: bool = False) -> None:
         self.extra: list[tuple[int, str, int]] = []
         self.port = 0
+        self.rebootstrap = rebootstrap
+        """Answer Metadata v13 with KIP-1102's REBOOTSTRAP_REQUIRED and no brokers."""
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -155,12 +158,27 @@ class FakeBroker:
                         error_code=ErrorCode.none,
                         api_keys=(
                             av0.ApiVersion(api_key=i16(18), min_version=i16(0), max_version=i16(3)),
-                            av0.ApiVersion(api_key=i16(3), min_version=i16(1), max_version=i16(12)),
+                            av0.ApiVersion(
+                                api_key=i16(3),
+                                min_version=i16(1),
+                                max_version=i16(13 if self.rebootstrap else 12),
+                            ),
                         ),
                     )
                     out = codec.encode_response_header(
                         header.correlation_id, 0
                     ) + codec.encode_body(resp)
+                elif self.rebootstrap:
+                    assert (header.api_key, header.api_version) == (3, 13)
+                    resp = md13.MetadataResponse(
+                        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+                        brokers=(),
+                        cluster_id=None,
+                        controller_id=BrokerId(-1),
+                        topics=(),
+                        error_code=ErrorCode(129),
+                    )
+                    out = codec.encode_response(resp, header.correlation_id)
                 else:
                     assert (header.api_key, header.api_version) == (3, 12)
                     brokers = [(0, "127.0.0.1", self.port), *self.extra]
@@ -215,6 +233,29 @@ async def test_broker_seen_later_gets_a_listener_before_the_client_hears_of_it()
                 await conn.aclose()
             await client.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_metadata_rebootstrap_error_is_not_a_discovery_the_next_upstream_is_tried() -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            fake = FakeBroker(rebootstrap=True)
+            await nursery.start(fake.serve)
+            async with DevCluster(nodes=1) as cluster:
+                s = config.validate(
+                    {
+                        "upstream": [f"127.0.0.1:{fake.port}", cluster.bootstrap],
+                        "listen": "127.0.0.1:0",
+                        "broker_port_base": 0,
+                        "connect_timeout_seconds": 2,
+                        "retry_backoff_initial_seconds": 0.02,
+                        "retry_backoff_max_seconds": 0.1,
+                    }
+                )
+                proxy = await nursery.start(Proxy(s).serve)
+                await proxy.discovered.wait()
+                # the dev cluster's node 0, not an empty broker list from the fake
+                assert proxy.book.upstream == {0: ("127.0.0.1", cluster.nodes[0].port)}
+                nursery.cancel_scope.cancel()
 
 
 async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
