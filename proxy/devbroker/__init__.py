@@ -24,7 +24,8 @@ Modules, edge first:
 - ``transactions``: the transaction coordinator (InitProducerId with a
   transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, markers);
 - ``fetch``: Fetch, with KIP-74 reads and KIP-227 sessions
-  (``proxy.sessions.broker``);
+  (``proxy.sessions.broker``, in ``session_cache``: Kafka's eight cache shards);
+- ``jvm_order``: the hash orders Kafka answers some multi-partition requests in;
 - ``state`` and ``log``: topics, partitions, leaders and raw-batch logs;
 - ``build``: version-independent construction of kio messages.
 
@@ -39,7 +40,15 @@ rebalance delay defaults to 0 (Kafka: 3 s); ListOffsets by timestamp reads
 record timestamps only in uncompressed and gzip batches (others answer with
 the batch's first offset); no SASL/TLS listeners; APIs outside the list in
 ``versions`` (DescribeGroups, DeleteTopics, WriteTxnMarkers, KIP-848 groups, ...)
-are not advertised and close the connection like an unknown API.
+are not advertised and close the connection like an unknown API, and some
+versions Kafka 4.4 advertises are not (listed in ``versions``); a consumer
+fetch from a follower replica (a preferred read replica in Kafka) cannot happen;
+Metadata for all topics lists them in creation order (Kafka: its metadata
+image's order).  Answers Kafka orders by JVM hash codes (ListOffsets, Produce,
+Metadata's missing topics; ``jvm_order``) come in the same order only when the
+topic ids are the same, as the differential test arranges.
+``tests/integration/test_differential.py`` sends the same requests to the dev
+cluster and to Apache Kafka and compares the answers.
 """
 
 from __future__ import annotations

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as E
 
 from ..protocol import codec
 from .build import build
+from .jvm_order import (
+    champ_order,
+    java_hash_set_order,
+    java_string_hash,
+    mutable_hash_map_order,
+    topic_partition_hash,
+)
 from .state import PartitionState
 from .versions import (
     CREATE_TOPICS,
@@ -40,6 +47,7 @@ LATEST = -1
 MAX_TIMESTAMP = -3
 EARLIEST_LOCAL = -4
 LATEST_TIERED = -5
+EARLIEST_PENDING_UPLOAD = -6  # ListOffsets v11 (KIP-1023)
 
 
 def _response(req: Request, data: dict[str, Any]) -> Any:
@@ -173,6 +181,28 @@ def _topic_metadata(node: NodeDispatcher, name: str) -> dict[str, Any]:
     }
 
 
+def _metadata_order(requested: Any, existing: Container[str]) -> list[Any]:
+    """The order KafkaApis answers requested topics in.
+
+    Topics asked by id come first (as asked).  Names become a Scala immutable Set
+    (Set1..Set4 keep insertion order; from five names on, a HashSet in hash
+    order); the topics that exist are answered first in the set's order, then
+    the missing ones in the order of a java.util.HashSet copied from that set.
+    """
+    by_id = [t for t in requested if t.name is None]
+    first: dict[str, Any] = {}
+    for t in requested:
+        if t.name is not None:
+            first.setdefault(t.name, t)
+    names = list(first)
+    if len(names) > 4:
+        names = champ_order(names, java_string_hash)
+    found = [first[n] for n in names if n in existing]
+    # The missing names pass through a java.util.HashSet built from the set.
+    missing = java_hash_set_order([n for n in names if n not in existing], java_string_hash)
+    return [*by_id, *found, *(first[n] for n in missing)]
+
+
 def handle_metadata(node: NodeDispatcher, req: Request) -> Any:
     body = req.body
     state = node.state
@@ -206,6 +236,7 @@ def handle_metadata(node: NodeDispatcher, req: Request) -> Any:
     if requested is None:
         topics = [_topic_metadata(node, name) for name in state.topics]
     else:
+        requested = _metadata_order(requested, state.topics)
         for t in requested:
             name = t.name
             topic_id = getattr(t, "topic_id", None)
@@ -384,16 +415,9 @@ def handle_create_topics(node: NodeDispatcher, req: Request) -> Any:
     return _response(req, {"throttle_time": 0, "topics": results})
 
 
-def _java_string_hash(s: str) -> int:
-    h = 0
-    for unit in s.encode("utf-16-be").hex(" ", 2).split():
-        h = (31 * h + int(unit, 16)) & 0xFFFFFFFF
-    return h
-
-
 def partition_for(key: str, partitions: int = OFFSETS_TOPIC_PARTITIONS) -> int:
     """Kafka's partitionFor: Utils.abs(key.hashCode) % partitions."""
-    return (_java_string_hash(key) & 0x7FFFFFFF) % partitions
+    return (java_string_hash(key) & 0x7FFFFFFF) % partitions
 
 
 def coordinator_node(state_node_ids: list[int], key: str) -> int:
@@ -468,8 +492,8 @@ def _list_one(node: NodeDispatcher, req: Request, topic: str, p: Any) -> dict[st
         found = (last_fetchable, -1)
     elif ts in (EARLIEST, EARLIEST_LOCAL):
         found = (log.log_start_offset, -1)
-    elif ts == LATEST_TIERED:
-        found = (-1, -1)
+    elif ts in (LATEST_TIERED, EARLIEST_PENDING_UPLOAD):
+        found = (-1, -1)  # no tiered storage: nothing uploaded, nothing pending
     else:
         found = log.max_timestamp() if ts == MAX_TIMESTAMP else log.offset_for_timestamp(ts)
         if found is not None and found[0] >= last_fetchable:
@@ -512,29 +536,39 @@ def handle_list_offsets(node: NodeDispatcher, req: Request) -> Any:
         for p in t.partitions:
             key = (t.name, p.partition_index)
             seen[key] = seen.get(key, 0) + 1
-    topics = []
-    answered: set[tuple[str, int]] = set()
+    answers: dict[str, dict[int, dict[str, Any]]] = {}
     for t in req.body.topics:
-        parts = []
+        parts = answers.setdefault(t.name, {})
         for p in t.partitions:
-            if (t.name, p.partition_index) in answered:
+            if p.partition_index in parts:
                 continue  # Kafka answers per partition, once
-            answered.add((t.name, p.partition_index))
             if seen[(t.name, p.partition_index)] > 1:
                 # ReplicaManager.fetchOffset: a partition asked twice is refused.
-                parts.append(
-                    {
-                        "partition_index": p.partition_index,
-                        "error_code": E.invalid_request,
-                        "timestamp": -1,
-                        "offset": -1,
-                        "leader_epoch": -1,
-                    }
-                )
+                parts[p.partition_index] = {
+                    "partition_index": p.partition_index,
+                    "error_code": E.invalid_request,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                }
             else:
-                parts.append(_list_one(node, req, t.name, p))
-        topics.append({"name": t.name, "partitions": parts})
+                parts[p.partition_index] = _list_one(node, req, t.name, p)
+    # ReplicaManager.fetchOffset collects the answers in a mutable.HashMap keyed by
+    # topic-partition, groups them by topic (an immutable.HashMap) and writes both
+    # in iteration order: the response order is hash order, not request order.
+    topics = [
+        {"name": name, "partitions": _in_hash_order(name, answers[name])}
+        for name in champ_order(answers, java_string_hash)
+        if answers[name]
+    ]
     return _response(req, {"throttle_time": 0, "topics": topics})
+
+
+def _in_hash_order(topic: str, parts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    def tp_hash(index: int) -> int:
+        return topic_partition_hash(topic, index)
+
+    return [parts[index] for index in mutable_hash_map_order(parts, tp_hash)]
 
 
 HANDLERS: dict[int, Callable[[NodeDispatcher, Request], Any]] = {

@@ -53,7 +53,10 @@ def register(subparsers: Any) -> None:
         help="create a topic at start (repeatable)",
     )
     p.add_argument(
-        "--session-cache-slots", type=int, default=1000, help="fetch session cache size per node"
+        "--session-cache-slots",
+        type=int,
+        default=1000,
+        help="fetch session cache slots per node (max.incremental.fetch.session.cache.slots: 8 shards of slots/8 each, as Kafka)",
     )
     p.add_argument(
         "--log-level",

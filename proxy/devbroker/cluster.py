@@ -30,11 +30,11 @@ import trio
 from ..protocol import codec
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from ..sessions.broker import FetchSessionCache
 from .fetch import NodeFetcher
 from .groups import GroupCoordinator
 from .node import NodeDispatcher
 from .outcome import Close, NoReply, Pending, Wait
+from .session_cache import ShardedSessionCache
 from .state import ClusterState
 from .transactions import CLEANUP_INTERVAL_SECONDS
 
@@ -58,7 +58,7 @@ class DevNode:
         self.node_id = node_id
         self.host = host
         self.port = port
-        self.sessions = FetchSessionCache(max_slots=session_cache_slots, clock=cluster.clock)
+        self.sessions = ShardedSessionCache(session_cache_slots, clock=cluster.clock)
         self.dispatcher = NodeDispatcher(
             node_id,
             cluster.state,
@@ -302,8 +302,8 @@ class DevCluster:
 
     # -- admin ----------------------------------------------------------------------
 
-    def create_topic(self, name: str, partitions: int) -> None:
-        self.state.create_topic(name, partitions)
+    def create_topic(self, name: str, partitions: int, topic_id: uuid.UUID | None = None) -> None:
+        self.state.create_topic(name, partitions, topic_id)
         self.notify()
 
     def leader_of(self, topic: str, partition: int) -> int:

@@ -9,7 +9,8 @@ Kafka's broker:
 - ``begin`` is ``KafkaApis.handleFetchRequest`` up to the read: the request's
   partitions are resolved (names for < v13, topic ids for v13+), the session
   context is made (``FetchManager.newContext``: session table, epoch checks,
-  session update, see :mod:`proxy.sessions.broker`), and partitions that are
+  session update, see :mod:`proxy.sessions.broker`, in the cache shard of
+  :mod:`.session_cache`), and partitions that are
   unknown are set aside with UNKNOWN_TOPIC_ID / UNKNOWN_TOPIC_OR_PARTITION.
 - ``poll`` is ``ReplicaManager.fetchMessages`` (first call: read the logs and
   answer at once when max_wait <= 0, nothing is readable, min_bytes are
@@ -53,23 +54,24 @@ from __future__ import annotations
 
 import importlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
 from ..protocol import records
 from ..sessions.broker import (
     FetchContext,
-    FetchSessionCache,
     PartitionOutcome,
     PartitionRequest,
+    SessionlessFetchContext,
     TopicIdPartition,
 )
 from .log import OffsetOutOfRange
+from .session_cache import SessionIdOutOfRange
 from .state import ClusterState, PartitionState
 
 DEFAULT_FETCH_MAX_BYTES = 55 * 1024 * 1024  # broker fetch.max.bytes
@@ -203,6 +205,21 @@ class _Params:
         return self.replica_id >= 0
 
 
+class SessionManager(Protocol):
+    """FetchManager.newContext: a ShardedSessionCache (a node), or one FetchSessionCache."""
+
+    def new_context(
+        self,
+        request_version: int,
+        session_id: int,
+        epoch: int,
+        is_follower: bool,
+        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        to_forget: Sequence[TopicIdPartition],
+        topic_names: Mapping[uuid.UUID, str],
+    ) -> FetchContext: ...
+
+
 class NodeFetcher:
     """Answers Fetch requests for one node of the dev cluster."""
 
@@ -210,7 +227,7 @@ class NodeFetcher:
         self,
         node_id: int,
         state: ClusterState,
-        sessions: FetchSessionCache,
+        sessions: SessionManager,
         endpoints: Callable[[], Mapping[int, tuple[str, int]]] | None = None,
         *,
         fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
@@ -254,15 +271,22 @@ class NodeFetcher:
             replica_id = int(request.replica_state.replica_id)
         else:
             replica_id = int(getattr(request, "replica_id", CONSUMER_REPLICA_ID))
-        context = self.sessions.new_context(
-            version,
-            int(getattr(request, "session_id", 0)),
-            int(getattr(request, "session_epoch", -1)),
-            replica_id >= 0,
-            fetch_data,
-            to_forget,
-            topic_names,
-        )
+        try:
+            context = self.sessions.new_context(
+                version,
+                int(getattr(request, "session_id", 0)),
+                int(getattr(request, "session_epoch", -1)),
+                replica_id >= 0,
+                fetch_data,
+                to_forget,
+                topic_names,
+            )
+        except SessionIdOutOfRange:
+            # FetchManager.newContext throws; KafkaApis answers FetchRequest.getErrorResponse.
+            params = _Params(version, replica_id, 0, 0, 0, LOG_END)
+            return PendingFetch(
+                self, request, params, SessionlessFetchContext({}), [], [], UNKNOWN_SERVER_ERROR
+            )
 
         erroneous: list[tuple[TopicIdPartition, PartitionResult]] = []
         interesting: list[tuple[TopicIdPartition, PartitionRequest]] = []

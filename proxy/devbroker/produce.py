@@ -1,4 +1,4 @@
-"""Produce (v3+, record batch v2) and InitProducerId, as Apache Kafka's broker answers them.
+"""Produce (v3+, record batch v2; topic ids from v13) and InitProducerId, as Apache Kafka's broker answers them.
 
 Batches are stored as the raw bytes received; the log assigns base offsets by
 rewriting the batch header (the CRC does not cover it).  Validation follows
@@ -6,6 +6,8 @@ Kafka's ProduceRequest.validateRecords and LogValidator on the parts the
 header shows: exactly one v2 batch per partition, zstd only from v7, CRC,
 record count, max.message.bytes, and idempotent producer sequences (duplicates
 of one of the last five batches are acknowledged with their original offset).
+The answer lists partitions in the order Kafka's hash maps give them
+(:func:`_kafka_order`, observed on Kafka 4.4 with acks=-1).
 
 Sans-I/O: no trio here.
 """
@@ -19,6 +21,11 @@ from kio.schema.errors import ErrorCode as E
 
 from ..protocol import codec, records
 from .build import build
+from .jvm_order import (
+    champ_order,
+    mutable_hash_map_order,
+    topic_id_partition_hash,
+)
 from .log import CorruptRecords, record_timestamps
 from .outcome import Close, NoReply
 from .versions import INIT_PRODUCER_ID, PRODUCE
@@ -37,6 +44,8 @@ ZSTD = 4
 RECORD_OVERHEAD_V0 = 14  # LegacyRecord.RECORD_OVERHEAD_V0: the smallest size a batch may claim
 MAGIC_OFFSET = 16
 Check = tuple[E, str | None]
+Answer = tuple[Any, str | None, int, dict[str, Any]]
+"""(topic id, topic name, partition, partition answer) of one produced partition."""
 OK: Check = (E.none, None)
 
 
@@ -172,9 +181,10 @@ def _produce_partition(
     part = node.state.partition(topic, index)
     if part is None:
         return out | {"error_code": E.unknown_topic_or_partition}
-    (error, message), batch = validate_records(version, data)
+    (error, _message), batch = validate_records(version, data)
     if error:
-        return out | {"error_code": error, "error_message": message}
+        # KafkaApis keeps only the error code of validateRecords' exception.
+        return out | {"error_code": error}
     if acks not in (-1, 0, 1):
         return out | {"error_code": E.invalid_required_acks}
     if part.leader != node.node_id:
@@ -248,9 +258,22 @@ def _produce_partition(
     }
 
 
+def _topic_name(node: NodeDispatcher, version: int, topic: Any) -> str | None:
+    """The topic a produce request names: by name before v13, by id from v13 (None: unknown id)."""
+    if version < 13:
+        return str(topic.name)
+    known = node.state.topics_by_id.get(topic.topic_id) if topic.topic_id is not None else None
+    return known.name if known is not None else None
+
+
+def _known(node: NodeDispatcher, name: str | None, index: int) -> bool:
+    return name is not None and node.state.partition(name, index) is not None
+
+
 def handle_produce(node: NodeDispatcher, req: Request) -> Any:
     body = req.body
     acks = body.acks
+    named = [(_topic_name(node, req.version, t), t) for t in body.topic_data]
     # KafkaApis: transactional records need a transactional id (an authorized one).
     txn_refused = body.transactional_id is None and any(
         _first_batch_transactional(p.records) for t in body.topic_data for p in t.partition_data
@@ -262,9 +285,9 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
         and req.version < 7
         and any(
             _first_batch_codec(p.records) > ZSTD
-            for t in body.topic_data
+            for name, t in named
             for p in t.partition_data
-            if node.state.partition(t.name, p.index) is not None
+            if _known(node, name, p.index)
         )
     )
     # ReplicaManager: the transactional batches of one request come from one producer.
@@ -272,9 +295,9 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
         len(
             {
                 _first_batch_producer(p.records)
-                for t in body.topic_data
+                for name, t in named
                 for p in t.partition_data
-                if node.state.partition(t.name, p.index) is not None
+                if _known(node, name, p.index)
                 and _first_batch_transactional(p.records)
                 and not validate_records(req.version, p.records)[0][0]
             }
@@ -282,25 +305,40 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
         > 1
     )
     # Partitions are keyed by topic-partition, as KafkaApis' maps: one answer each,
-    # the last records listed for a partition are the ones written.
-    wanted: dict[str, dict[int, bytes | None]] = {}
-    for t in body.topic_data:
+    # the last records listed for a partition are the ones written.  From v13 topics
+    # are named by id; an id this cluster does not know is UNKNOWN_TOPIC_ID.
+    wanted: dict[Any, tuple[str | None, Any, dict[int, bytes | None]]] = {}
+    for name, t in named:
+        key = t.topic_id if req.version >= 13 else name
+        entry = wanted.setdefault(key, (name, t, {}))
         for p in t.partition_data:
-            wanted.setdefault(t.name, {})[p.index] = p.records
-    responses = []
+            entry[2][p.index] = p.records
+    answers: list[Answer] = []
+    missing: set[int] = set()  # positions in answers: KafkaApis' nonExistingTopicResponses
+    invalid: set[int] = set()  # ... and its invalidRequestResponses
     failed = False
     leaders: set[int] = set()
-    for name, partitions in wanted.items():
-        parts = []
+    for name, t, partitions in wanted.values():
+        if req.version >= 13:
+            topic_id = t.topic_id
+        else:
+            known = node.state.topics.get(name) if name is not None else None
+            topic_id = known.topic_id if known is not None else None
         for index, data in partitions.items():
-            if txn_refused or codec_refused or pid_refused:
+            if name is None or not _known(node, name, index):
+                missing.add(len(answers))
+            elif validate_records(req.version, data)[0][0]:
+                invalid.add(len(answers))
+            if txn_refused or codec_refused or pid_refused or name is None:
                 r: dict[str, Any] = {
                     "index": index,
                     "error_code": E.transactional_id_authorization_failed
                     if txn_refused
                     else E.unknown_server_error
                     if codec_refused
-                    else E.invalid_producer_id_mapping,
+                    else E.invalid_producer_id_mapping
+                    if pid_refused
+                    else E.unknown_topic_id,
                     "base_offset": -1,
                     "log_append_time": None,
                     "log_start_offset": -1,
@@ -315,8 +353,17 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
                 failed = True
             if r["error_code"] == E.not_leader_or_follower:
                 leaders.add(r["current_leader"]["leader_id"])
-            parts.append(r)
-        responses.append({"name": name, "partition_responses": parts})
+            answers.append((topic_id, t.name if req.version < 13 else name, index, r))
+    if not (txn_refused or codec_refused):  # those fail the request as a whole, as asked
+        answers = _kafka_order(answers, missing, invalid)
+    responses: list[dict[str, Any]] = []
+    by_topic: dict[Any, dict[str, Any]] = {}
+    for topic_id, name, _index, r in answers:
+        key = topic_id if req.version >= 13 else name
+        if key not in by_topic:
+            by_topic[key] = {"name": name, "topic_id": topic_id, "partition_responses": []}
+            responses.append(by_topic[key])
+        by_topic[key]["partition_responses"].append(r)
     if acks == 0:
         # Kafka sends nothing for acks=0, and closes the connection when anything
         # failed so that the producer notices.
@@ -330,6 +377,30 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
             endpoints.append({"node_id": n, "host": host, "port": port, "rack": None})
     cls = codec.response_schema(PRODUCE, req.version)
     return build(cls, {"responses": responses, "throttle_time": 0, "node_endpoints": endpoints})
+
+
+def _kafka_order(answers: list[Answer], missing: set[int], invalid: set[int]) -> list[Answer]:
+    """The order Kafka 4.4 lists a Produce answer's partitions in (acks=-1, checked against it).
+
+    The partitions ReplicaManager appended come back in a java.util.HashMap
+    (DelayedProduce.onComplete), up to 12 of them in 16 buckets; KafkaApis adds the unknown ones and those that
+    failed validateRecords (two mutable.HashMaps) into an immutable Map, which keeps
+    that order up to four entries and is a hash trie beyond; ProduceResponse then
+    groups the iteration by topic.  Keys are TopicIdPartitions.
+    """
+
+    def tip_hash(answer: Answer) -> int:
+        return topic_id_partition_hash(answer[0], answer[1], answer[2])
+
+    appended = [a for i, a in enumerate(answers) if i not in missing and i not in invalid]
+    merged = [
+        # A java.util.HashMap filled from a Scala mutable.HashMap: the same buckets,
+        # and inside a bucket the Scala map's ascending hash order.
+        *mutable_hash_map_order(appended, tip_hash),
+        *mutable_hash_map_order([answers[i] for i in sorted(missing)], tip_hash),
+        *mutable_hash_map_order([answers[i] for i in sorted(invalid)], tip_hash),
+    ]
+    return merged if len(merged) <= 4 else champ_order(merged, tip_hash)
 
 
 def _ongoing(part: PartitionState, h: records.BatchHeader) -> bool:

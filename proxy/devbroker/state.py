@@ -52,13 +52,21 @@ class ClusterState:
         self.next_producer_id += 1
         return pid
 
-    def create_topic(self, name: str, partitions: int) -> TopicState:
-        """Create a topic with leaders spread round-robin over the nodes."""
+    def create_topic(
+        self, name: str, partitions: int, topic_id: uuid.UUID | None = None
+    ) -> TopicState:
+        """Create a topic with leaders spread round-robin over the nodes.
+
+        *topic_id* (default: a random one) lets a test give a topic the id another
+        cluster gave it, so that answers ordered by hash codes are comparable.
+        """
         if name in self.topics:
             raise ValueError(f"topic {name!r} exists")
         if partitions <= 0:
             raise ValueError("partitions must be positive")
-        topic_id = uuid.uuid4()
+        topic_id = topic_id if topic_id is not None else uuid.uuid4()
+        if topic_id in self.topics_by_id or topic_id.int == 0:
+            raise ValueError(f"topic id {topic_id} is in use or invalid")
         offset = len(self.topics)  # vary the first leader between topics
         topic = TopicState(
             name,

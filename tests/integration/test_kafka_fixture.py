@@ -15,7 +15,9 @@ def test_single_node_serves_and_versions(kafka: KafkaCluster) -> None:
     for i in range(10):
         p.produce(topic, value=b"v%d" % i, partition=i % 2)
     assert p.flush(30) == 0
-    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "g", "enable.auto.commit": False})
+    c = Consumer(
+        {"bootstrap.servers": kafka.bootstrap, "group.id": "g", "enable.auto.commit": False}
+    )
     c.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
     got: list[bytes] = []
     for _ in range(100):

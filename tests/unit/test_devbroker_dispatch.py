@@ -38,8 +38,9 @@ def test_api_versions_lists_what_is_implemented(h: Harness, version: int) -> Non
     assert resp.error_code == E.none
     got = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
     assert got == SUPPORTED
-    assert got[1] == (4, 17)  # Fetch
-    assert got[0][0] == 3  # Produce v3+ (record batch v2)
+    assert got[1] == (4, 18)  # Fetch, as Kafka 4.4
+    assert got[0] == (3, 13)  # Produce v3+ (record batch v2), topic ids from v13
+    assert got[2] == (1, 11)  # ListOffsets, as Kafka 4.4
     assert got[18] == (0, 4)
 
 
@@ -486,3 +487,66 @@ def test_list_offsets_unknown_isolation_level_fails_every_partition(
     resp = h.call(0, req)
     got = [(p.partition_index, p.error_code, p.offset) for p in resp.topics[0].partitions]
     assert got == [(i, E.unknown_server_error, -1) for i in (0, 1, 1)]
+
+
+# -- Kafka 4.4: ListOffsets v11, answer orders -----------------------------------------------
+
+
+def test_list_offsets_v11_earliest_pending_upload_is_not_found(h: Harness) -> None:
+    """Timestamp -6 (KIP-1023): without tiered storage Kafka finds no offset."""
+    leader = h.leader_of("orders", 0)
+    part = h.state.partition("orders", 0)
+    assert part is not None
+    part.log.append(make_batch(0, 3), 0)
+    got = list_offsets(h, leader, 0, -6, version=11)
+    assert (got.error_code, got.offset, got.timestamp, got.leader_epoch) == (E.none, -1, -1, -1)
+
+
+def test_list_offsets_answers_in_kafkas_hash_order(h: Harness) -> None:
+    """Partitions come in the order of Kafka's hash maps (observed on Kafka 4.4), not as asked."""
+    harness = Harness(1, {"diff-offsets-e4436a31": 3})
+    req = harness.request(
+        LIST_OFFSETS,
+        10,
+        {
+            "replica_id": -1,
+            "isolation_level": 0,
+            "topics": [
+                {
+                    "name": "diff-offsets-e4436a31",
+                    "partitions": [
+                        {"partition_index": p, "timestamp": -1, "current_leader_epoch": -1}
+                        for p in (1, 2, 0)
+                    ],
+                }
+            ],
+            "timeout": 1000,
+        },
+    )
+    (topic,) = harness.call(0, req).topics
+    assert [p.partition_index for p in topic.partitions] == [2, 0, 1]
+
+
+def test_metadata_answers_known_topics_then_missing_ones(h: Harness) -> None:
+    req = h.request(
+        METADATA,
+        12,
+        {
+            "topics": [{"name": n, "topic_id": None} for n in ("nope", "orders", "nada", "small")],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    names = [t.name for t in h.call(0, req).topics]
+    assert names[:2] == ["orders", "small"]  # Set1..Set4 keep the order asked
+    assert sorted(names[2:]) == ["nada", "nope"]
+    dup = h.request(
+        METADATA,
+        12,
+        {
+            "topics": [{"name": n, "topic_id": None} for n in ("small", "small")],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        },
+    )
+    assert [t.name for t in h.call(0, dup).topics] == ["small"]  # a set: once

@@ -327,3 +327,53 @@ def test_an_unknown_compression_codec_is_an_unexpected_error(h: Harness) -> None
     codes = [p.error_code for t in resp.responses for p in t.partition_responses]
     assert codes == [E.unknown_server_error, E.unknown_server_error]
     assert h.state.partition("orders", 0).log.log_end_offset == 0  # type: ignore[union-attr]
+
+
+# -- Produce v13: topics by id -------------------------------------------------------------
+
+
+def produce_v13(h: Harness, topic_id: object, partitions: list[int], node: int = 0) -> object:
+    req = h.request(
+        PRODUCE,
+        13,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 1000,
+            "topic_data": [
+                {
+                    "topic_id": topic_id,
+                    "partition_data": [
+                        {"index": p, "records": make_batch(0, 1)} for p in partitions
+                    ],
+                }
+            ],
+        },
+    )
+    return h.call(node, req)  # type: ignore[arg-type]
+
+
+def test_produce_v13_names_the_topic_by_id(h: Harness) -> None:
+    topic_id = h.state.topics["orders"].topic_id
+    leader = h.leader_of("orders", 2)
+    resp = produce_v13(h, topic_id, [2], leader)
+    (topic,) = resp.responses  # type: ignore[attr-defined]
+    assert topic.topic_id == topic_id
+    assert [(p.index, p.error_code, p.base_offset) for p in topic.partition_responses] == [
+        (2, E.none, 0)
+    ]
+    part = h.state.partition("orders", 2)
+    assert part is not None and part.log.log_end_offset == 1
+
+
+def test_produce_v13_unknown_topic_id_and_partition(h: Harness) -> None:
+    import uuid
+
+    bogus = uuid.UUID(int=7)
+    resp = produce_v13(h, bogus, [0, 1])
+    (topic,) = resp.responses  # type: ignore[attr-defined]
+    assert topic.topic_id == bogus
+    assert [p.error_code for p in topic.partition_responses] == [E.unknown_topic_id] * 2
+    known = h.state.topics["orders"].topic_id
+    resp = produce_v13(h, known, [99])
+    assert resp.responses[0].partition_responses[0].error_code == E.unknown_topic_or_partition  # type: ignore[attr-defined]

@@ -1,0 +1,1113 @@
+"""The dev cluster against real Apache Kafka: the same raw requests, the same answers.
+
+Every scenario runs one request script twice, against a dev cluster and against a
+real Kafka 4.x broker, over plain TCP (:mod:`support.rawclient`: kio requests
+encoded by the project's codec).  The decoded responses are reduced to plain
+values by :class:`Normaliser`, which replaces only what differs from run to run
+or from cluster to cluster for reasons that are not behaviour:
+
+- node ids become roles (``n0`` for a single node; ``leader`` / ``asked`` /
+  ``other`` on three nodes), hosts, ports and the cluster id are dropped;
+- topic ids are not normalised away: the script runs against Kafka first and the
+  dev cluster creates each topic with the id Kafka gave it (Kafka orders some
+  answers by hash codes of topic ids); they are shown as ``id:<name>``;
+- fetch session ids become ``<session>`` (non-zero) or 0;
+- throttle times are dropped (no quotas in either cluster);
+- the controller id of a 3-node KRaft cluster is a random live broker: it is
+  compared as such.
+
+Everything else, records bytes included, must be equal: records are produced
+as identical batches with fixed timestamps, so the bytes each broker returns
+are comparable byte for byte.  A difference is a dev-cluster bug, or a gap
+listed (with its reason) in ``API_VERSION_GAPS``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import itertools
+import struct
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+from support.batches import make_record_batch
+from support.cluster import ThreadedCluster
+from support.kafka import KafkaCluster
+from support.rawclient import RawClient
+
+TEST_TIMEOUT = 30.0
+"""Absolute time limit of one test's network operations (seconds)."""
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
+FETCH_NEW, FETCH_OLD = 18, 12
+LIST_OFFSETS_NEW, LIST_OFFSETS_OLD = 11, 7
+PRODUCE_NEW, PRODUCE_NAMES = 13, 12
+
+EVICTION_SLOTS = 8
+"""max.incremental.fetch.session.cache.slots of the small-cache clusters: one per
+cache shard of Kafka's eight."""
+
+BASE_TS = 1_700_000_000_000
+EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED, EARLIEST_PENDING = (
+    -2,
+    -1,
+    -3,
+    -4,
+    -5,
+    -6,
+)
+
+
+# -- the two backends -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Backend:
+    """One cluster as the scenarios see it: addresses and topic creation."""
+
+    name: str
+    addresses: dict[int, str]
+    """node id -> host:port"""
+    create: Callable[[str, int], None]
+    deadline: float = 0.0
+
+    def client(self, node: int | None = None) -> RawClient:
+        address = self.addresses[node if node is not None else min(self.addresses)]
+        return RawClient(address, deadline=self.deadline)
+
+
+TopicIds = dict[str, uuid.UUID]
+"""name -> the topic id Kafka gave it: the dev cluster creates its topics with the same ids
+(Kafka orders some answers by hash codes of topic ids, see proxy.devbroker.jvm_order)."""
+
+
+def dev_backend(cluster: ThreadedCluster, ids: TopicIds) -> Backend:
+    dev = cluster.cluster
+    assert dev is not None
+
+    def create(name: str, partitions: int) -> None:
+        cluster.run_sync(dev.create_topic, name, partitions, ids[name])
+
+    return Backend("devbroker", {n.node_id: n.address for n in dev.nodes}, create)
+
+
+def kafka_backend(cluster: KafkaCluster, ids: TopicIds) -> Backend:
+    backend = Backend("kafka", {i: n.address for i, n in cluster.nodes.items()}, lambda n, p: None)
+
+    def create(name: str, partitions: int) -> None:
+        cluster.create_topic(name, partitions, replication_factor=1)
+        wait_writable(backend, name, partitions)
+        with backend.client() as c:
+            ids.update({name: topic_id for topic_id, name in topic_ids(c, name).items()})
+
+    backend.create = create
+    return backend
+
+
+def wait_writable(b: Backend, topic: str, partitions: int) -> None:
+    """Until every node knows the topic's leaders and each leader answers ListOffsets.
+
+    CreateTopics returns once the controller committed the topic; a broker serves
+    a partition only after it applied that metadata, which it reports through no
+    request, so the test asks until the answers say so (bounded by the deadline).
+    """
+    leaders: dict[int, int] = {}
+    for node in b.addresses:
+        with b.client(node) as c:
+            while True:
+                meta = metadata(c, [topic])
+                parts = meta.topics[0].partitions if meta.topics else ()
+                if len(parts) == partitions and all(p.leader_id >= 0 for p in parts):
+                    leaders = {p.partition_index: p.leader_id for p in parts}
+                    break
+                time.sleep(0.05)
+    for index, leader in leaders.items():
+        with b.client(leader) as c:
+            while (
+                list_offsets(c, LIST_OFFSETS_OLD, topic, [(index, LATEST)])
+                .topics[0]
+                .partitions[0]
+                .error_code
+                != ErrorCode.none
+            ):
+                time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def dev1() -> Iterator[ThreadedCluster]:
+    with ThreadedCluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def dev3() -> Iterator[ThreadedCluster]:
+    with ThreadedCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def dev_small_cache() -> Iterator[ThreadedCluster]:
+    with ThreadedCluster(1, session_cache_slots=EVICTION_SLOTS) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def kafka_small_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A single Kafka node whose fetch session cache has EVICTION_SLOTS slots."""
+    workdir: Path = tmp_path_factory.mktemp("kafka-small-cache")
+    cluster = KafkaCluster(
+        1,
+        workdir=workdir,
+        config={"max.incremental.fetch.session.cache.slots": str(EVICTION_SLOTS)},
+    ).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def deadline() -> float:
+    return time.monotonic() + TEST_TIMEOUT
+
+
+@pytest.fixture
+def pair(dev1: ThreadedCluster, kafka: KafkaCluster, deadline: float) -> tuple[Backend, Backend]:
+    ids: TopicIds = {}
+    dev, real = dev_backend(dev1, ids), kafka_backend(kafka, ids)
+    dev.deadline = real.deadline = deadline
+    return dev, real
+
+
+@pytest.fixture
+def pair3(dev3: ThreadedCluster, kafka3: KafkaCluster, deadline: float) -> tuple[Backend, Backend]:
+    ids: TopicIds = {}
+    dev, real = dev_backend(dev3, ids), kafka_backend(kafka3, ids)
+    dev.deadline = real.deadline = deadline
+    return dev, real
+
+
+@pytest.fixture
+def pair_small_cache(
+    dev_small_cache: ThreadedCluster, kafka_small_cache: KafkaCluster, deadline: float
+) -> tuple[Backend, Backend]:
+    ids: TopicIds = {}
+    dev, real = dev_backend(dev_small_cache, ids), kafka_backend(kafka_small_cache, ids)
+    dev.deadline = real.deadline = deadline
+    return dev, real
+
+
+def topic_name(prefix: str) -> str:
+    return f"diff-{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# -- normalising -------------------------------------------------------------------------
+
+NODE_FIELDS = frozenset(
+    {"node_id", "leader_id", "controller_id", "replica_nodes", "isr_nodes", "offline_replicas"}
+)
+DROPPED_FIELDS = frozenset({"throttle_time", "host", "port", "cluster_id"})
+
+
+def records_summary(data: bytes | None) -> Any:
+    """A readable stand-in for a records field: its batches (whole or cut) and a digest."""
+    if data is None:
+        return None
+    batches: list[tuple[int, int, str]] = []
+    pos = 0
+    while pos + 12 <= len(data):
+        base, size = struct.unpack_from(">qi", data, pos)
+        whole = pos + 12 + size <= len(data)
+        count = struct.unpack_from(">i", data, pos + 57)[0] if pos + 61 <= len(data) else -1
+        batches.append((base, count, "whole" if whole else f"cut at {len(data) - pos} bytes"))
+        pos += 12 + size
+    return {
+        "size": len(data),
+        "batches": batches,
+        "sha256": hashlib.sha256(data).hexdigest()[:16],
+    }
+
+
+@dataclasses.dataclass
+class Normaliser:
+    nodes: dict[int, str]
+    """node id -> role"""
+    topics: dict[uuid.UUID, str] = dataclasses.field(default_factory=dict)
+
+    def node(self, value: int) -> Any:
+        return value if value < 0 else self.nodes.get(value, f"<node {value}?>")
+
+    def __call__(self, value: Any, name: str | None = None) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {
+                f.name: self(getattr(value, f.name), f.name)
+                for f in dataclasses.fields(value)
+                if f.name not in DROPPED_FIELDS
+            }
+        if isinstance(value, tuple | list):
+            return [self(v, name) for v in value]
+        if isinstance(value, ErrorCode):
+            return f"{int(value)} {value.name}"
+        if isinstance(value, datetime.timedelta):
+            return int(value.total_seconds() * 1000)
+        if name in NODE_FIELDS and isinstance(value, int):
+            return self.node(value)
+        if name == "topic_id":
+            if value is None or value == uuid.UUID(int=0):
+                return None
+            known = self.topics.get(value)
+            return f"id:{known}" if known is not None else f"unknown id {value}"
+        if name == "session_id":
+            return "<session>" if value else 0
+        if name == "records":
+            return records_summary(value)
+        return value
+
+
+# -- running a script against both --------------------------------------------------------
+
+Step = tuple[str, Any]
+
+
+def leaf_differences(d: Any, k: Any, path: str = "") -> list[str]:
+    """Where two normalised answers differ, as paths (the first few)."""
+    if isinstance(d, dict) and isinstance(k, dict) and d.keys() == k.keys():
+        return [x for key in d for x in leaf_differences(d[key], k[key], f"{path}.{key}")]
+    if isinstance(d, list) and isinstance(k, list) and len(d) == len(k):
+        return [
+            x
+            for i, (a, b) in enumerate(zip(d, k, strict=True))
+            for x in leaf_differences(a, b, f"{path}[{i}]")
+        ]
+    return [] if d == k else [f"{path or '.'}: devbroker {d!r} / kafka {k!r}"]
+
+
+def differences(dev: list[Step], real: list[Step]) -> list[str]:
+    out = []
+    if [label for label, _ in dev] != [label for label, _ in real]:
+        out.append(f"steps differ: {[s for s, _ in dev]} vs {[s for s, _ in real]}")
+    for (label, d), (_, k) in zip(dev, real, strict=False):
+        if d != k:
+            where = "\n    ".join(leaf_differences(d, k)[:4])
+            out.append(f"{label}:\n    {where}\n  devbroker: {d!r}\n  kafka:     {k!r}")
+    return out
+
+
+def assert_same(
+    backends: tuple[Backend, Backend], script: Callable[[Backend], list[Step]]
+) -> dict[str, Any]:
+    """Run *script* against both clusters; their steps must agree.
+
+    Returns Kafka's steps by label: each test then checks that its script reached
+    the states it is about (so that agreeing on nothing cannot pass).
+    """
+    dev, real = backends
+    got_real = script(real)  # first: the dev cluster takes the topic ids Kafka chose
+    got_dev = script(dev)
+    diff = differences(got_dev, got_real)
+    assert not diff, "the dev cluster answers differently from Kafka:\n" + "\n".join(diff)
+    return dict(got_real)
+
+
+# -- request builders (newest field names; build() keeps what a version has) ---------------
+
+
+def metadata(c: RawClient, topics: list[str] | None, version: int = 12) -> Any:
+    return c.call(
+        METADATA,
+        version,
+        {
+            "topics": None if topics is None else [{"name": t, "topic_id": None} for t in topics],
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+            "include_cluster_authorized_operations": False,
+        },
+    )
+
+
+def topic_ids(c: RawClient, *topics: str) -> dict[uuid.UUID, str]:
+    meta = metadata(c, list(topics))
+    ids = {t.topic_id: t.name for t in meta.topics if t.error_code == ErrorCode.none}
+    assert len(ids) == len(topics), meta
+    return ids
+
+
+def produce(
+    c: RawClient,
+    topic: str,
+    partition: int,
+    batch: bytes,
+    *,
+    version: int = PRODUCE_NAMES,
+    topic_id: uuid.UUID | None = None,
+    check: bool = True,
+) -> Any:
+    r = c.call(
+        PRODUCE,
+        version,
+        {
+            "transactional_id": None,
+            "acks": -1,
+            "timeout": 10_000,
+            "topic_data": [
+                {
+                    "name": topic,
+                    "topic_id": topic_id,
+                    "partition_data": [{"index": partition, "records": batch}],
+                }
+            ],
+        },
+    )
+    if check:
+        error = r.responses[0].partition_responses[0].error_code
+        assert error == ErrorCode.none, f"produce to {topic}-{partition}: {error!r}"
+    return r
+
+
+def batch(n_records: int, value_size: int, ts: int = BASE_TS) -> bytes:
+    """Identical bytes for both clusters: fixed timestamps, fixed values."""
+    return make_record_batch(
+        [ts + i for i in range(n_records)],
+        values=[bytes([65 + i % 26]) * value_size for i in range(n_records)],
+    )
+
+
+def fetch_request(
+    version: int,
+    partitions: list[tuple[str, uuid.UUID | None, int, int, int]],
+    *,
+    session_id: int = 0,
+    epoch: int = -1,
+    max_bytes: int = 50 * 1024 * 1024,
+    forgotten: list[tuple[str, uuid.UUID | None, list[int]]] | None = None,
+) -> dict[str, Any]:
+    """partitions: (topic, topic id, partition, fetch offset, partition max bytes)."""
+    topics: list[dict[str, Any]] = []
+    for topic, tid, index, offset, pmax in partitions:
+        entry = {
+            "partition": index,
+            "current_leader_epoch": -1,
+            "fetch_offset": offset,
+            "last_fetched_epoch": -1,
+            "log_start_offset": -1,
+            "partition_max_bytes": pmax,
+        }
+        if topics and (topics[-1]["topic"], topics[-1]["topic_id"]) == (topic, tid):
+            topics[-1]["partitions"].append(entry)
+        else:
+            topics.append({"topic": topic, "topic_id": tid, "partitions": [entry]})
+    return {
+        "cluster_id": None,
+        "replica_id": -1,
+        "replica_state": {"replica_id": -1, "replica_epoch": -1},
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": max_bytes,
+        "isolation_level": 0,
+        "session_id": session_id,
+        "session_epoch": epoch,
+        "topics": topics,
+        "forgotten_topics_data": [
+            {"topic": t, "topic_id": tid, "partitions": parts} for t, tid, parts in forgotten or []
+        ],
+        "rack_id": "",
+    }
+
+
+def list_offsets(
+    c: RawClient, version: int, topic: str, partitions: list[tuple[int, int]], isolation: int = 0
+) -> Any:
+    return c.call(
+        LIST_OFFSETS,
+        version,
+        {
+            "replica_id": -1,
+            "isolation_level": isolation,
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {"partition_index": p, "current_leader_epoch": -1, "timestamp": ts}
+                        for p, ts in partitions
+                    ],
+                }
+            ],
+            "timeout": 10_000,
+        },
+    )
+
+
+# -- KIP-227: the fetch session table -----------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [FETCH_NEW, FETCH_OLD])
+def test_fetch_session_table(pair: tuple[Backend, Backend], version: int) -> None:
+    topic = topic_name("sessions")
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 2)
+        steps: list[Step] = []
+        with b.client() as c:
+            ids = topic_ids(c, topic)
+            norm = Normaliser({min(b.addresses): "n0"}, ids)
+            tid = next(iter(ids)) if version >= 13 else None
+            produce(c, topic, 0, batch(3, 20))
+
+            everything = [(topic, tid, 0, 0, 1 << 20), (topic, tid, 1, 0, 1 << 20)]
+
+            def fetch(label: str, parts: list[Any] | None = None, **kw: Any) -> Any:
+                request = fetch_request(version, everything if parts is None else parts, **kw)
+                r = c.call(FETCH, version, request)
+                steps.append((label, norm(r)))
+                return r
+
+            full = fetch("full fetch, create a session", epoch=0)
+            sid = full.session_id
+            steps.append(("session created", sid != 0))
+            fetch("incremental epoch 1, nothing changed", session_id=sid, epoch=1, parts=[])
+            produce(c, topic, 1, batch(2, 10, BASE_TS + 100))
+            fetch("incremental epoch 2, new data on p1", session_id=sid, epoch=2, parts=[])
+            fetch(
+                "incremental epoch 3, p0 moves to offset 3",
+                session_id=sid,
+                epoch=3,
+                parts=[(topic, tid, 0, 3, 1 << 20)],
+            )
+            fetch("wrong epoch", session_id=sid, epoch=7, parts=[])
+            unknown = 12345 if sid != 12345 else 12346
+            fetch("unknown session id", session_id=unknown, epoch=1, parts=[])
+            other = FETCH_OLD if version >= 13 else FETCH_NEW
+            r = c.call(
+                FETCH,
+                other,
+                fetch_request(
+                    other,
+                    [(topic, next(iter(ids)) if other >= 13 else None, 0, 3, 1 << 20)],
+                    session_id=sid,
+                    epoch=4,
+                ),
+            )
+            steps.append(("same session at a version with(out) topic ids", norm(r)))
+            fetch("incremental epoch 4 still valid", session_id=sid, epoch=4, parts=[])
+            fetch(
+                "forget every partition: sessionless",
+                session_id=sid,
+                epoch=5,
+                parts=[],
+                forgotten=[(topic, tid, [0, 1])],
+            )
+            fetch("the forgotten session is gone", session_id=sid, epoch=6, parts=[])
+            full = fetch("new session", epoch=0)
+            sid = full.session_id
+            fetch("close it: epoch -1", session_id=sid, epoch=-1)
+            fetch("the closed session is gone", session_id=sid, epoch=1, parts=[])
+            full = fetch("new session again", epoch=0)
+            fetch(
+                "full fetch naming a session closes it and opens another",
+                session_id=full.session_id,
+                epoch=0,
+            )
+            fetch("the replaced session is gone", session_id=full.session_id, epoch=1, parts=[])
+        return steps
+
+    got = assert_same(pair, script)
+    assert got["session created"] is True
+    assert got["wrong epoch"]["error_code"] == "71 invalid_fetch_session_epoch"
+    assert got["unknown session id"]["error_code"] == "70 fetch_session_id_not_found"
+    assert (
+        got["same session at a version with(out) topic ids"]["error_code"]
+        == "106 fetch_session_topic_id_error"
+    )
+    assert got["the closed session is gone"]["error_code"] == "70 fetch_session_id_not_found"
+    assert got["close it: epoch -1"]["session_id"] == 0
+
+
+def test_fetch_session_ids_outside_kafka_id_ranges(pair: tuple[Backend, Backend]) -> None:
+    """Incremental fetches naming session ids no cache shard can hold."""
+    topic = topic_name("ids")
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 1)
+        steps: list[Step] = []
+        with b.client() as c:
+            ids = topic_ids(c, topic)
+            norm = Normaliser({min(b.addresses): "n0"}, ids)
+            tid = next(iter(ids))
+            for sid in (-5, 2**31 - 1, 2**31 - 8):
+                for epoch in (1, 0, -1):
+                    r = c.call(
+                        FETCH,
+                        FETCH_NEW,
+                        fetch_request(
+                            FETCH_NEW, [(topic, tid, 0, 0, 1024)], session_id=sid, epoch=epoch
+                        ),
+                    )
+                    steps.append((f"session id {sid} epoch {epoch}", norm(r)))
+        return steps
+
+    got = assert_same(pair, script)
+    assert got[f"session id {2**31 - 1} epoch 1"]["error_code"] == "-1 unknown_server_error"
+    assert got["session id -5 epoch 1"]["error_code"] == "70 fetch_session_id_not_found"
+
+
+def test_fetch_session_cache_full(pair_small_cache: tuple[Backend, Backend]) -> None:
+    """A cache of EVICTION_SLOTS slots: which full fetches get a session, which get 0."""
+    topic = topic_name("cache")
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 1)
+        steps: list[Step] = []
+        with b.client() as c:
+            ids = topic_ids(c, topic)
+            tid = next(iter(ids))
+            norm = Normaliser({min(b.addresses): "n0"}, ids)
+            part = [(topic, tid, 0, 0, 1024)]
+
+            def full(label: str, session_id: int = 0, epoch: int = 0) -> int:
+                r = c.call(
+                    FETCH,
+                    FETCH_NEW,
+                    fetch_request(FETCH_NEW, part, session_id=session_id, epoch=epoch),
+                )
+                steps.append((label, norm(r)))
+                return int(r.session_id)
+
+            sessions = [full(f"session {i}") for i in range(EVICTION_SLOTS)]
+            steps.append(
+                ("distinct ids", len(set(sessions)) == EVICTION_SLOTS and 0 not in sessions)
+            )
+            full("one more: the cache is full")
+            full("close the first session", sessions[0], -1)
+            full("one more after a close")
+            full("and another")
+            for i, sid in enumerate(sessions[1:], 1):
+                r = c.call(FETCH, FETCH_NEW, fetch_request(FETCH_NEW, [], session_id=sid, epoch=1))
+                steps.append((f"session {i} still cached", norm(r)))
+            for sid in sessions[1:]:
+                full("close", sid, -1)
+        return steps
+
+    got = assert_same(pair_small_cache, script)
+    assert got["distinct ids"] is True
+    assert got["one more: the cache is full"]["session_id"] == 0
+    # The freed slot is in another cache shard than the one next in turn.
+    assert got["one more after a close"]["session_id"] == 0
+
+
+# -- KIP-74: byte limits ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [FETCH_NEW, FETCH_OLD])
+def test_fetch_byte_limits(pair: tuple[Backend, Backend], version: int) -> None:
+    topic = topic_name("kip74")
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 3)
+        steps: list[Step] = []
+        with b.client() as c:
+            ids = topic_ids(c, topic)
+            norm = Normaliser({min(b.addresses): "n0"}, ids)
+            tid = next(iter(ids)) if version >= 13 else None
+            # p0: two batches of ~1 KB and one of ~300 B; p1: one ~1 KB; p2: one small.
+            for p, b_ in [
+                (0, batch(10, 90)),
+                (0, batch(10, 90, BASE_TS + 10)),
+                (0, batch(3, 90, BASE_TS + 20)),
+                (1, batch(10, 90, BASE_TS + 30)),
+                (2, batch(2, 5, BASE_TS + 40)),
+            ]:
+                produce(c, topic, p, b_)
+
+            def fetch(label: str, parts: list[tuple[int, int, int]], max_bytes: int) -> None:
+                r = c.call(
+                    FETCH,
+                    version,
+                    fetch_request(
+                        version,
+                        [(topic, tid, p, off, pmax) for p, off, pmax in parts],
+                        max_bytes=max_bytes,
+                    ),
+                )
+                steps.append((label, norm(r)))
+
+            all3 = [(0, 0, 1 << 20), (1, 0, 1 << 20), (2, 0, 1 << 20)]
+            fetch("response max_bytes 1: the first batch whole, nothing after", all3, 1)
+            fetch("response max_bytes 500", all3, 500)
+            fetch("response max_bytes 2500 across partitions", all3, 2500)
+            fetch("response max_bytes 3000 across partitions", all3, 3000)
+            fetch(
+                "partition max_bytes 1500: a cut trailing batch",
+                [(0, 0, 1500), (1, 0, 1500), (2, 0, 1500)],
+                1 << 20,
+            )
+            fetch(
+                "partition max_bytes 100: first batches whole only for the first partition with data",
+                [(2, 2, 100), (0, 0, 100), (1, 0, 100)],
+                1 << 20,
+            )
+            fetch(
+                "a partition listed twice: its place, the last parameters",
+                [(2, 2, 100), (0, 0, 100), (1, 0, 100), (2, 0, 100)],
+                1 << 20,
+            )
+            fetch(
+                "partition max_bytes 0",
+                [(0, 0, 0), (1, 0, 0)],
+                1 << 20,
+            )
+            fetch(
+                "fetch offset in the middle of a batch",
+                [(0, 5, 1 << 20), (1, 9, 1 << 20)],
+                1 << 20,
+            )
+            fetch(
+                "offsets at and beyond the end",
+                [(0, 23, 1 << 20), (1, 11, 1 << 20), (2, -1, 1 << 20)],
+                1 << 20,
+            )
+        return steps
+
+    got = assert_same(pair, script)
+    first = records_by_partition(got["response max_bytes 1: the first batch whole, nothing after"])
+    assert first[0]["batches"] == [(0, 10, "whole")]
+    assert first[1]["size"] == first[2]["size"] == 0
+    cut = records_by_partition(got["partition max_bytes 1500: a cut trailing batch"])
+    assert cut[0]["size"] == 1500 and cut[0]["batches"][-1][2].startswith("cut")
+    assert cut[1]["batches"] == [(0, 10, "whole")]
+    small = records_by_partition(
+        got["partition max_bytes 100: first batches whole only for the first partition with data"]
+    )
+    assert small[0]["size"] > 100 and small[1]["size"] == 0
+
+
+def records_by_partition(answer: dict[str, Any]) -> dict[int, Any]:
+    return {
+        p["partition_index"]: p["records"] for t in answer["responses"] for p in t["partitions"]
+    }
+
+
+# -- ListOffsets --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [LIST_OFFSETS_NEW, LIST_OFFSETS_OLD])
+def test_list_offsets(pair: tuple[Backend, Backend], version: int) -> None:
+    topic = topic_name("offsets")
+    specials = [EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED]
+    if version >= 11:
+        specials.append(EARLIEST_PENDING)
+    specials = [ts for ts in specials if ts >= -3 or version >= 8]
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 2)
+        steps: list[Step] = []
+        with b.client() as c:
+            norm = Normaliser({min(b.addresses): "n0"}, topic_ids(c, topic))
+            produce(c, topic, 1, batch(3, 10, BASE_TS))
+            produce(c, topic, 1, make_record_batch([BASE_TS + 50, BASE_TS + 90, BASE_TS + 70]))
+            produce(c, topic, 1, batch(2, 10, BASE_TS + 60))
+            for p in (0, 1):
+                for ts in specials:
+                    steps.append(
+                        (f"p{p} timestamp {ts}", norm(list_offsets(c, version, topic, [(p, ts)])))
+                    )
+                for ts in (
+                    BASE_TS - 1,
+                    BASE_TS,
+                    BASE_TS + 1,
+                    BASE_TS + 55,
+                    BASE_TS + 80,
+                    BASE_TS + 90,
+                    BASE_TS + 91,
+                ):
+                    steps.append(
+                        (
+                            f"p{p} by timestamp {ts}",
+                            norm(list_offsets(c, version, topic, [(p, ts)])),
+                        )
+                    )
+            steps.append(
+                ("unknown partition", norm(list_offsets(c, version, topic, [(7, LATEST)])))
+            )
+            steps.append(
+                (
+                    "several partitions, one unknown",
+                    norm(
+                        list_offsets(c, version, topic, [(1, EARLIEST), (2, LATEST), (0, LATEST)])
+                    ),
+                )
+            )
+            steps.append(
+                (
+                    "partition listed twice",
+                    norm(list_offsets(c, version, topic, [(1, EARLIEST), (1, LATEST)])),
+                )
+            )
+            steps.append(
+                (
+                    "read_committed",
+                    norm(list_offsets(c, version, topic, [(1, LATEST)], isolation=1)),
+                )
+            )
+        return steps
+
+    got = assert_same(pair, script)
+
+    def only(label: str) -> dict[str, Any]:
+        (part,) = got[label]["topics"][0]["partitions"]
+        return dict(part)
+
+    assert only("unknown partition")["error_code"] == "3 unknown_topic_or_partition"
+    assert only("p1 timestamp -1")["offset"] == 8
+    assert only(f"p1 by timestamp {BASE_TS + 55}")["offset"] == 4
+    assert only(f"p0 by timestamp {BASE_TS}")["offset"] == -1
+
+
+# -- unknown topics, partitions and ids ---------------------------------------------------
+
+
+def test_unknown_topics_and_partitions(pair: tuple[Backend, Backend]) -> None:
+    topic = topic_name("known")
+    missing = topic_name("missing")
+    bogus_id = uuid.UUID("6b1f2a3c-0000-4000-8000-00000000abcd")
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 1)
+        steps: list[Step] = []
+        with b.client() as c:
+            ids = topic_ids(c, topic)
+            tid = next(iter(ids))
+            norm = Normaliser({min(b.addresses): "n0"}, ids)
+            for v in (12, 9, 4):
+                r = metadata(c, [missing, topic], version=v)
+                steps.append((f"metadata v{v}: unknown and known topic", norm(r)))
+            r = c.call(
+                METADATA,
+                12,
+                {
+                    "topics": [
+                        {"name": None, "topic_id": bogus_id},
+                        {"name": None, "topic_id": tid},
+                    ],
+                    "allow_auto_topic_creation": False,
+                    "include_topic_authorized_operations": False,
+                },
+            )
+            steps.append(("metadata v12 by topic id", norm(r)))
+            one = batch(1, 5)
+            steps.append(
+                ("produce v12 unknown topic", norm(produce(c, missing, 0, one, check=False)))
+            )
+            steps.append(
+                ("produce v12 unknown partition", norm(produce(c, topic, 3, one, check=False)))
+            )
+            steps.append(
+                (
+                    "produce v13 unknown topic id",
+                    norm(
+                        produce(c, "", 0, one, version=PRODUCE_NEW, topic_id=bogus_id, check=False)
+                    ),
+                )
+            )
+            steps.append(
+                (
+                    "produce v13 unknown partition",
+                    norm(produce(c, "", 5, one, version=PRODUCE_NEW, topic_id=tid, check=False)),
+                )
+            )
+            steps.append(
+                (
+                    "produce v13 by topic id",
+                    norm(produce(c, "", 0, one, version=PRODUCE_NEW, topic_id=tid)),
+                )
+            )
+            steps.append(
+                (
+                    "list offsets unknown topic",
+                    norm(list_offsets(c, LIST_OFFSETS_NEW, missing, [(0, LATEST)])),
+                )
+            )
+            for v in (FETCH_NEW, 13):
+                r = c.call(
+                    FETCH,
+                    v,
+                    fetch_request(
+                        v,
+                        [
+                            (topic, bogus_id, 0, 0, 1024),
+                            (topic, tid, 0, 0, 1024),
+                            (topic, tid, 4, 0, 1024),
+                        ],
+                    ),
+                )
+                steps.append((f"fetch v{v} unknown topic id and partition", norm(r)))
+                r = c.call(FETCH, v, fetch_request(v, [(topic, bogus_id, 0, 0, 1024)], epoch=0))
+                steps.append((f"fetch v{v} session of an unknown topic id", norm(r)))
+                if r.session_id:
+                    r = c.call(FETCH, v, fetch_request(v, [], session_id=r.session_id, epoch=1))
+                    steps.append((f"fetch v{v} incremental, unknown topic id", norm(r)))
+                    c.call(FETCH, v, fetch_request(v, [], session_id=r.session_id, epoch=-1))
+            r = c.call(
+                FETCH,
+                FETCH_OLD,
+                fetch_request(
+                    FETCH_OLD,
+                    [
+                        (missing, None, 0, 0, 1024),
+                        (topic, None, 2, 0, 1024),
+                        (topic, None, 0, 0, 1024),
+                    ],
+                ),
+            )
+            steps.append(("fetch v12 unknown topic name and partition", norm(r)))
+        return steps
+
+    got = assert_same(pair, script)
+    fetch18 = got[f"fetch v{FETCH_NEW} unknown topic id and partition"]
+    errors = {p["error_code"] for t in fetch18["responses"] for p in t["partitions"]}
+    assert errors == {"100 unknown_topic_id", "3 unknown_topic_or_partition", "0 none"}
+    (produced,) = got["produce v13 unknown topic id"]["responses"][0]["partition_responses"]
+    assert produced["error_code"] == "100 unknown_topic_id"
+    assert got["metadata v12: unknown and known topic"]["topics"][1]["error_code"] == (
+        "3 unknown_topic_or_partition"
+    )
+
+
+# -- the order of answers ---------------------------------------------------------------
+
+
+def test_response_order(pair: tuple[Backend, Backend]) -> None:
+    """Several topics and partitions in one request: the answers come in Kafka's order."""
+    k1, k2 = topic_name("order-a"), topic_name("order-b")
+    missing = [topic_name(f"order-m{i}") for i in range(4)]
+
+    def script(b: Backend) -> list[Step]:
+        b.create(k1, 13)
+        b.create(k2, 3)
+        steps: list[Step] = []
+        with b.client() as c:
+            ids = topic_ids(c, k1, k2)
+            norm = Normaliser({min(b.addresses): "n0"}, ids)
+            tid = {name: t for t, name in ids.items()}
+            for label, names in [
+                ("metadata, four names", [missing[0], k1, missing[1], k2]),
+                ("metadata, a name twice", [k2, missing[0], k2]),
+                ("metadata, six names", [missing[0], k1, missing[1], k2, missing[2], missing[3]]),
+            ]:
+                steps.append((label, norm(metadata(c, names))))
+            r = c.call(
+                LIST_OFFSETS,
+                LIST_OFFSETS_NEW,
+                {
+                    "replica_id": -1,
+                    "isolation_level": 0,
+                    "topics": [
+                        {
+                            "name": name,
+                            "partitions": [
+                                {"partition_index": p, "current_leader_epoch": -1, "timestamp": -1}
+                                for p in parts
+                            ],
+                        }
+                        for name, parts in [
+                            (k2, [2, 0, 1]),
+                            (missing[0], [0]),
+                            (k1, list(range(12, -1, -1))),
+                            (missing[1], [3, 1]),
+                        ]
+                    ],
+                    "timeout": 10_000,
+                },
+            )
+            steps.append(("list offsets, four topics and 13 partitions", norm(r)))
+            one = batch(1, 5)
+            shapes = {
+                "three topics": [(k1, [12, 0, 5]), (missing[2], [0]), (k2, [1, 0])],
+                "four partitions": [(k2, [2, 1]), (k1, [7, 3])],
+                "three partitions and a missing one": [(k1, [4, 9]), (missing[3], [1]), (k2, [0])],
+                "an invalid batch": [(k1, [1, 2, 3])],
+            }
+            for (shape, data), v in itertools.product(shapes.items(), (PRODUCE_NAMES, PRODUCE_NEW)):
+                r = c.call(
+                    PRODUCE,
+                    v,
+                    {
+                        "transactional_id": None,
+                        "acks": -1,
+                        "timeout": 10_000,
+                        "topic_data": [
+                            {
+                                "name": name,
+                                "topic_id": tid.get(name, uuid.UUID(int=7)),
+                                "partition_data": [
+                                    {
+                                        "index": p,
+                                        "records": b""
+                                        if (shape, p) == ("an invalid batch", 2)
+                                        else one,
+                                    }
+                                    for p in parts
+                                ],
+                            }
+                            for name, parts in data
+                        ],
+                    },
+                )
+                steps.append((f"produce v{v}, {shape}", norm(r)))
+            for v in (FETCH_NEW, FETCH_OLD):
+                parts = [(k2, 1), (k1, 12), (k1, 0), (k2, 0), (k1, 5)]
+                r = c.call(
+                    FETCH,
+                    v,
+                    fetch_request(
+                        v, [(name, tid[name] if v >= 13 else None, p, 0, 1024) for name, p in parts]
+                    ),
+                )
+                steps.append((f"fetch v{v}, topics interleaved", norm(r)))
+        return steps
+
+    got = assert_same(pair, script)
+    six = [t["name"] for t in got["metadata, six names"]["topics"]]
+    assert six[:2] == sorted(six[:2]) or six[:2] == sorted(six[:2], reverse=True)
+    assert {t["name"] for t in got["list offsets, four topics and 13 partitions"]["topics"]} == {
+        k1,
+        k2,
+        missing[0],
+        missing[1],
+    }
+
+
+# -- three nodes: asking a node that does not lead the partition ----------------------------
+
+
+def test_not_leader_or_follower(pair3: tuple[Backend, Backend]) -> None:
+    """Fetch, Produce and ListOffsets sent to a node that holds no replica of the partition.
+
+    Kafka's topic has one replica (as every dev-cluster partition): a consumer fetch
+    from a follower replica would get a preferred read replica instead, which the
+    dev cluster does not model.  Node ids become roles: the partition's leader, the
+    node asked, and the other node.  The controller id a KRaft broker reports is a
+    random live broker, so it is compared as such.
+    """
+    topic = topic_name("leader")
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 1)
+        steps: list[Step] = []
+        with b.client() as c:
+            meta = metadata(c, [topic])
+            ids = {t.topic_id: t.name for t in meta.topics}
+            leader = meta.topics[0].partitions[0].leader_id
+        asked = min(n for n in b.addresses if n != leader)
+        (other,) = set(b.addresses) - {leader, asked}
+        norm = Normaliser({leader: "leader", asked: "asked", other: "other"}, ids)
+        tid = next(iter(ids))
+        with b.client(asked) as c:
+            meta = norm(metadata(c, [topic]))
+            meta["brokers"] = sorted(meta["brokers"], key=lambda x: str(x["node_id"]))
+            meta["controller_id"] = meta["controller_id"] in ("leader", "asked", "other")
+            steps.append(("metadata from the node asked", meta))
+            for v in (FETCH_NEW, 16, 15, FETCH_OLD):
+                r = c.call(
+                    FETCH, v, fetch_request(v, [(topic, tid if v >= 13 else None, 0, 0, 1024)])
+                )
+                steps.append((f"fetch v{v}", norm(r)))
+            one = batch(1, 5)
+            steps.append(("produce v12", norm(produce(c, topic, 0, one, check=False))))
+            steps.append(
+                (
+                    "produce v13",
+                    norm(produce(c, "", 0, one, version=PRODUCE_NEW, topic_id=tid, check=False)),
+                )
+            )
+            steps.append(
+                ("list offsets", norm(list_offsets(c, LIST_OFFSETS_NEW, topic, [(0, LATEST)])))
+            )
+        with b.client(leader) as c:
+            steps.append(("the leader takes the produce", norm(produce(c, topic, 0, one))))
+        return steps
+
+    got = assert_same(pair3, script)
+    (part,) = got[f"fetch v{FETCH_NEW}"]["responses"][0]["partitions"]
+    assert part["error_code"] == "6 not_leader_or_follower"
+    assert part["current_leader"] == {"leader_id": "leader", "leader_epoch": 0}
+
+
+# -- versions -----------------------------------------------------------------------------
+
+API_VERSION_GAPS: dict[int, tuple[tuple[int, int], str]] = {
+    PRODUCE: (
+        (3, 13),
+        "Kafka 4.x advertises Produce v0-v2 only for old librdkafka (KAFKA-18659) and refuses "
+        "them; kio 0.6.5 has no schema for them",
+    ),
+    8: ((2, 9), "OffsetCommit v10 names topics by id: not implemented in the dev cluster"),
+    9: ((1, 9), "OffsetFetch v10 names topics by id: not implemented in the dev cluster"),
+    API_VERSIONS: ((0, 4), "kio 0.6.5 has no ApiVersions v5 schema"),
+    24: ((0, 3), "AddPartitionsToTxn v4+ is the brokers' batched form / transactions V2"),
+    26: ((0, 4), "EndTxn v5 is transactions V2 (KIP-890 part 2): not implemented"),
+    28: ((0, 4), "TxnOffsetCommit v5+ is transactions V2 (KIP-890 part 2): not implemented"),
+}
+"""api key -> (the dev cluster's range, why it differs from Kafka 4.4's)."""
+
+
+def test_api_versions_ranges(pair: tuple[Backend, Backend]) -> None:
+    """Every API the dev cluster implements at Kafka's versions, except the documented gaps."""
+
+    def ranges(b: Backend) -> dict[int, tuple[int, int]]:
+        with b.client() as c:
+            r = c.call(
+                API_VERSIONS, 4, {"client_software_name": "diff", "client_software_version": "1"}
+            )
+        assert r.error_code == ErrorCode.none
+        return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in r.api_keys}
+
+    dev, real = (ranges(b) for b in pair)
+    assert dev[FETCH] == real[FETCH] == (4, 18)
+    assert dev[PRODUCE][1] == real[PRODUCE][1] == 13
+    wrong = {}
+    for key, got in dev.items():
+        want, _why = API_VERSION_GAPS.get(key, (real.get(key), ""))
+        if got != want or (key in API_VERSION_GAPS and real.get(key) == got):
+            wrong[key] = {"devbroker": got, "kafka": real.get(key), "documented": want}
+    assert not wrong, wrong
+
+
+def test_unsupported_versions(pair: tuple[Backend, Backend]) -> None:
+    """ApiVersions above the max: a v0 UNSUPPORTED_VERSION answer; other APIs: the connection closes."""
+
+    def script(b: Backend) -> list[Step]:
+        steps: list[Step] = []
+        with b.client() as c:
+            cid = c.send_raw(API_VERSIONS, 99, b"\x00\x00\x00")
+            r = Normaliser({})(c.receive(API_VERSIONS, 0, cid))
+            if b.name == "kafka":
+                # ApiVersions' own range, as the dev cluster documents it (API_VERSION_GAPS).
+                r["api_keys"][0]["max_version"] = API_VERSION_GAPS[API_VERSIONS][0][1]
+            steps.append(("ApiVersions v99", r))
+            r = c.call(API_VERSIONS, 0, {})
+            steps.append(
+                ("then ApiVersions v0 on the same connection", r.error_code == ErrorCode.none)
+            )
+        for key, version in [
+            (FETCH, 99),
+            (FETCH, 3),
+            (METADATA, 99),
+            (LIST_OFFSETS, 99),
+            (LIST_OFFSETS, 0),
+            (PRODUCE, 99),
+        ]:
+            with b.client() as c:
+                c.send_raw(key, version, b"\x00" * 16, header_version=1)
+                steps.append((f"api {key} v{version}: connection closed", c.is_closed_by_peer()))
+        return steps
+
+    got = assert_same(pair, script)
+    assert got[f"api {FETCH} v99: connection closed"] is True
+    assert got["ApiVersions v99"]["error_code"] == "35 unsupported_version"

@@ -1,0 +1,140 @@
+"""A dev-cluster node's fetch session cache: Kafka's eight shards, their slots and id ranges."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+from support.dispatch import Harness, Wait
+
+from proxy.devbroker.fetch import NodeFetcher
+from proxy.devbroker.session_cache import (
+    NUM_SHARDS,
+    SESSION_ID_RANGE,
+    SessionIdOutOfRange,
+    ShardedSessionCache,
+    shard_index,
+)
+from proxy.sessions.broker import PartitionOutcome, PartitionRequest, TopicIdPartition
+
+FETCH = 1
+TID = uuid.UUID(int=42)
+PART = {TopicIdPartition(TID, "t", 0): PartitionRequest(fetch_offset=0, max_bytes=1024)}
+
+
+def open_session(cache: ShardedSessionCache) -> int:
+    """A full fetch creating a session (epoch 0); its id, or 0 when none was created."""
+    context = cache.new_context(13, 0, 0, False, PART, [], {TID: "t"})
+    return context.update_and_generate_response_data({k: None for k in PART}, outcome).session_id
+
+
+def outcome(_data: object) -> PartitionOutcome:
+    return PartitionOutcome(error_code=0, high_watermark=0, log_start_offset=0, records_size=0)
+
+
+def test_fewer_slots_than_shards_means_no_sessions() -> None:
+    """Kafka gives each shard slots // 8: below 8 slots no session is ever created."""
+    cache = ShardedSessionCache(7, rng=random.Random(1))
+    assert [open_session(cache) for _ in range(16)] == [0] * 16
+    assert cache.num_sessions == 0
+
+
+def test_new_sessions_go_round_robin_with_ids_in_their_shard_range() -> None:
+    cache = ShardedSessionCache(16, rng=random.Random(2))
+    ids = [open_session(cache) for _ in range(NUM_SHARDS)]
+    assert [shard_index(i) for i in ids] == list(range(NUM_SHARDS))
+    assert all(
+        max(1, k * SESSION_ID_RANGE) <= i < (k + 1) * SESSION_ID_RANGE for k, i in enumerate(ids)
+    )
+    assert cache.sessions_created == NUM_SHARDS
+    assert {s.id for s in cache.sessions()} == set(ids)
+    assert all(cache.get(i) is not None for i in ids)
+
+
+def test_a_full_shard_refuses_although_another_has_room() -> None:
+    """One slot per shard: closing a session frees its shard only, not the next one in turn."""
+    cache = ShardedSessionCache(8, rng=random.Random(3))
+    ids = [open_session(cache) for _ in range(8)]
+    assert 0 not in ids
+    assert open_session(cache) == 0  # shard 0 again: full (fresh sessions are not evictable)
+    cache.new_context(13, ids[0], -1, False, PART, [], {})  # close the session of shard 0
+    assert open_session(cache) == 0  # shard 1 is next in turn, and full
+    for _ in range(6):
+        open_session(cache)  # shards 2..7: full
+    assert shard_index(open_session(cache)) == 0  # back at shard 0, which has room
+
+
+def test_attempts_that_create_nothing_still_take_their_turn() -> None:
+    cache = ShardedSessionCache(8, rng=random.Random(4))
+    first = open_session(cache)
+    assert shard_index(first) == 0
+    cache.new_context(13, 0, -1, False, PART, [], {})  # sessionless: no turn taken
+    assert shard_index(open_session(cache)) == 1
+
+
+@pytest.mark.parametrize(
+    ("session_id", "index"),
+    [
+        (1, 0),
+        (-5, 0),
+        (-(SESSION_ID_RANGE - 1), 0),
+        (-SESSION_ID_RANGE, -1),
+        (8 * SESSION_ID_RANGE, 8),
+    ],
+)
+def test_shard_index_divides_as_java(session_id: int, index: int) -> None:
+    assert shard_index(session_id) == index
+
+
+@pytest.mark.parametrize("session_id", [2**31 - 1, 8 * SESSION_ID_RANGE, -(2**31)])
+@pytest.mark.parametrize("epoch", [1, 0, -1])
+def test_ids_no_shard_covers_raise(session_id: int, epoch: int) -> None:
+    cache = ShardedSessionCache(1000)
+    with pytest.raises(SessionIdOutOfRange):
+        cache.new_context(13, session_id, epoch, False, PART, [], {})
+    assert cache.get(session_id) is None
+
+
+def fetch_v13(h: Harness, topic_id: uuid.UUID, session_id: int, epoch: int) -> dict[str, object]:
+    return {
+        "replica_id": -1,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": session_id,
+        "session_epoch": epoch,
+        "topics": [
+            {
+                "topic_id": topic_id,
+                "partitions": [
+                    {
+                        "partition": 0,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": 0,
+                        "last_fetched_epoch": -1,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 1024,
+                    }
+                ],
+            }
+        ],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+
+
+@pytest.mark.parametrize("epoch", [1, 0, -1])
+def test_fetch_naming_an_id_outside_every_shard_is_an_unknown_server_error(epoch: int) -> None:
+    """Kafka's FetchManager throws; the request fails as a whole, echoing the session id."""
+    h = Harness(1, {"t": 1})
+    h.nodes[0].fetcher = NodeFetcher(0, h.state, ShardedSessionCache(1000, clock=h.clock))
+    topic_id = h.state.topics["t"].topic_id
+    out = h.send(0, h.request(FETCH, 13, fetch_v13(h, topic_id, 2**31 - 1, epoch)))
+    assert isinstance(out, Wait)
+    response = h.finish(out, FETCH, 13)
+    assert response is not None
+    assert int(response.error_code) == -1
+    assert response.session_id == 2**31 - 1
+    assert response.responses == ()
