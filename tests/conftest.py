@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.backends import BACKENDS, upstream_for
 from support.cluster import ThreadedCluster
 from support.kafka import KafkaCluster
+
+__all__ = ["BACKENDS", "upstream_for"]  # defined in tests/support/backends.py
 
 
 @pytest.fixture
@@ -46,8 +49,6 @@ def dev_cluster(dev_cluster_factory: Callable[..., ThreadedCluster]) -> Threaded
 
 KAFKA_FIXTURES = {"kafka": ("4", 1), "kafka3": ("4", 3), "kafka39": ("3.9", 1)}
 """fixture name -> (Kafka line, brokers)."""
-BACKENDS = ("devbroker", "kafka")
-"""The two upstreams every proxy integration scenario runs against."""
 
 _kafka_started: list[str] = []
 _failed_fixtures: set[str] = set()
@@ -93,16 +94,6 @@ def kafka3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
 def kafka39(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """A single-node Kafka 3.9.x: the older broker."""
     yield from _kafka_cluster("kafka39", tmp_path_factory)
-
-
-def upstream_for(request: pytest.FixtureRequest, backend: str) -> KafkaCluster | None:
-    """The real cluster behind a backend parameter ("kafka", "kafka3", "kafka39"), or None
-    for the dev cluster."""
-    if backend == "devbroker":
-        return None
-    cluster = request.getfixturevalue(backend)
-    assert isinstance(cluster, KafkaCluster)
-    return cluster
 
 
 def _uses_kafka(item: pytest.Item) -> set[str]:

@@ -2,7 +2,8 @@
 
 The proxy runs exactly as the container's entrypoint does (``kafka-fetch-proxy
 run`` with ``--metrics-listen``), with a record limit, the decision log and
-/debug/sessions on, in front of ``kafka-fetch-proxy devbroker``; confluent-kafka
+/debug/sessions on, in front of ``kafka-fetch-proxy devbroker`` or of real Kafka
+(``upstream`` is parametrised over ``BACKENDS``); confluent-kafka
 produces and consumes through it; Prometheus (Debian's binary,
 tests/support_prometheus.py) scrapes it every second, and the assertions go
 through Prometheus's HTTP query API:
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from support.backends import BACKENDS, upstream_for
+from support.procs import devbroker
 from support_prometheus import PrometheusServer, free_port, run_prometheus
 
 from proxy.observe import healthcheck
@@ -72,6 +75,19 @@ def _first_line(process: subprocess.Popen[bytes], prefix: bytes, timeout: float)
     raise AssertionError(
         f"no {prefix!r} line within {timeout}s (exit {process.poll()}): {buffer!r}"
     )
+
+
+@pytest.fixture(params=BACKENDS)
+def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(bootstrap, topic): a ``kafka-fetch-proxy devbroker`` process, or real Kafka."""
+    topic = f"orders-{uuid.uuid4().hex[:10]}"
+    cluster = upstream_for(request, request.param)
+    if cluster is not None:
+        cluster.create_topic(topic, PARTITIONS)
+        yield cluster.bootstrap, topic
+        return
+    with devbroker(f"{topic}:{PARTITIONS}", nodes=3) as bootstrap:
+        yield bootstrap, topic
 
 
 @pytest.fixture
@@ -200,28 +216,16 @@ def _sum(prom: PrometheusServer, expr: str) -> float:
 
 
 def test_prometheus_scrapes_the_running_proxy(
-    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]], upstream: tuple[str, str]
 ) -> None:
-    topic = "orders"
-    cluster = _spawn(
-        processes,
-        "devbroker",
-        "--nodes",
-        "3",
-        "--port",
-        "0",
-        "--topic",
-        f"{topic}:{PARTITIONS}",
-        stderr=tmp_path / "devbroker.log",
-    )
-    upstream = _first_line(cluster, b"bootstrap=", 30)
+    bootstrap_upstream, topic = upstream
     metrics_port = free_port()
     decision_log = tmp_path / "decisions.jsonl"
     proxy = _spawn(
         processes,
         "run",
         "--upstream",
-        upstream,
+        bootstrap_upstream,
         "--listen",
         "127.0.0.1:0",
         "--broker-port-base",

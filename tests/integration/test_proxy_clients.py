@@ -1,8 +1,12 @@
-"""Real Kafka clients through the proxy to a 3-node dev cluster.
+"""Real Kafka clients through the proxy, to the dev cluster and to real Apache Kafka.
 
-The dev cluster and the proxy run in one trio thread (``ProxyStack``); the
-clients (confluent-kafka/librdkafka, kafka-python, aiokafka, kcat) only ever
-see the proxy's bootstrap address.  Every test checks that each record arrives
+Every scenario runs on both backends (``stack`` is parametrised over ``BACKENDS``):
+a 3-node dev cluster in the proxy's trio thread (``ProxyStack``), and the session's
+single-node Kafka.  The broker-restart scenarios use ``stack3`` instead, whose real
+Kafka has three nodes with replication factor 3, so the stopped leader's partitions
+move to another broker (SIGTERM: Kafka's controlled shutdown).  The clients
+(confluent-kafka/librdkafka, kafka-python, aiokafka, kcat) only ever see the proxy's
+bootstrap address.  Every test checks that each record arrives
 exactly once, in order per partition, byte-identical, and the tests that can
 inspect the client's metadata check it lists only proxy addresses.
 """
@@ -19,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.backends import BACKENDS, BACKENDS_3, running, upstream_for
 from support.delivery import assert_exactly_once_in_order
 from support.stack import ProxyStack
 
@@ -27,13 +32,17 @@ pytestmark = pytest.mark.integration
 DEADLINE = 60.0  # seconds; every client loop below is bounded by it
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[ProxyStack]:
-    s = ProxyStack().start()
-    try:
+@pytest.fixture(scope="module", params=BACKENDS)
+def stack(request: pytest.FixtureRequest) -> Iterator[ProxyStack]:
+    with running(ProxyStack(upstream=upstream_for(request, request.param))) as s:
         yield s
-    finally:
-        s.stop()
+
+
+@pytest.fixture(scope="module", params=BACKENDS_3)
+def stack3(request: pytest.FixtureRequest) -> Iterator[ProxyStack]:
+    """Three brokers, every partition replicated on each: a leader can stop."""
+    with running(ProxyStack(upstream=upstream_for(request, request.param))) as s:
+        yield s
 
 
 # --- record bookkeeping -------------------------------------------------------------------
@@ -82,7 +91,7 @@ def test_kcat_metadata_produce_consume(stack: ProxyStack) -> None:
     brokers = {
         (host, int(port)) for host, port in re.findall(r"broker \d+ at ([^:\s]+):(\d+)", listing)
     }
-    assert len(brokers) == 3
+    assert len(brokers) == len(stack.broker_addresses())
     assert_only_proxy_addresses(stack, brokers)
     lines = [f"line-{i}-{'x' * (i % 7)}" for i in range(200)]
     for p in range(3):
@@ -201,7 +210,7 @@ def test_confluent_admin_creates_topics(stack: ProxyStack) -> None:
     assert_only_proxy_addresses(stack, {(b.host, b.port) for b in md.brokers.values()})
     cluster = admin.describe_cluster(request_timeout=10).result(timeout=DEADLINE)  # DescribeCluster
     assert_only_proxy_addresses(stack, {(n.host, n.port) for n in cluster.nodes})
-    assert len(cluster.nodes) == 3
+    assert len(cluster.nodes) == len(stack.broker_addresses())
 
 
 # --- kafka-python -------------------------------------------------------------------------
@@ -340,7 +349,8 @@ def test_aiokafka_produce_and_consume(
 # --- failure: a broker stops mid-consumption and comes back --------------------------------
 
 
-def test_node_restart_mid_consumption_confluent(stack: ProxyStack) -> None:
+def test_node_restart_mid_consumption_confluent(stack3: ProxyStack) -> None:
+    stack = stack3
     topic = stack.create_topic(6)
     first = make_records(6, 40, "before")
     confluent_produce(stack, topic, first, acks="all")
@@ -384,7 +394,8 @@ def test_node_restart_mid_consumption_confluent(stack: ProxyStack) -> None:
     assert_exactly_once_in_order(first + second, got)
 
 
-def test_node_restart_mid_consumption_kafka_python_group(stack: ProxyStack) -> None:
+def test_node_restart_mid_consumption_kafka_python_group(stack3: ProxyStack) -> None:
+    stack = stack3
     topic = stack.create_topic(6)
     first = make_records(6, 30, "kp-before")
     second = make_records(6, 30, "kp-after")

@@ -1,18 +1,25 @@
-"""TLS on both sides: client -> proxy B --TLS--> proxy A -> dev cluster.
+"""TLS on both sides: client -> proxy B --TLS--> proxy A -> upstream.
 
 Proxy A serves its clients over TLS (downstream TLS); proxy B reaches its
 upstream (proxy A) over TLS with CA verification and hostname checking
-(upstream TLS).  kcat talks to B in plain text and to A over TLS.
+(upstream TLS).  kcat talks to B in plain text and to A over TLS.  The upstream
+is the dev cluster or real Kafka (``backend`` is parametrised over ``BACKENDS``);
+both TLS legs are the proxy's own, so the whole chain runs on both.
 """
 
 from __future__ import annotations
 
 import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from support.backends import BACKENDS, upstream_for
+from support.kafka import KafkaCluster
 
 from proxy import config
 from proxy.devbroker.cluster import DevCluster
@@ -75,11 +82,30 @@ async def kcat(*args: str, stdin: bytes | None = None) -> str:
     return done.stdout.decode()
 
 
-async def test_upstream_and_downstream_tls(tmp_path: Path) -> None:
+@asynccontextmanager
+async def upstream(
+    cluster: KafkaCluster | None, topic: str
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """(bootstrap, node ids) of real Kafka, or (None) of a fresh dev cluster; both with
+    *topic* (3 partitions)."""
+    if cluster is not None:
+        await trio.to_thread.run_sync(cluster.create_topic, topic, 3)
+        yield cluster.bootstrap, sorted(cluster.nodes)
+        return
+    async with DevCluster(nodes=3, topics={topic: 3}) as dev:
+        yield dev.bootstrap, [0, 1, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_upstream_and_downstream_tls(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
     certs = make_certs(tmp_path)
-    with trio.fail_after(60):
+    cluster = upstream_for(request, backend)
+    secure = f"secure-{uuid.uuid4().hex[:10]}"
+    with trio.fail_after(90):
         async with (
-            DevCluster(nodes=3, topics={"secure": 3}) as cluster,
+            upstream(cluster, secure) as (bootstrap, node_ids),
             trio.open_nursery() as nursery,
         ):
             tls_a = {
@@ -87,7 +113,7 @@ async def test_upstream_and_downstream_tls(tmp_path: Path) -> None:
                 "cert_file": certs["server.pem"],
                 "key_file": certs["server.key"],
             }
-            a = await nursery.start(Proxy(settings(cluster.bootstrap, downstream_tls=tls_a)).serve)
+            a = await nursery.start(Proxy(settings(bootstrap, downstream_tls=tls_a)).serve)
             await a.discovered.wait()
             a_addr = f"127.0.0.1:{a.bootstrap.port}"
             tls_b = {"enabled": True, "ca_file": certs["ca.pem"], "check_hostname": True}
@@ -95,9 +121,9 @@ async def test_upstream_and_downstream_tls(tmp_path: Path) -> None:
             await b.discovered.wait()
             b_addr = f"127.0.0.1:{b.bootstrap.port}"
 
-            listing = await kcat("-b", b_addr, "-L", "-t", "secure")
-            assert " 3 brokers:" in listing
-            for node in range(3):
+            listing = await kcat("-b", b_addr, "-L", "-t", secure)
+            assert f" {len(node_ids)} brokers:" in listing
+            for node in node_ids:
                 assert f"broker {node} at 127.0.0.1:{b.broker_address(node)[1]}" in listing
             lines = [f"tls-{i}" for i in range(50)]
             await kcat(
@@ -105,17 +131,17 @@ async def test_upstream_and_downstream_tls(tmp_path: Path) -> None:
                 b_addr,
                 "-P",
                 "-t",
-                "secure",
+                secure,
                 "-p",
                 "1",
                 stdin="\n".join(lines).encode() + b"\n",
             )
-            out = await kcat("-b", b_addr, "-C", "-t", "secure", "-p", "1", "-e", "-f", "%s\n")
+            out = await kcat("-b", b_addr, "-C", "-t", secure, "-p", "1", "-e", "-f", "%s\n")
             assert out.splitlines() == lines
             # a TLS client straight to proxy A sees the same data
             out_a = await kcat(
                 "-b", a_addr, "-X", "security.protocol=ssl", "-X", f"ssl.ca.location={certs['ca.pem']}",
-                "-C", "-t", "secure", "-p", "1", "-e", "-f", "%s\n",
+                "-C", "-t", secure, "-p", "1", "-e", "-f", "%s\n",
             )  # fmt: skip
             assert out_a.splitlines() == lines
             assert b.readiness()[0]

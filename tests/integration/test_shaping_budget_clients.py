@@ -1,7 +1,8 @@
 """`kafka-fetch-proxy run` as a process: the memory budget under 50 consumers, and config reload.
 
-The proxy is the real CLI process in front of the dev cluster (a thread of this
-process), so its memory is its own: the peak of response data the proxy held
+The proxy is the real CLI process in front of the upstream, on both backends
+(``upstream`` is parametrised over ``BACKENDS``): the dev cluster (a thread of this
+process) or real Kafka (the session's single node), so its memory is its own: the peak of response data the proxy held
 comes from its own accounting (the ``memory_budget_summary`` log line it writes
 at exit; reservations, so an upper bound of the data held) and from its peak
 RSS (``VmHWM`` in /proc) above the RSS it had with every consumer connected and
@@ -19,11 +20,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.backends import BACKENDS, upstream_for
 from support.cluster import ThreadedCluster
+from support.kafka import KafkaCluster
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +41,23 @@ PER_PARTITION = 1500
 VALUE = 1000
 DEADLINE = 150.0
 IDLE_SECONDS = 3.0
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def upstream(request: pytest.FixtureRequest) -> Iterator[ThreadedCluster | KafkaCluster]:
+    """What the proxy process fronts: ``.bootstrap`` and ``.create_topic(name, partitions)``."""
+    cluster = upstream_for(request, request.param)
+    if cluster is not None:
+        yield cluster
+        return
+    with ThreadedCluster(nodes=3) as dev:
+        yield dev
+
+
+def new_topic(upstream: ThreadedCluster | KafkaCluster, prefix: str, partitions: int) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    upstream.create_topic(name, partitions)
+    return name
 
 
 class ProxyProcess:
@@ -129,45 +150,47 @@ def consume_all(bootstrap: str, topic: str, progress: list[int], index: int) -> 
 
 
 @pytest.mark.slow
-def test_fifty_consumers_under_a_64_mib_budget(tmp_path: Path) -> None:
-    topic = "bulk"
-    with ThreadedCluster(nodes=3, topics={topic: PARTITIONS}) as cluster:
-        config_file = tmp_path / "proxy.toml"
-        write_config(config_file, cluster.bootstrap, memory_budget_bytes=BUDGET)
-        proxy = ProxyProcess(config_file)
-        try:
-            bootstrap = proxy.line("bootstrap")
-            proxy.event("upstream_discovered")
-            progress = [0] * CONSUMERS
-            threads = [
-                threading.Thread(target=consume_all, args=(bootstrap, topic, progress, i))
-                for i in range(CONSUMERS)
-            ]
-            for t in threads:
-                t.start()
-            # Every consumer connected and long-polling the empty topic: the memory the
-            # connections themselves take (not response data) is in the baseline.
-            time.sleep(IDLE_SECONDS)
-            baseline_kib = proxy.memory_kib("VmRSS")
-            producer = confluent_kafka.Producer(
-                {"bootstrap.servers": cluster.bootstrap, "linger.ms": 20}
-            )
-            for i in range(PER_PARTITION):
-                for p in range(PARTITIONS):
-                    producer.produce(topic, os.urandom(VALUE), partition=p)
-                if i % 200 == 0:
-                    producer.poll(0)
-            assert producer.flush(60) == 0
-            del producer  # closes its broker connections before the cluster stops
-            for t in threads:
-                t.join(DEADLINE + 30)
-            peak_kib = proxy.memory_kib("VmHWM")
-        finally:
-            assert proxy.stop() == 0
+def test_fifty_consumers_under_a_64_mib_budget(
+    tmp_path: Path, upstream: ThreadedCluster | KafkaCluster
+) -> None:
+    topic = new_topic(upstream, "bulk", PARTITIONS)
+    cluster = upstream
+    config_file = tmp_path / "proxy.toml"
+    write_config(config_file, cluster.bootstrap, memory_budget_bytes=BUDGET)
+    proxy = ProxyProcess(config_file)
+    try:
+        bootstrap = proxy.line("bootstrap")
+        proxy.event("upstream_discovered")
+        progress = [0] * CONSUMERS
+        threads = [
+            threading.Thread(target=consume_all, args=(bootstrap, topic, progress, i))
+            for i in range(CONSUMERS)
+        ]
+        for t in threads:
+            t.start()
+        # Every consumer connected and long-polling the empty topic: the memory the
+        # connections themselves take (not response data) is in the baseline.
+        time.sleep(IDLE_SECONDS)
+        baseline_kib = proxy.memory_kib("VmRSS")
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": cluster.bootstrap, "linger.ms": 20}
+        )
+        for i in range(PER_PARTITION):
+            for p in range(PARTITIONS):
+                producer.produce(topic, os.urandom(VALUE), partition=p)
+            if i % 200 == 0:
+                producer.poll(0)
+        assert producer.flush(60) == 0
+        del producer  # closes its broker connections before the cluster stops
+        for t in threads:
+            t.join(DEADLINE + 30)
+        peak_kib = proxy.memory_kib("VmHWM")
+    finally:
+        assert proxy.stop() == 0
     summary = next(e for e in proxy.all_events if e["event"] == "memory_budget_summary")
     rss_growth = (peak_kib - baseline_kib) * 1024
     print(
-        f"{CONSUMERS} consumers, budget {BUDGET >> 20} MiB: accounted peak"
+        f"{CONSUMERS} consumers, {type(upstream).__name__}, budget {BUDGET >> 20} MiB: accounted peak"
         f" {summary['peak_bytes'] / 2**20:.1f} MiB, overshoot {summary['overshoot_bytes']},"
         f" budget waits {summary['count']}; RSS {baseline_kib >> 10} MiB before,"
         f" peak {peak_kib >> 10} MiB (+{rss_growth / 2**20:.1f} MiB)"
@@ -186,30 +209,32 @@ def test_fifty_consumers_under_a_64_mib_budget(tmp_path: Path) -> None:
     assert rss_growth < BUDGET
 
 
-def test_config_reload_on_file_change_and_sighup(tmp_path: Path) -> None:
-    with ThreadedCluster(nodes=1, topics={"t": 1}) as cluster:
-        config_file = tmp_path / "proxy.toml"
-        write_config(config_file, cluster.bootstrap, max_records=100)
-        proxy = ProxyProcess(config_file)
-        try:
-            proxy.line("bootstrap")
-            write_config(
-                config_file,
-                cluster.bootstrap,
-                max_records=5,
-                policies=[{"name": "java", "client_id": "java-*", "max_records": 1}],
-            )
-            event = proxy.event("config_reloaded")
-            assert event["reason"] == "file"
-            assert event["config_keys"] == ["max_records", "policies"]
-            write_config(config_file, cluster.bootstrap, max_records=-1)
-            failed = proxy.event("config_reload_failed")
-            assert "max_records" in failed["error"] and "-1" in failed["error"]
-            write_config(config_file, cluster.bootstrap, max_records=7, max_frame_bytes=2048)
-            event = proxy.event("config_reloaded")
-            assert event["config_keys"] == ["max_records", "policies"]
-            assert event["restart_keys"] == ["max_frame_bytes"]
-            proxy.proc.send_signal(signal.SIGHUP)
-            assert proxy.event("config_reloaded")["reason"] == "SIGHUP"
-        finally:
-            assert proxy.stop() == 0
+def test_config_reload_on_file_change_and_sighup(
+    tmp_path: Path, upstream: ThreadedCluster | KafkaCluster
+) -> None:
+    cluster = upstream
+    config_file = tmp_path / "proxy.toml"
+    write_config(config_file, cluster.bootstrap, max_records=100)
+    proxy = ProxyProcess(config_file)
+    try:
+        proxy.line("bootstrap")
+        write_config(
+            config_file,
+            cluster.bootstrap,
+            max_records=5,
+            policies=[{"name": "java", "client_id": "java-*", "max_records": 1}],
+        )
+        event = proxy.event("config_reloaded")
+        assert event["reason"] == "file"
+        assert event["config_keys"] == ["max_records", "policies"]
+        write_config(config_file, cluster.bootstrap, max_records=-1)
+        failed = proxy.event("config_reload_failed")
+        assert "max_records" in failed["error"] and "-1" in failed["error"]
+        write_config(config_file, cluster.bootstrap, max_records=7, max_frame_bytes=2048)
+        event = proxy.event("config_reloaded")
+        assert event["config_keys"] == ["max_records", "policies"]
+        assert event["restart_keys"] == ["max_frame_bytes"]
+        proxy.proc.send_signal(signal.SIGHUP)
+        assert proxy.event("config_reloaded")["reason"] == "SIGHUP"
+    finally:
+        assert proxy.stop() == 0
