@@ -2,7 +2,7 @@
 
 Every scenario runs on both backends (``stack`` is parametrised over ``BACKENDS``):
 a 3-node dev cluster in the proxy's trio thread (``ProxyStack``), and the session's
-single-node Kafka.  The broker-restart scenarios use ``stack3`` instead, whose real
+single-node Kafka; and once more on the older broker line (Kafka 3.9, ``kafka39``).  The broker-restart scenarios use ``stack3`` instead, whose real
 Kafka has three nodes with replication factor 3, so the stopped leader's partitions
 move to another broker (SIGTERM: Kafka's controlled shutdown).  The clients
 (confluent-kafka/librdkafka, kafka-python, aiokafka, kcat) only ever see the proxy's
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 DEADLINE = 60.0  # seconds; every client loop below is bounded by it
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=(*BACKENDS, "kafka39"))
 def stack(request: pytest.FixtureRequest) -> Iterator[ProxyStack]:
     with running(ProxyStack(upstream=upstream_for(request, request.param))) as s:
         yield s
