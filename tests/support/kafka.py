@@ -15,6 +15,23 @@ Every node is a combined broker+controller; a 3-node cluster has a 3-voter quoru
 one node can be stopped and restarted while the others keep serving.  Ports are chosen
 at run time, storage is formatted fresh, and every process is stopped by its pid.
 Each node's ``server.log`` stays in ``workdir``.
+
+Security is opt-in (``security=Security(...)``): every node then also serves a
+``SECURE`` listener (SASL_SSL or SASL_PLAINTEXT) with SCRAM-SHA-512 and PLAIN, and the
+cluster runs the StandardAuthorizer with ``allow.everyone.if.no.acl.found=false``::
+
+    ca = CertificateAuthority.create(tmp / "ca", "test-ca")      # tests/support/tls.py
+    sec = Security({"alice": "alice-pw"}, keystore=ca.issue("broker", server=True).keystore,
+                   truststore=ca.cert)
+    cluster = KafkaCluster(1, workdir=tmp, security=sec).start()
+    cluster.allow("alice", topic="orders", operations=("READ", "WRITE", "DESCRIBE"))
+    cluster.secure_bootstrap                                      # the SECURE listeners
+
+SCRAM credentials are created when storage is formatted (``kafka-storage format
+--add-scram``), PLAIN users are in the listener's JAAS config, ACLs are created with
+the Admin API.  The PLAINTEXT listener stays the internal one (inter-broker, the
+controllers, this class's own admin client): its principal, User:ANONYMOUS, is a
+super user, so only the SECURE listener is a client-facing, authorizing one.
 """
 
 from __future__ import annotations
@@ -145,6 +162,8 @@ class KafkaNode:
     proc: subprocess.Popen[bytes] | None = None
     paused: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    secure_port: int | None = None
+    """The SECURE listener's port (only with ``KafkaCluster(security=...)``)."""
 
     @property
     def address(self) -> str:
@@ -162,6 +181,70 @@ class KafkaNode:
         return "\n".join(text[-lines:])
 
 
+SECURE_LISTENER = "SECURE"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class Security:
+    """A SECURE listener with SASL (SCRAM-SHA-512 and PLAIN) and an authorizer.
+
+    ``users`` (name -> password) are both SCRAM-SHA-512 credentials and PLAIN users.
+    With ``protocol="SASL_SSL"`` the listener serves TLS from ``keystore`` (a PEM file:
+    PKCS#8 key, then the certificate chain; ``tests/support/tls.py``) and trusts
+    ``truststore`` (PEM CAs).  ``super_users`` are super users besides User:ANONYMOUS
+    (the internal PLAINTEXT listener's principal).
+    """
+
+    users: Mapping[str, str]
+    protocol: str = "SASL_SSL"
+    keystore: Path | None = None
+    truststore: Path | None = None
+    super_users: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("SASL_SSL", "SASL_PLAINTEXT"):
+            raise ValueError(f"protocol {self.protocol!r}: SASL_SSL or SASL_PLAINTEXT")
+        if self.protocol == "SASL_SSL" and (self.keystore is None or self.truststore is None):
+            raise ValueError("SASL_SSL needs a keystore and a truststore")
+        for name, password in self.users.items():
+            if not re.fullmatch(r"[\w.-]+", name) or not re.fullmatch(r"[\w.-]+", password):
+                raise ValueError(f"user {name!r}: names and passwords of [A-Za-z0-9_.-] only")
+
+    def properties(self) -> dict[str, str]:
+        """Broker properties of the SECURE listener and the authorizer."""
+        prefix = f"listener.name.{SECURE_LISTENER.lower()}"
+        plain_users = " ".join(f'user_{u}="{p}"' for u, p in self.users.items())
+        props = {
+            "sasl.enabled.mechanisms": f"PLAIN,{SCRAM_MECHANISM}",
+            f"{prefix}.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};"
+            ),
+            f"{prefix}.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": ";".join(["User:ANONYMOUS", *(f"User:{u}" for u in self.super_users)]),
+        }
+        if self.protocol == "SASL_SSL":
+            props |= {
+                f"{prefix}.ssl.keystore.type": "PEM",
+                f"{prefix}.ssl.keystore.location": str(self.keystore),
+                f"{prefix}.ssl.truststore.type": "PEM",
+                f"{prefix}.ssl.truststore.location": str(self.truststore),
+                f"{prefix}.ssl.client.auth": "none",
+            }
+        return props
+
+    def scram_arguments(self) -> list[str]:
+        """``kafka-storage format`` arguments that create the SCRAM credentials."""
+        args: list[str] = []
+        for user, password in self.users.items():
+            args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
+        return args
+
+
 class KafkaCluster:
     """A KRaft cluster of ``brokers`` combined broker+controller nodes on 127.0.0.1."""
 
@@ -173,6 +256,7 @@ class KafkaCluster:
         version: str = "4",
         config: Mapping[str, str] | None = None,
         listeners: Mapping[str, int] | None = None,
+        security: Security | None = None,
     ) -> None:
         if version not in VERSIONS:
             raise ValueError(f"unknown Kafka line {version!r}: one of {sorted(VERSIONS)}")
@@ -187,6 +271,11 @@ class KafkaCluster:
         for node_id in range(1, brokers + 1):
             node_dir = self.workdir / f"node-{node_id}"
             self.nodes[node_id] = KafkaNode(node_id, free_port(), free_port(), node_dir)
+        self.security = security
+        """The SECURE listener and authorizer (None: PLAINTEXT only, no authorizer)."""
+        if security is not None:
+            for node in self.nodes.values():
+                node.secure_port = free_port()
         self.start_seconds = 0.0
 
     # -- lifecycle ---------------------------------------------------------------
@@ -195,6 +284,13 @@ class KafkaCluster:
     def bootstrap(self) -> str:
         return ",".join(n.address for n in self.nodes.values())
 
+    @property
+    def secure_bootstrap(self) -> str:
+        """The SECURE listeners (``security=`` only)."""
+        if self.security is None:
+            raise ValueError("this cluster has no SECURE listener (no security=)")
+        return ",".join(f"127.0.0.1:{n.secure_port}" for n in self.nodes.values())
+
     def start(self, timeout: float = START_TIMEOUT) -> KafkaCluster:
         began = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -202,8 +298,9 @@ class KafkaCluster:
         for node in self.nodes.values():
             node.dir.mkdir(parents=True, exist_ok=True)
             self._write_properties(node)
+            scram = self.security.scram_arguments() if self.security is not None else []
             self._storage(
-                "format", "-t", self.cluster_id, "-c", str(node.dir / "server.properties")
+                "format", "-t", self.cluster_id, "-c", str(node.dir / "server.properties"), *scram
             )
         try:
             for node in self.nodes.values():
@@ -318,6 +415,47 @@ class KafkaCluster:
         meta = self._admin().list_topics(topic, timeout=10)
         return int(meta.topics[topic].partitions[partition].leader)
 
+    def allow(
+        self,
+        user: str,
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+        operations: tuple[str, ...] = ("READ", "WRITE", "DESCRIBE"),
+        prefixed: bool = False,
+        timeout: float = 30.0,
+    ) -> None:
+        """ALLOW ACLs for User:*user* on a topic or a consumer group (Admin API).
+
+        ``operations`` are ``AclOperation`` names; ``prefixed`` makes the resource name a
+        prefix.  Returns once the ACLs are created (the authorizer sees them from the
+        metadata log a moment later: callers wait for their effect)."""
+        from confluent_kafka.admin import (
+            AclBinding,
+            AclOperation,
+            AclPermissionType,
+            ResourcePatternType,
+            ResourceType,
+        )
+
+        if (topic is None) == (group is None):
+            raise ValueError("ACLs for one topic or one group")
+        kind, name = (
+            (ResourceType.TOPIC, topic) if topic is not None else (ResourceType.GROUP, group)
+        )
+        assert name is not None
+        pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+        bindings = [
+            AclBinding(
+                kind, name, pattern, f"User:{user}", "*", AclOperation[op], AclPermissionType.ALLOW
+            )
+            for op in operations
+        ]
+        admin = self._admin(timeout=timeout)  # kept alive until the results are in
+        futures = admin.create_acls(bindings, request_timeout=timeout)
+        for future in futures.values():
+            future.result(timeout=timeout)
+
     def _wait_leaders(self, topic: str, partitions: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -370,6 +508,11 @@ class KafkaCluster:
                 listeners.append(f"{name}://127.0.0.1:{listen}")
                 advertised.append(f"{name}://127.0.0.1:{port}")
                 protocols.append(f"{name}:PLAINTEXT")
+        if self.security is not None:
+            secure = f"{SECURE_LISTENER}://127.0.0.1:{node.secure_port}"
+            listeners.append(secure)
+            advertised.append(secure)
+            protocols.append(f"{SECURE_LISTENER}:{self.security.protocol}")
         listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
         rf = str(min(3, len(self.nodes)))
         props = {
@@ -388,6 +531,7 @@ class KafkaCluster:
             "share.coordinator.state.topic.replication.factor": rf,
             "share.coordinator.state.topic.min.isr": "1",
             "default.replication.factor": rf,
+            **(self.security.properties() if self.security is not None else {}),
             **self.config,
         }
         (node.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
