@@ -4,6 +4,11 @@ Only what the proxy (or the dev broker) must understand is decoded; everything
 else stays opaque bytes.  The request header's first eight bytes (api key,
 version, correlation id) are readable for *any* request, which is all that
 pass-through needs.
+
+Every body is checked by one walk of its layout (``walk.check``) before kio
+sees it: kio reserves memory for the array counts a message declares before
+reading the entries, and decodes a null array as None even where the schema
+has no null.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from typing import IO, Any, cast
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
+from . import walk
 from .errors import DecodeError, ProtocolError
 from .framing import COPY_BELOW, Buffer, Gathered
+from .walk import read_uvarint as read_uvarint  # re-exported: the codec's varint reader
 
 API_VERSIONS_KEY = 18
 CONTROLLED_SHUTDOWN_KEY = 7
@@ -64,25 +71,6 @@ def response_header_version(api_key: int, version: int) -> int | None:
     if schema is None:
         return None
     return 1 if schema.__flexible__ else 0
-
-
-def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """An unsigned varint at *pos*: (value, position after it); DecodeError if malformed."""
-    if pos < len(buf) and buf[pos] < 0x80:  # the common one-byte case
-        return buf[pos], pos + 1
-    value = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise DecodeError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise DecodeError("varint too long")
 
 
 def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
@@ -176,7 +164,12 @@ def peek_correlation_id(frame: bytes | memoryview) -> int:
     return int(cid)
 
 
-def _decode(schema: Any, frame: bytes | memoryview, offset: int, *, strict: bool) -> Any:
+def _decode(schema: Any, frame: bytes, offset: int, *, strict: bool) -> Any:
+    # kio must only see a body whose counts fit and whose nulls are allowed (module docstring)
+    try:
+        walk.check(schema, frame, offset)
+    except DecodeError as exc:
+        raise DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}") from exc
     try:
         obj, size = entity_reader(schema)(frame, offset)
     except ProtocolError:

@@ -28,9 +28,9 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
-from ..protocol import codec
+from ..protocol import codec, walk
 from ..protocol.errors import DecodeError
-from . import endpoints, walk
+from . import endpoints
 
 API_VERSIONS = 18
 

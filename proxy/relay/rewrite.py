@@ -27,7 +27,7 @@ them, is ``endpoints.py``.
 An entry with a negative node id (e.g. FindCoordinator's "no coordinator"
 answer, node -1 with an empty host) is left alone.  Everything else in the
 response, unknown tagged fields included, is preserved byte for byte (see
-``walk.py``); when no endpoint is present the very same bytes object is returned.
+``protocol/walk.py``); when no endpoint is present the very same bytes object is returned.
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ from typing import Any
 
 from kio.static.primitive import i32
 
-from ..protocol import codec
+from ..protocol import codec, walk
 from ..protocol.errors import DecodeError
-from . import walk
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 1, 3, 10, 60
 SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79

@@ -29,10 +29,9 @@ from collections import deque
 from typing import Any, Protocol
 
 from ..observe.labels import ResetReason, Side
-from ..protocol import codec
+from ..protocol import codec, walk
 from ..protocol.errors import DecodeError
 from ..protocol.framing import Payload
-from ..relay import walk
 from ..relay.pipeline import ClientRequest, PassThroughFetch, Upstream
 from .broker import FetchSessionCache
 from .downstream import SessionFetchServer

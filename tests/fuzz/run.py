@@ -130,7 +130,6 @@ def _mutation_worker(
     fn = targets.TARGETS[target]
     pool = list(seeds.seeds(target)) or [b""]
     rng = random.Random(seed)
-    targets.kio_bounded()  # probed once, before the memory limit
     _limit_memory()
     previous = b""
     # The input being run, kept where the parent can read it if the process dies (an abort

@@ -32,15 +32,13 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 from proxy.fetchpath import FetchPath, FetchPathConfig
 from proxy.protocol import codec, records
-from proxy.protocol.errors import DecodeError, ProtocolError
+from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import FrameDecoder
-from proxy.relay import apiversions, pipeline, rewrite, walk
+from proxy.relay import apiversions, pipeline, rewrite
 from proxy.relay.addresses import AddressBook
 from proxy.sessions import broker, client
 
@@ -53,16 +51,10 @@ class Hang(Exception):
     """An input ran longer than the time budget."""
 
 
-class UnboundedAllocation(Exception):
-    """kio would be asked to decode an array whose declared count exceeds the message."""
-
-
 def classify(exc: BaseException) -> str | None:
     """None when *exc* is an allowed outcome; otherwise a short label of the finding."""
     if isinstance(exc, Hang):
         return "hang"
-    if isinstance(exc, UnboundedAllocation):
-        return "unbounded allocation"
     if isinstance(exc, ProtocolError):
         cause: BaseException | None = exc
         while cause is not None:
@@ -115,6 +107,8 @@ def check(data: bytes, name: str) -> None:
 
 
 # -- kio's allocation of declared array counts -------------------------------------------------
+# kio 0.6.5 reserves the count an array declares before reading its entries; the codec
+# refuses counts that cannot fit (``walk.check``) before kio sees them.
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERSIZED_FETCH = (
@@ -125,8 +119,6 @@ OVERSIZED_FETCH = (
     + b"\x00" * 8
 )
 """A 44-byte Fetch v12 request whose topics array announces 2**32 - 2 entries."""
-RESERVE_SLACK = 1 << 17
-"""Array entries kio may reserve beyond the message's size without it counting (1 MiB)."""
 _PROBE = """
 import sys
 from proxy.protocol import codec
@@ -139,7 +131,7 @@ except ProtocolError as exc:
 
 
 def probe_oversized_fetch() -> subprocess.CompletedProcess[str]:
-    """Decode ``OVERSIZED_FETCH`` in a child process (kio 0.6.5 aborts the process on it)."""
+    """Decode ``OVERSIZED_FETCH`` in a child process (kio 0.6.5 alone aborts the process on it)."""
     return subprocess.run(
         [sys.executable, "-c", _PROBE, OVERSIZED_FETCH.hex()],
         capture_output=True,
@@ -147,54 +139,6 @@ def probe_oversized_fetch() -> subprocess.CompletedProcess[str]:
         timeout=60,
         cwd=ROOT,
     )
-
-
-@cache
-def kio_bounded() -> bool:
-    """Does the codec refuse an array count larger than its message without allocating it?
-
-    kio's native array readers reserve the declared count up front (8 bytes an
-    entry: 34 GB for ``OVERSIZED_FETCH``), and a failed allocation aborts the
-    process, which no except clause can catch.  Until the codec refuses such
-    counts itself, the targets check every message they would hand to kio with
-    the walker's bounds (``guard_kio``) and report it as a finding instead of
-    letting it abort the fuzzer.
-    """
-    probe = probe_oversized_fetch()
-    return probe.returncode == 0 and probe.stdout.startswith("refused:")
-
-
-def guard_kio(schema: Any, frame: bytes, offset: int | None) -> None:
-    """Raise UnboundedAllocation if kio would reserve an array larger than *frame* allows."""
-    if schema is None or offset is None or kio_bounded():
-        return
-    try:
-        walk.field_spans(schema, frame, offset, lambda cls: False, "")
-    except DecodeError as exc:
-        words = str(exc).split()
-        # kio reserves 8 bytes an entry: flag what no message of this size justifies
-        # (a short count at the very end of a message only underflows).
-        if words[:2] == ["array", "of"] and int(words[2]) > max(len(frame), RESERVE_SLACK):
-            raise UnboundedAllocation(f"{schema.__name__} v{schema.__version__}: {exc}") from exc
-
-
-def guard_request(frame: bytes) -> None:
-    try:
-        header = codec.parse_request_header(frame)
-    except ProtocolError:
-        return  # the codec refuses it before kio sees it
-    guard_kio(codec.request_schema(header.api_key, header.api_version), frame, header.body_offset)
-
-
-def guard_response(api_key: int, version: int, frame: bytes) -> None:
-    hv = codec.response_header_version(api_key, version)
-    if hv is None:
-        return
-    try:
-        offset = codec.response_body_offset(frame, hv)
-    except ProtocolError:
-        return
-    guard_kio(codec.response_schema(api_key, version), frame, offset)
 
 
 # -- a small reader of fuzz bytes ------------------------------------------------------------
@@ -290,7 +234,6 @@ def framing(data: bytes) -> None:
 def request(data: bytes) -> None:
     """A client's request frame: header, body decode, and what the relay reads of it."""
     header = codec.parse_request_header(data)
-    guard_request(data)
     if header.body_offset is not None:
         assert 8 <= header.body_offset <= len(data), "body offset outside the frame"
     acks = pipeline.produce_acks(header, data) if header.api_key == rewrite.PRODUCE else None
@@ -326,7 +269,6 @@ def selector(
 def response(data: bytes) -> None:
     """kio decode of a response frame at the API and version named by the first two bytes."""
     api_key, version, frame = _select(data, corpus.response_pairs())
-    guard_response(api_key, version, frame)
     codec.decode_response(api_key, version, frame)
 
 
@@ -413,14 +355,11 @@ def relay(data: bytes) -> None:
             kind %= 4
             if kind == CLIENT:
                 if relay.can_accept:
-                    guard_request(payload)
                     relay.client_frame(payload)
             elif kind in (UPSTREAM, UPSTREAM_RAW) and relay._pending:
                 pending = relay._pending[0]
                 if kind == UPSTREAM and pending.correlation_id is not None and len(payload) >= 4:
                     payload = struct.pack(">i", pending.correlation_id) + payload[4:]
-                if pending.correlation_id is not None:
-                    guard_response(pending.api_key, pending.api_version, payload)
                 relay.upstream_frame(payload)
             elif kind == UPSTREAM_RAW:
                 relay.upstream_frame(payload)

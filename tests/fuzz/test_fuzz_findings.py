@@ -10,9 +10,10 @@ import struct
 
 import pytest
 from fuzz import seeds, targets
+from kio.serial import entity_reader
 
 from proxy.protocol import codec
-from proxy.protocol.errors import ProtocolError
+from proxy.protocol.errors import DecodeError, ProtocolError
 
 
 def test_oversized_array_count_is_refused_without_allocating() -> None:
@@ -49,6 +50,13 @@ def test_null_partitions_in_an_upstream_fetch_response_is_a_protocol_error() -> 
 
 
 def test_the_null_array_decodes_as_none() -> None:
-    """The decoder-level fact behind the two tests above (passes today; documents kio)."""
-    _, body = codec.decode_request(_fetch_v4(-1))
+    """The kio fact behind the two tests above (documents kio 0.6.5): kio itself decodes the
+    null array as None, so the codec's check (``walk.check``) is what refuses it."""
+    frame = _fetch_v4(-1)
+    header = codec.parse_request_header(frame)
+    assert header.body_offset is not None
+    schema = codec.request_schema(header.api_key, header.api_version)
+    body, _ = entity_reader(schema)(frame, header.body_offset)
     assert body.topics is None
+    with pytest.raises(DecodeError, match=r"FetchRequest\.topics: null array"):
+        codec.decode_request(frame)

@@ -20,9 +20,9 @@ from kio.schema.produce.v10 import response as p10
 from kio.schema.types import BrokerId
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
-from proxy.protocol import codec
+from proxy.protocol import codec, walk
 from proxy.protocol.errors import DecodeError, ProtocolError
-from proxy.relay import rewrite, walk
+from proxy.relay import rewrite
 
 ZERO = i32Timedelta.parse(datetime.timedelta(0))
 ADDRS = {1: ("proxy.local", 9101), 2: ("proxy.local", 9102), 3: ("proxy.local", 9103)}

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.static.primitive import Records
 
-from proxy.protocol import codec
-from proxy.relay import apiversions, rewrite, walk
+from proxy.protocol import codec, walk
+from proxy.relay import apiversions, rewrite
 
 # kio registers strategies for its primitives but not for Records (opaque batch bytes here)
 st.register_type_strategy(Records, st.binary(max_size=40).map(Records.parse))

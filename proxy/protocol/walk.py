@@ -1,4 +1,4 @@
-"""Byte-level, schema-driven rewriting of Kafka messages that keeps everything it does not touch.
+"""Byte-level, schema-driven walking of Kafka messages: checking, and rewriting what it touches.
 
 kio decodes a message into frozen dataclasses, but it refuses unknown tagged
 fields and re-encoding loses anything it did not model.  The proxy only ever
@@ -18,15 +18,27 @@ class the hook ``wants``; the hook sees the original bytes and the byte span of
 each non-tagged field and returns replacement bytes (``b""`` drops an array
 element) or None to keep the entity.  The result is the new frame, or the very
 same ``bytes`` object when nothing changed.
+
+``check(schema, frame, offset)`` is the same walk with no hook: the codec runs
+it before handing network bytes to kio (``codec._decode``).  kio's native array
+readers reserve the count a message declares before reading its entries (a
+44-byte request can announce 2**32 - 2 of them, and the failed allocation
+aborts the process), and kio decodes a null (-1) count as None even where the
+schema has no null.  The walk refuses both, as Kafka's own generated readers
+do: every array needs a byte per entry at least, so a count larger than the
+bytes left cannot be honest; a null array, string or bytes value is allowed
+only where kio's type for the field is ``... | None``.  It skips records and
+bytes without copying them, so it costs one pass over the message's structure.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 from functools import cache
-from typing import Any, Protocol
+from types import NoneType, UnionType
+from typing import Any, Protocol, Union, get_args, get_origin
 
 from kio.serial._introspect import (
     EntityField,
@@ -35,11 +47,9 @@ from kio.serial._introspect import (
     PrimitiveTupleField,
     classify_field,
     get_field_tag,
-    is_optional,
 )
 
-from ..protocol.codec import read_uvarint
-from ..protocol.errors import DecodeError
+from .errors import DecodeError
 
 _FIXED_SIZES = {
     "int8": 1,
@@ -76,6 +86,25 @@ class Hook(Protocol):
 # --- varints ------------------------------------------------------------------------------
 
 
+def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """An unsigned varint at *pos*: (value, position after it); DecodeError if malformed."""
+    if pos < len(buf) and buf[pos] < 0x80:  # the common one-byte case
+        return buf[pos], pos + 1
+    value = 0
+    shift = 0
+    while True:
+        if pos >= len(buf):
+            raise DecodeError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise DecodeError("varint too long")
+
+
 def write_uvarint(value: int) -> bytes:
     out = bytearray()
     while True:
@@ -107,9 +136,9 @@ def decode_string(buf: bytes, span: Span, flexible: bool) -> str | None:
 
 # --- compiled layouts ---------------------------------------------------------------------
 
-# A step says how to cross one field:
-#   ("fixed", size) | ("var", kafka_type) | ("parray", step) | ("entity", plan_getter, nullable)
-#   | ("earray", plan_getter)
+# A step says how to cross one field (*name* is "Entity.field", for error messages):
+#   ("fixed", size) | ("var", kafka_type, nullable, name) | ("parray", step, nullable, name)
+#   | ("entity", cls, null_marker) | ("earray", cls, nullable, name)
 Step = tuple[Any, ...]
 
 
@@ -133,11 +162,32 @@ def _merge_fixed(steps: list[tuple[str, Step]]) -> list[Step]:
     return out
 
 
-def _primitive_step(kafka_type: str) -> Step:
+def _is_optional(tp: Any) -> bool:
+    return get_origin(tp) in (UnionType, Union) and NoneType in get_args(tp)
+
+
+def _nullable(f: Field[Any]) -> bool:
+    """Is the field itself nullable (``X | None``, ``tuple[X, ...] | None``)?
+
+    Not kio's ``is_optional``, which also says yes for an array of nullable
+    entries (``tuple[UUID | None, ...]``).
+    """
+    return _is_optional(f.type)
+
+
+def _entries_nullable(f: Field[Any]) -> bool:
+    """Are the entries of the array field *f* nullable (``tuple[X | None, ...]``)?"""
+    array = f.type
+    if _is_optional(array):
+        array = next(a for a in get_args(array) if a is not NoneType)
+    return _is_optional(get_args(array)[0])
+
+
+def _primitive_step(kafka_type: str, nullable: bool, name: str) -> Step:
     if kafka_type in _FIXED_SIZES:
         return ("fixed", _FIXED_SIZES[kafka_type])
     if kafka_type in ("string", "bytes", "records"):
-        return ("var", kafka_type)
+        return ("var", kafka_type, nullable, name)
     raise DecodeError(f"no layout for kafka_type {kafka_type!r}")
 
 
@@ -149,16 +199,19 @@ def plan_for(cls: type) -> Plan:
     for f in fields(cls):
         tag = get_field_tag(f)
         kind = classify_field(f)
+        nullable = _nullable(f)
+        name = f"{cls.__name__}.{f.name}"
         step: Step
         if isinstance(kind, PrimitiveField):
-            step = _primitive_step(f.metadata["kafka_type"])
+            step = _primitive_step(f.metadata["kafka_type"], nullable, name)
         elif isinstance(kind, PrimitiveTupleField):
-            step = ("parray", _primitive_step(f.metadata["kafka_type"]))
+            entry = _primitive_step(f.metadata["kafka_type"], _entries_nullable(f), name)
+            step = ("parray", entry, nullable, name)
         elif isinstance(kind, EntityField):
             # tagged struct fields carry no null marker (presence is the tag itself)
-            step = ("entity", kind.type_, tag is None and is_optional(f))
+            step = ("entity", kind.type_, tag is None and nullable)
         elif isinstance(kind, EntityTupleField):
-            step = ("earray", kind.type_)
+            step = ("earray", kind.type_, nullable, name)
         else:  # pragma: no cover - kio has exactly these four classes
             raise DecodeError(f"unknown field class {kind!r}")
         if tag is None:
@@ -185,31 +238,42 @@ class _Walker:
         if size < 0 or pos + size > len(self.buf):
             raise DecodeError("message truncated")
 
-    def _skip_var(self, kafka_type: str, flexible: bool, pos: int) -> int:
+    def _skip_var(self, step: Step, flexible: bool, pos: int) -> int:
         buf = self.buf
         if flexible:
             n, pos = read_uvarint(buf, pos)
-            size = max(n - 1, 0)
-        elif kafka_type == "string":
+            size = n - 1  # -1: null
+        elif step[1] == "string":
             self._need(pos, 2)
             (size,) = _I16.unpack_from(buf, pos)
             pos += 2
-            size = max(size, 0)
         else:
             self._need(pos, 4)
             (size,) = _I32.unpack_from(buf, pos)
             pos += 4
-            size = max(size, 0)
+        if size < 0:  # null (Kafka reads any negative length as null)
+            if not step[2]:
+                raise DecodeError(f"{step[3]}: null {step[1]} where the schema allows none")
+            return pos
         self._need(pos, size)
         return pos + size
 
-    def _array_count(self, flexible: bool, pos: int) -> tuple[int, int]:
+    def _array_count(self, step: Step, flexible: bool, pos: int) -> tuple[int, int]:
+        """(count, position after it); a null count (-1) only where *step* is nullable."""
         if flexible:
             n, pos = read_uvarint(self.buf, pos)
-            return n - 1, pos  # -1: null
-        self._need(pos, 4)
-        (n,) = _I32.unpack_from(self.buf, pos)
-        return n, pos + 4
+            n -= 1  # -1: null
+        else:
+            self._need(pos, 4)
+            (n,) = _I32.unpack_from(self.buf, pos)
+            pos += 4
+        if n < 0 and not step[2]:
+            raise DecodeError(f"{step[3]}: null array where the schema allows none")
+        # Every entry takes a byte at least: a larger count cannot be honest, and kio
+        # would reserve memory for all of it before finding out.
+        if n > len(self.buf) - pos:
+            raise DecodeError(f"{step[3]}: array of {n} entries cannot fit in the message")
+        return n, pos
 
     def step(self, step: Step, flexible: bool, pos: int, edits: list[Edit]) -> int:
         kind = step[0]
@@ -217,11 +281,9 @@ class _Walker:
             # no bounds check here: an overrun fails the next read or the final length check
             return pos + int(step[1])
         if kind == "var":
-            return self._skip_var(step[1], flexible, pos)
+            return self._skip_var(step, flexible, pos)
         if kind == "parray":
-            n, pos = self._array_count(flexible, pos)
-            if n > len(self.buf) - pos:  # every element takes a byte at least
-                raise DecodeError(f"array of {n} entries cannot fit in the message")
+            n, pos = self._array_count(step, flexible, pos)
             for _ in range(max(n, 0)):
                 pos = self.step(step[1], flexible, pos, edits)
             return pos
@@ -235,10 +297,8 @@ class _Walker:
             return self.entity(plan_for(step[1]), pos, edits)
         # earray
         count_start = pos
-        n, pos = self._array_count(flexible, pos)
+        n, pos = self._array_count(step, flexible, pos)
         count_end = pos
-        if n > len(self.buf) - pos:
-            raise DecodeError(f"array of {n} entries cannot fit in the message")
         plan = plan_for(step[1])
         local: list[Edit] = []
         dropped = 0
@@ -260,8 +320,11 @@ class _Walker:
             wanted = self.wanted[plan.cls] = self.hook.wants(plan.cls)
         if not wanted:
             for step in plan.fast_steps:
-                if step[0] == "fixed":
+                kind = step[0]
+                if kind == "fixed":
                     pos += step[1]
+                elif kind == "var":  # records: the bulk of a Fetch response
+                    pos = self._skip_var(step, plan.flexible, pos)
                 else:
                     pos = self.step(step, plan.flexible, pos, edits)
             if plan.flexible:
@@ -296,7 +359,7 @@ class _Walker:
             self._need(pos, size)
             end = pos + size
             step = plan.tagged.get(tag)
-            if step is not None and step[0] in ("entity", "earray"):
+            if step is not None:  # a known tag: kio decodes it, so it is checked too
                 inner: list[Edit] = []
                 if self.step(step, True, pos, inner) != end:
                     raise DecodeError(
@@ -340,6 +403,42 @@ def rewrite(schema: type, frame: bytes, offset: int, hook: Hook) -> bytes:
     if not edits:
         return frame
     return apply_edits(frame, edits)
+
+
+class _Nothing:
+    """The hook of ``check``: wants no entity, so every entity takes the fast path."""
+
+    __slots__ = ()
+
+    def wants(self, cls: type) -> bool:
+        return False
+
+    def __call__(
+        self, cls: type, buf: bytes, spans: dict[str, Span], start: int, end: int
+    ) -> bytes | None:  # pragma: no cover - never called: wants() is always False
+        return None
+
+
+_NOTHING = _Nothing()
+
+
+def check(schema: type, frame: bytes, offset: int) -> int:
+    """Walk the ``schema`` body at ``frame[offset:]`` and return where it ends.
+
+    Raises DecodeError where the body breaks what its layout allows: an array
+    count larger than the bytes left, a null array, string or bytes value where
+    the field is not nullable, a length past the end of the frame, a known
+    tagged field of the wrong size.  Bytes after the body are allowed (the
+    codec ignores them, as Kafka does).  Nothing is copied: records and bytes
+    fields are skipped by their length.
+    """
+    try:
+        end = _Walker(frame, _NOTHING).entity(plan_for(schema), offset, [])
+    except (IndexError, struct.error) as exc:
+        raise DecodeError(f"{schema.__name__}: {exc}") from exc
+    if end > len(frame):
+        raise DecodeError(f"{schema.__name__}: message truncated")
+    return end
 
 
 class _SpanHook:
