@@ -1,0 +1,328 @@
+"""The proxy's price, measured side by side with direct connections and haproxy (issue 13).
+
+    .venv/bin/python -m bench.run                       # everything, 3 repetitions (~1 h)
+    .venv/bin/python -m bench.run --scenarios latency --repetitions 5
+    .venv/bin/python -m bench.run --smoke --out /tmp/b  # tiny sizes, 1 repetition (the test)
+
+One real Apache Kafka broker (``scripts/setup --test`` resolves it), haproxy in TCP
+mode (Debian's package, installed with apt-get when missing) and ``kafka-fetch-proxy
+run`` as a process, all on 127.0.0.1.  Each case of each scenario is measured in
+alternating order (direct, haproxy, proxy, direct, ...) ``--repetitions`` times.
+
+Output: ``bench/results/<timestamp>/`` (``--out`` elsewhere) gets ``results.json``,
+one PNG per scenario, ``BENCHMARKS.md``, the processes' logs and, for each missed
+target, a py-spy flame graph of the proxy (``--no-flamegraphs``: none).  A complete
+non-smoke run also publishes: ``BENCHMARKS.md`` at the repository root and its plots
+in ``bench/plots/`` (``--no-publish``: it does not).  ``--smoke`` never publishes.
+
+Not a test: it asserts nothing about speed.  Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .stack import REPO, Stack, use_bench_jvm_opts
+
+RESULTS = REPO / "bench" / "results"
+PLOTS = REPO / "bench" / "plots"
+REQUIREMENTS = REPO / "bench" / "requirements.txt"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 1 repetition, no publishing")
+    p.add_argument("--scenarios", help="comma-separated subset (default: all)")
+    p.add_argument("--repetitions", type=int, help="alternating repetitions (default 3)")
+    p.add_argument("--out", type=Path, help="output directory (default bench/results/<time>)")
+    p.add_argument("--throughput-mb", type=int, help="MB preloaded per throughput topic")
+    p.add_argument("--shaping-mb", type=int, help="MB preloaded per shaping topic")
+    p.add_argument("--seconds", type=float, help="measured window of latency/fetch/idle runs")
+    p.add_argument("--latency-rates", type=_ints, help="records/s, e.g. 1000,10000")
+    p.add_argument("--fetch-connections", type=_ints, help="e.g. 1,100,1000")
+    p.add_argument("--idle-partitions", type=_ints, help="e.g. 100,1000,10000")
+    p.add_argument("--shaping-partitions", type=_ints, help="e.g. 100,1000")
+    p.add_argument("--rss-connections", type=int, help="idle connections for the RSS scenario")
+    p.add_argument(
+        "--flamegraphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="py-spy flame graph of the proxy for each missed target (default: on, off in smoke)",
+    )
+    p.add_argument(
+        "--publish",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a complete non-smoke run writes BENCHMARKS.md and bench/plots/ (default: on)",
+    )
+    return p
+
+
+def sizes_from(args: argparse.Namespace) -> Any:
+    from .scenarios import SMOKE, Sizes
+
+    sizes = dataclasses.replace(SMOKE) if args.smoke else Sizes()
+    overrides = {
+        "repetitions": args.repetitions,
+        "throughput_mb": args.throughput_mb,
+        "shaping_mb": args.shaping_mb,
+        "latency_rates": args.latency_rates,
+        "fetch_connections": args.fetch_connections,
+        "idle_partitions": args.idle_partitions,
+        "shaping_partitions": args.shaping_partitions,
+        "rss_connections": args.rss_connections,
+    }
+    if args.seconds is not None:
+        overrides |= {
+            "latency_seconds": args.seconds,
+            "fetch_seconds": args.seconds,
+            "idle_seconds": args.seconds,
+        }
+    return dataclasses.replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
+
+
+# -- versions ---------------------------------------------------------------------------
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    except OSError:
+        return "unavailable"
+    return (proc.stdout or proc.stderr).strip()
+
+
+def versions(stack: Stack) -> dict[str, str]:
+    import confluent_kafka
+
+    assert stack.cluster is not None
+    rev = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    kcat = re.search(r"Version (\S+).*?librdkafka (\S+)", _run(["kcat", "-V"]), re.S)
+    return {
+        "git revision": rev + (" (with uncommitted changes)" if dirty else ""),
+        "Apache Kafka": stack.cluster.version,
+        "broker JVM options": os.environ.get("KAFKA_FETCH_PROXY_KAFKA_JVM_OPTS", ""),
+        "kio": importlib.metadata.version("kio"),
+        "Python": platform.python_version(),
+        "trio": importlib.metadata.version("trio"),
+        "librdkafka (confluent-kafka)": (
+            f"{confluent_kafka.libversion()[0]} "
+            f"(confluent-kafka {importlib.metadata.version('confluent-kafka')})"
+        ),
+        "kcat": f"{kcat[1]} (librdkafka {kcat[2]})" if kcat else "unknown",
+        "haproxy": _run(["haproxy", "-v"]).splitlines()[0],
+    }
+
+
+def machine() -> dict[str, str]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "CPU": f"{os.cpu_count()} x {model}",
+        "kernel": platform.release(),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+# -- flame graphs -----------------------------------------------------------------------
+
+
+def py_spy() -> str:
+    """py-spy from PyPI (bench/requirements.txt), installed into the venv on demand."""
+    exe = Path(sys.executable).parent / "py-spy"
+    if not exe.exists():
+        print("bench: installing py-spy (pip, bench/requirements.txt)", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True
+        )
+    return str(exe)
+
+
+def flamegraph(
+    stack: Stack, scenario: Any, case: str, sizes: Any, out: Path, log: Path
+) -> Path | None:
+    """Re-run *case* through the proxy under ``py-spy record``; the SVG, or None."""
+    arr = scenario.arrangements(stack)[-1]
+    with log.open("ab") as err:
+        spy = subprocess.Popen(
+            [
+                py_spy(),
+                "record",
+                "--pid",
+                str(arr.relay_pid),
+                "--output",
+                str(out),
+                "--rate",
+                "250",
+            ],
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        time.sleep(1.0)
+        scenario.measure(stack, arr, case, sizes)
+    finally:
+        if spy.poll() is None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes the SVG on SIGINT
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait(10)
+    return out if out.exists() else None
+
+
+# -- main -------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    use_bench_jvm_opts()
+    from . import report
+    from .scenarios import SCENARIOS
+
+    sizes = sizes_from(args)
+    chosen = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
+    unknown = set(chosen) - set(SCENARIOS)
+    if unknown:
+        print(f"unknown scenarios {sorted(unknown)}; known: {list(SCENARIOS)}", file=sys.stderr)
+        return 2
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or RESULTS / (stamp + ("-smoke" if args.smoke else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    flamegraphs = args.flamegraphs if args.flamegraphs is not None else not args.smoke
+    publish = args.publish and not args.smoke and chosen == list(SCENARIOS)
+    command = shlex.join([".venv/bin/python", "-m", "bench.run", *(argv or sys.argv[1:])])
+
+    results: dict[str, Any] = {
+        "meta": {
+            "command": command,
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "finished": None,
+            "smoke": args.smoke,
+            "sizes": dataclasses.asdict(sizes),
+            "machine": machine(),
+            "versions": {},
+        },
+        "scenarios": {},
+        "targets": [],
+    }
+    json_path = out / "results.json"
+
+    def save() -> None:
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
+
+    work = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        with Stack(work) as stack:
+            results["meta"]["versions"] = versions(stack)
+            scenarios = {name: SCENARIOS[name]() for name in chosen}
+            for name, sc in scenarios.items():
+                _log(f"{name}: preparing")
+                sc.prepare(stack, sizes)
+            for name, sc in scenarios.items():
+                entry: dict[str, Any] = {
+                    "title": sc.title,
+                    "description": sc.description,
+                    "cases": {},
+                }
+                results["scenarios"][name] = entry
+                for case in sc.cases(sizes):
+                    runs: dict[str, list[dict[str, float | None]]] = {}
+                    if case == sc.cases(sizes)[0]:
+                        for arr in sc.arrangements(stack):
+                            sc.warm_up(stack, arr, sizes)
+                    for rep in range(sizes.repetitions):
+                        for arr in sc.arrangements(stack):
+                            numbers = sc.measure(stack, arr, case, sizes)
+                            runs.setdefault(arr.name, []).append(numbers)
+                            _log(f"{name} / {case} / {arr.name} #{rep + 1}: {_short(numbers)}")
+                    entry["cases"][case] = {
+                        a: {"runs": r, "summary": report.summarize(r)} for a, r in runs.items()
+                    }
+                    save()
+            results["targets"] = report.targets(results)
+            if flamegraphs:
+                for t in results["targets"]:
+                    if t["status"] == "missed" and t["scenario"] in scenarios and t["case"]:
+                        svg = out / f"flame-{t['scenario']}-{_slug(t['case'])}.svg"
+                        _log(f"flame graph for the missed target {t['target']!r}")
+                        got = flamegraph(
+                            stack,
+                            scenarios[t["scenario"]],
+                            t["case"],
+                            sizes,
+                            svg,
+                            out / "py-spy.log",
+                        )
+                        if got is not None:
+                            t["flamegraph"] = got.name
+            results["meta"]["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+            save()
+    finally:
+        logs = out / "logs"
+        logs.mkdir(exist_ok=True)
+        for log in [*work.glob("*.log"), *work.glob("kafka/node-*/server.log")]:
+            shutil.copy(log, logs / log.name)
+        shutil.rmtree(work, ignore_errors=True)
+
+    plotted = {p.stem for p in report.plot(results, out)}
+    (out / "BENCHMARKS.md").write_text(report.markdown(results, ".", plotted))
+    if publish:
+        PLOTS.mkdir(exist_ok=True)
+        for name in plotted:
+            shutil.copy(out / f"{name}.png", PLOTS / f"{name}.png")
+        (REPO / "BENCHMARKS.md").write_text(
+            report.markdown(results, PLOTS.relative_to(REPO).as_posix(), plotted)
+        )
+    for t in results["targets"]:
+        _log(f"target {t['status']}: {t['target']} [{t['case'] or '-'}] {t['numbers']}")
+    _log(f"results in {out}" + (" (published BENCHMARKS.md, bench/plots/)" if publish else ""))
+    return 0
+
+
+def _short(numbers: dict[str, float | None]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if v is not None else f"{k}=-" for k, v in numbers.items())
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-")
+
+
+_BEGAN = time.monotonic()
+
+
+def _log(message: str) -> None:
+    print(f"bench: [{time.monotonic() - _BEGAN:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
