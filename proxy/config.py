@@ -81,11 +81,17 @@ class Settings:
     broker_ports: Mapping[int, int] = field(default_factory=dict)
     metrics_listen: HostPort | None = None
     max_frame_bytes: int = 104857600
-    max_in_flight: int = 512
-    max_connections: int = 10000
+    max_in_flight: int = 100
+    max_connections: int = 1000
+    idle_timeout_seconds: float = 600.0
+    """0: never close an idle client connection."""
+    max_client_buffer_bytes: int = 1048576
+    max_fetch_session_partitions: int = 10000
     connect_timeout_seconds: float = 10.0
     retry_backoff_initial_seconds: float = 0.1
     retry_backoff_max_seconds: float = 10.0
+    shutdown_grace_seconds: float = 10.0
+    """On SIGTERM/SIGINT: how long in-flight requests may take before they are cut."""
     log_level: str = "info"
     upstream_tls: UpstreamTls = UpstreamTls()
     downstream_tls: DownstreamTls = DownstreamTls()
@@ -385,6 +391,17 @@ def _semantic_errors(values: Mapping[str, Any], source: Mapping[str, str]) -> li
     return out + ([] if base == 0 or base <= 65535 else [f"key 'broker_port_base': {base} > 65535"])
 
 
+def _with_budget(values: Mapping[str, Any]) -> dict[str, Any]:
+    """*values* with the memory budget's default filled in.
+
+    The fetch path reads the budget from ``raw`` (absent: no budget), so the
+    default that protects a sidecar must be there even when nobody set it.
+    """
+    raw = dict(values)
+    raw.setdefault("memory_budget_bytes", _default("memory_budget_bytes"))
+    return raw
+
+
 def _default(key: str) -> Any:
     return schema()["properties"][key].get("default")
 
@@ -410,13 +427,17 @@ def _build(values: Mapping[str, Any], source: Mapping[str, str]) -> Settings:
         max_frame_bytes=int(get("max_frame_bytes")),
         max_in_flight=int(get("max_in_flight")),
         max_connections=int(get("max_connections")),
+        idle_timeout_seconds=float(get("idle_timeout_seconds")),
+        max_client_buffer_bytes=int(get("max_client_buffer_bytes")),
+        max_fetch_session_partitions=int(get("max_fetch_session_partitions")),
         connect_timeout_seconds=float(get("connect_timeout_seconds")),
         retry_backoff_initial_seconds=float(get("retry_backoff_initial_seconds")),
         retry_backoff_max_seconds=float(get("retry_backoff_max_seconds")),
+        shutdown_grace_seconds=float(get("shutdown_grace_seconds")),
         log_level=str(get("log_level")),
         upstream_tls=UpstreamTls(**up_tls),
         downstream_tls=DownstreamTls(**down_tls),
-        raw=dict(values),
+        raw=_with_budget(values),
         sources=dict(source),
     )
 

@@ -40,6 +40,7 @@ from prometheus_client import (
 
 from .. import __version__
 from .labels import (
+    OTHER,
     UNKNOWN,
     BoundedLabel,
     CloseCause,
@@ -53,6 +54,9 @@ from .labels import (
 )
 
 PREFIX = "kafka_fetch_proxy_"
+
+REFUSE_REASONS = ("max_connections",)
+"""Why a client connection is refused at accept (the ``reason`` label; else ``other``)."""
 
 SIZE_BUCKETS = (
     64.0,
@@ -113,6 +117,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     # connections
     _spec("client_connections_open", "gauge", [], "Client connections currently open."),
     _spec("client_connections_accepted_total", "counter", [], "Client connections accepted."),
+    _spec(
+        "client_connections_refused_total",
+        "counter",
+        ["reason"],
+        "Client connections closed at accept because a limit was reached (reason=max_connections).",
+    ),
     _spec(
         "client_connections_closed_total",
         "counter",
@@ -368,6 +378,8 @@ class Metrics:
         self._gauges["build_info"].labels(version=__version__).set(1)
         for cause in CloseCause:
             self._counters["client_connections_closed_total"].labels(cause=cause.value)
+        for reason in REFUSE_REASONS:
+            self._counters["client_connections_refused_total"].labels(reason=reason)
         for side in Side:
             self._gauges["fetch_sessions_active"].labels(side=side.value)
             self._gauges["fetch_session_partitions_cached"].labels(side=side.value)
@@ -393,6 +405,11 @@ class Metrics:
     def connection_accepted(self) -> None:
         self._counters["client_connections_accepted_total"].inc()
         self._gauges["client_connections_open"].inc()
+
+    def connection_refused(self, reason: str) -> None:
+        """A client connection was closed at accept (it was never served nor counted open)."""
+        label = reason if reason in REFUSE_REASONS else OTHER
+        self._counters["client_connections_refused_total"].labels(reason=label).inc()
 
     def connection_closed(self, cause: CloseCause | str) -> None:
         label = enum_label(CloseCause, str(cause), CloseCause.OTHER)

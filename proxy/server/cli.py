@@ -194,14 +194,20 @@ async def _serve(
                 port = await nursery.start(_serve_metrics, proxy, metrics_listeners, debug_sessions)
                 endpoint = config.HostPort(settings.metrics_listen.host, port)
                 print(f"metrics=http://{endpoint}/metrics", flush=True)
+            stopping = False
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     if reloader is not None:
                         reloader.reload("SIGHUP")
                     continue
-                log.info("shutdown", reason=signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+                if stopping:  # a second SIGTERM or SIGINT: stop now
+                    log.warning("shutdown_cut", reason=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
+                stopping = True
+                grace = settings.shutdown_grace_seconds
+                log.info("shutdown", reason=signal.Signals(signum).name, grace_seconds=grace)
+                nursery.start_soon(_drain, proxy, grace, nursery.cancel_scope)
     if proxy.fetch_path is not None:
         log.info(
             "memory_budget_summary",
@@ -211,6 +217,25 @@ async def _serve(
                 proxy.fetch_path.fetch_waits,
             ),
         )
+
+
+async def _drain(proxy: Proxy, grace: float, stop: trio.CancelScope) -> None:
+    """Listeners closed, in-flight requests answered (at most ``grace`` seconds), then stop."""
+    began = trio.current_time()
+    with trio.move_on_after(grace) as cut:
+        await proxy.drain()
+    seconds = round(trio.current_time() - began, 3)
+    if cut.cancelled_caught:
+        log.warning(
+            "shutdown_grace_expired",
+            grace_seconds=grace,
+            seconds=seconds,
+            connections=len(proxy.live),
+            in_flight=sum(live.relay.in_flight for live in proxy.live.values()),
+        )
+    else:
+        log.info("drained", seconds=seconds)
+    stop.cancel()
 
 
 def budget_summary(limit: int | None, budget: MemoryBudget, waits: int) -> dict[str, Any]:

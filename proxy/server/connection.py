@@ -1,11 +1,33 @@
-"""One client connection: its upstream link and the two loops that feed the relay.
+"""One client connection: its upstream link and the loops that feed the relay.
 
 The client loop reads whole frames (size checked from the length prefix before
 buffering), hands them to the sans-I/O ``Relay`` and sends what it queues
-upstream; the upstream loop does the reverse.  Whichever side ends first ends
-the connection: an upstream drop closes the client (Kafka clients reconnect),
-a malformed frame from either side closes this connection with one log line,
-and nothing that happens here can reach the rest of the process.
+upstream; the upstream loop does the reverse; the writer sends what the relay
+answered to the client.  Whichever side ends first ends the connection: an
+upstream drop closes the client (Kafka clients reconnect), a malformed frame
+from either side closes this connection with one log line, and nothing that
+happens here can reach the rest of the process.
+
+Limits (each a setting, see ``proxy.config``):
+
+``max_frame_bytes``
+    a frame announcing more is refused from its length prefix, before its
+    body is buffered, on both legs (``FrameDecoder``): the connection closes.
+``max_in_flight`` (the relay's)
+    the client loop stops reading while that many requests await a response.
+``max_client_buffer_bytes``
+    responses queued for the client and not yet taken by its socket; while
+    more than this is queued, the client loop stops reading requests and the
+    upstream loop stops reading responses (so no further fetch completes or
+    starts for this client).  One response may exceed it on its own, so the
+    queue holds at most the limit plus one response plus what one upstream
+    read completes.  A client that stops reading therefore costs a bounded
+    amount of memory and nothing else: every connection has its own loops.
+``idle_timeout``
+    the connection closes (``idle_timeout``) when no request awaits its
+    response and no byte has moved to or from the client for that long; a
+    request waiting upstream (a long-poll Fetch) keeps it open, unless its
+    answer is stuck behind responses the client does not read.
 """
 
 from __future__ import annotations
@@ -13,12 +35,12 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import structlog
 import trio
 
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import FrameTooLarge, ProtocolError
 from ..protocol.framing import FrameDecoder, Payload, frame_chunks
 from ..relay.pipeline import Relay
 
@@ -31,14 +53,29 @@ UPSTREAM_RECEIVE_BYTES = 256 * 1024
 so the pieces a large Fetch response arrives in are mapped, each given back to the system when
 the frame is joined, rather than left as holes in the heap that keep the RSS above the budget
 (bench/fetch_memory.py: RSS growth +51..59 MiB against +56..72 with 64 KiB reads, once +176)."""
+DEFAULT_MAX_CLIENT_BUFFER_BYTES = 1024 * 1024
 
 log = structlog.get_logger("proxy.server")
+
+
+@runtime_checkable
+class BudgetedFetch(Protocol):
+    """A fetch handler that holds memory budget until its responses are written
+    (``proxy.fetchpath.FetchPathHandler``): the edge wakes it and says when it wrote."""
+
+    def bind_waker(self, wake: Callable[[], None]) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def written(self) -> None: ...
 
 
 @dataclass(slots=True)
 class _Outcome:
     reason: str | None = None
     error: str | None = None
+    frame_too_large: bool = False
+    """A length prefix announced more than ``max_frame_bytes`` (metrics cause ``frame_too_large``)."""
 
 
 class Connection:
@@ -51,6 +88,8 @@ class Connection:
         relay: Relay,
         *,
         max_frame_bytes: int,
+        max_client_buffer_bytes: int = DEFAULT_MAX_CLIENT_BUFFER_BYTES,
+        idle_timeout: float = 0.0,
         on_request: Callable[[int, int, int], None] | None = None,
         meter: TrafficMeter | None = None,
     ) -> None:
@@ -58,13 +97,23 @@ class Connection:
         self.upstream = upstream
         self.relay = relay
         self.max_frame_bytes = max_frame_bytes
+        self.max_client_buffer_bytes = max_client_buffer_bytes
+        self.idle_timeout = idle_timeout
+        """Seconds; 0: never close for idleness."""
         self.on_request = on_request
         self.meter = meter
         """Counts and times every frame on both legs (proxy.observe.traffic)."""
         self.outcome = _Outcome()
-        self._client_lock = trio.Lock()
+        handler = relay.fetch_handler
+        self._budgeted = handler if isinstance(handler, BudgetedFetch) else None
         self._upstream_lock = trio.Lock()
-        self._capacity = trio.Event()
+        self._changed = trio.Event()
+        self._out: list[Payload] = []
+        self.buffered = 0
+        """Bytes (with length prefixes) queued for the client and not yet taken by its socket."""
+        self.peak_buffered = 0
+        """The most ``buffered`` ever was (what a test of the limit reads)."""
+        self._last_active = 0.0
         self._client_id: str | None = None
 
     @property
@@ -72,19 +121,35 @@ class Connection:
         """The client_id of the client's latest request header."""
         return self._client_id
 
+    @property
+    def client_full(self) -> bool:
+        """More than ``max_client_buffer_bytes`` waits for the client: reading is paused."""
+        return self.buffered > self.max_client_buffer_bytes
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of the connection's state (slots, queued bytes, activity)."""
+        await self._changed.wait()
+
     async def run(self) -> str:
         """Relay until one side ends; returns the reason (see ``proxy.logs``)."""
+        self._last_active = trio.current_time()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._guard, self._client_loop, nursery.cancel_scope)
-            nursery.start_soon(self._guard, self._upstream_loop, nursery.cancel_scope)
-            if hasattr(self.relay.fetch_handler, "bind_waker"):
-                nursery.start_soon(self._guard, self._wake_loop, nursery.cancel_scope)
+            scope = nursery.cancel_scope
+            nursery.start_soon(self._guard, self._client_loop, scope)
+            nursery.start_soon(self._guard, self._upstream_loop, scope)
+            nursery.start_soon(self._guard, self._writer_loop, scope)
+            if self._budgeted is not None:
+                nursery.start_soon(self._guard, self._wake_loop, scope)
+            if self.idle_timeout > 0:
+                nursery.start_soon(self._guard, self._idle_loop, scope)
         reason = self.outcome.reason or "cancelled"
         fields: dict[str, object] = {
             "reason": reason,
             "in_flight": self.relay.in_flight,
             "client_id": self._client_id,
         }
+        if self.buffered:
+            fields["buffered_bytes"] = self.buffered
         if self.outcome.error:
             fields["error"] = self.outcome.error
         level = "warning" if reason in ("protocol_error", "internal_error") else "info"
@@ -100,6 +165,8 @@ class Connection:
         try:
             await loop()
         except ProtocolError as exc:
+            if self.outcome.reason is None and isinstance(exc, FrameTooLarge):
+                self.outcome.frame_too_large = True
             self._finish("protocol_error", f"{type(exc).__name__}: {exc}")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as exc:
             self._finish("io_error", f"{type(exc).__name__}: {exc}")
@@ -109,10 +176,39 @@ class Connection:
         finally:
             scope.cancel()
 
+    # --- state changes ---------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        """Something the loops wait on changed (slots, queued bytes, activity)."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            await self._changed.wait()
+
+    def _take_replies(self) -> None:
+        """Move what the relay answered to the writer's queue (call after every relay input)."""
+        frames = self.relay.take_client()
+        if frames:
+            self._last_active = trio.current_time()  # an answer is activity too
+            self._out += frames
+            self.buffered += sum(4 + len(f) for f in frames)
+            self.peak_buffered = max(self.peak_buffered, self.buffered)
+        self._notify()
+
+    def _can_read_client(self) -> bool:
+        return self.relay.can_accept and not self.client_full
+
+    # --- the loops -------------------------------------------------------------------------
+
     async def _client_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         relay = self.relay
         while True:
+            # Back-pressure: nothing more is read while max_in_flight requests await
+            # their responses or the client leaves more than its buffer unread.
+            await self._until(self._can_read_client)
             frame = decoder.next_frame()
             if frame is None:
                 data = await self.client.receive_some(RECEIVE_BYTES)
@@ -120,12 +216,11 @@ class Connection:
                     decoder.close()  # TruncatedFrame if the client left half a frame
                     self._finish("client_closed")
                     return
+                self._last_active = trio.current_time()
                 decoder.feed(data)
                 continue
-            while not relay.can_accept:
-                self._capacity = trio.Event()
-                await self._capacity.wait()
             header = relay.client_frame(frame)
+            self._take_replies()
             if self.meter is not None:
                 self.meter.client_frame(header, frame, trio.current_time())
             if header is None:  # a raw SASL v0 token: nothing to log
@@ -143,12 +238,14 @@ class Connection:
                 correlation_id=header.correlation_id,
             )
             await self._send_upstream()
-            await self._flush_client()
 
     async def _upstream_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         relay = self.relay
         while True:
+            # A client that does not read its responses stops this connection's
+            # upstream reads: its broker's answers wait in the broker's socket.
+            await self._until(lambda: not self.client_full)
             data = await self.upstream.receive_some(UPSTREAM_RECEIVE_BYTES)
             if not data:
                 self._finish("upstream_closed")
@@ -158,10 +255,29 @@ class Connection:
                 if self.meter is not None:
                     self.meter.upstream_frame(frame, trio.current_time())
                 relay.upstream_frame(frame)
-            if relay.can_accept:
-                self._capacity.set()
-            await self._flush_client()
+            self._take_replies()
             await self._send_upstream()
+
+    async def _writer_loop(self) -> None:
+        """Write the queued responses in order; each buffer is let go once written."""
+        while True:
+            await self._until(lambda: bool(self._out))
+            frames, self._out = self._out, []
+            done = self.meter.client_sent(frames) if self.meter is not None else None
+            chunks = frame_chunks(frames)
+            frames.clear()
+            chunks.reverse()
+            while chunks:
+                chunk = chunks.pop()
+                await self.client.send_all(chunk)
+                self.buffered -= len(chunk)
+                self._last_active = trio.current_time()
+                self._notify()
+            if done is not None and self.meter is not None:
+                self.meter.client_written(done, trio.current_time())
+            if not self._out and self._budgeted is not None:
+                # Every response answered so far is written: its memory budget is free.
+                self._budgeted.written()
 
     async def _wake_loop(self) -> None:
         """Fetches that waited outside this connection (the memory budget) resume here.
@@ -169,26 +285,33 @@ class Connection:
         The fetch handler (``proxy.fetchpath``) calls the waker from whichever task
         freed budget; the fetch itself continues in this connection's own task.
         """
-        handler = self.relay.fetch_handler
+        handler = self._budgeted
+        assert handler is not None
         wakeup = trio.Event()
 
         def wake() -> None:
             wakeup.set()
 
-        handler.bind_waker(wake)  # type: ignore[attr-defined]
+        handler.bind_waker(wake)
         while True:
             await wakeup.wait()
             wakeup = trio.Event()
-            handler.resume()  # type: ignore[attr-defined]
+            handler.resume()
+            self._take_replies()
             await self._send_upstream()
-            await self._flush_client()
 
-    async def _flush_client(self) -> None:
-        """Send what the relay queued for the client, then tell the fetch path it was written."""
-        await self._send_client()
-        written = getattr(self.relay.fetch_handler, "written", None)
-        if written is not None:
-            written()  # frees the memory budget held by the responses just sent
+    async def _idle_loop(self) -> None:
+        """Close the connection once it has been idle for ``idle_timeout`` seconds."""
+        while True:
+            if self.relay.in_flight and not self.buffered:
+                await self._changed.wait()  # a request awaits upstream (e.g. a long poll)
+                continue
+            deadline = self._last_active + self.idle_timeout
+            if trio.current_time() >= deadline:
+                self._finish("idle_timeout")
+                return
+            with trio.move_on_at(deadline):
+                await self._changed.wait()
 
     async def _send_upstream(self) -> None:
         async with self._upstream_lock:
@@ -197,15 +320,6 @@ class Connection:
                 if self.meter is not None:
                     self.meter.upstream_sent(frames, trio.current_time())
                 await _write(self.upstream, frames)
-
-    async def _send_client(self) -> None:
-        async with self._client_lock:
-            frames = self.relay.take_client()
-            if frames:
-                done = self.meter.client_sent(frames) if self.meter is not None else None
-                await _write(self.client, frames)
-                if done is not None and self.meter is not None:
-                    self.meter.client_written(done, trio.current_time())
 
 
 async def _write(stream: trio.abc.Stream, frames: list[bytes] | list[Payload]) -> None:

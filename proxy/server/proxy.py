@@ -20,7 +20,7 @@ import itertools
 import logging
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
@@ -39,6 +39,7 @@ from ..relay import rewrite
 from ..relay.addresses import AddressBook
 from ..relay.apiversions import kio_range
 from ..relay.pipeline import FetchHandler, FetchHandlerFactory, Relay
+from ..sessions.downstream import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
 from .upstream import client_ssl_context, open_upstream, server_ssl_context
 
@@ -164,7 +165,9 @@ _CLOSE_CAUSES = {
     "upstream_closed": "upstream_closed",
     "protocol_error": "protocol_error",
     "io_error": "io_error",
+    "idle_timeout": "idle_timeout",
     "cancelled": "shutdown",
+    "drained": "shutdown",
 }
 
 
@@ -197,6 +200,12 @@ class Proxy:
         self.discovered = trio.Event()
         self._state_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self.draining = False
+        """True once ``drain()`` began: listeners closed, connections finishing."""
+        self._drains: set[DrainableStream] = set()
+        self._connections: trio.Nursery | None = None
+        self._listen_scope = trio.CancelScope()
+        self._served = trio.Event()
         self._conn_ids = itertools.count(1)
         self._bootstrap_turn = 0
         self.bind_failures: dict[int, ListenError] = {}
@@ -232,10 +241,13 @@ class Proxy:
         }
         for node_id in sorted(self.reachable):
             checks[f"broker_{node_id}_reachable"] = self.reachable[node_id]
+        if self.draining:
+            checks["draining"] = True
         ready = (
             checks["bootstrap_listener_bound"]
             and checks["broker_listeners_bound"]
             and checks["upstream_reachable"]
+            and not self.draining
         )
         return ready, checks
 
@@ -265,15 +277,43 @@ class Proxy:
         self, *, task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED
     ) -> None:
         self.bind()
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            assert self._bootstrap_sock is not None
-            nursery.start_soon(self._serve_listener, self._bootstrap_sock, None)
-            log.info("listener_bound", listener="bootstrap", address=str(self.bootstrap))
-            nursery.start_soon(self._discover)
-            task_status.started(self)
+        try:
+            # Client connections live in their own nursery, so that drain() can close
+            # the listeners (and stop discovery and probes) while they finish.
+            async with trio.open_nursery() as connections:
+                self._connections = connections
+                with self._listen_scope:
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        assert self._bootstrap_sock is not None
+                        nursery.start_soon(self._serve_listener, self._bootstrap_sock, None)
+                        log.info(
+                            "listener_bound", listener="bootstrap", address=str(self.bootstrap)
+                        )
+                        nursery.start_soon(self._discover)
+                        task_status.started(self)
+                log.info("listeners_closed", connections=len(self._drains))
+        finally:
+            self._served.set()
+
+    async def drain(self) -> None:
+        """Stop serving: the listeners first, then each connection once it is answered.
+
+        The listening sockets close (new connections are refused); every client
+        connection stops reading requests and closes as soon as each request it had
+        read is answered and the answer written (a long-poll Fetch when its wait
+        ends).  Returns when ``serve()`` has returned; the caller bounds the wait
+        (``shutdown_grace_seconds``) and cancels what is left.
+        """
+        self.draining = True
+        self._listen_scope.cancel()
+        for stream in list(self._drains):
+            stream.drain()
+        await self._served.wait()
 
     def _bind_broker(self, node_id: int, port: int) -> int | None:
+        if self.draining:  # no new listeners while stopping
+            return None
         assert self._nursery is not None
         host = self.settings.listen.host
         try:
@@ -296,7 +336,11 @@ class Proxy:
 
     async def _serve_listener(self, sock: socket.socket, node_id: int | None) -> None:
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        await trio.serve_listeners(partial(self._handle_client, node_id=node_id), [listener])
+        await trio.serve_listeners(
+            partial(self._handle_client, node_id=node_id),
+            [listener],
+            handler_nursery=self._connections,
+        )
 
     async def _handle_client(self, stream: trio.SocketStream, *, node_id: int | None) -> None:
         if self.open_connections >= self.settings.max_connections:
@@ -305,7 +349,12 @@ class Proxy:
                 reason="max_connections",
                 client_addr=_peer(stream),
                 count=self.open_connections,
+                limit=self.settings.max_connections,
+                hint="raise max_connections"
+                f" ({_setting_hint('max_connections')}) if these clients are expected",
             )
+            if self.metrics is not None:
+                self.metrics.connection_refused("max_connections")
             await trio.aclose_forcefully(stream)
             return
         self.open_connections += 1
@@ -329,6 +378,7 @@ class Proxy:
         client: trio.abc.Stream = stream
         upstream: trio.abc.Stream | None = None
         fetch_handler: FetchHandler | None = None
+        conn: Connection | None = None
         try:
             if self.downstream_ssl is not None:
                 client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
@@ -342,6 +392,10 @@ class Proxy:
             if self.metrics is not None:
                 self.metrics.broker_connection_opened(node_id)
             if self.fetch_path is not None:
+                limit_session_partitions(
+                    self.fetch_path.sessions_for(node_id),
+                    self.settings.max_fetch_session_partitions,
+                )
                 fetch_handler = self.fetch_path.handler(node_id)
             elif self.fetch_handler_factory is not None:
                 fetch_handler = self.fetch_handler_factory()
@@ -350,15 +404,27 @@ class Proxy:
                 fetch_handler=fetch_handler,
                 max_in_flight=self.settings.max_in_flight,
             )
+            drainable = DrainableStream(client)
             conn = Connection(
-                client,
+                drainable,
                 upstream,
                 relay,
                 max_frame_bytes=self.settings.max_frame_bytes,
+                max_client_buffer_bytes=self.settings.max_client_buffer_bytes,
+                idle_timeout=self.settings.idle_timeout_seconds,
                 meter=self._meter(node_id),
             )
             self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
-            reason = await conn.run()
+            drainable.quiet = _answered(relay, conn)
+            self._drains.add(drainable)
+            if self.draining:  # accepted just before the listeners closed
+                drainable.drain()
+            try:
+                reason = await drainable.serve(conn.run)
+            finally:
+                self._drains.discard(drainable)
+            if reason == "drained":
+                log.info("connection_closed", reason=reason, client_id=conn.client_id)
         except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
             reason = "io_error"
             log.info("connection_closed", reason=reason, error=f"{type(exc).__name__}: {exc}")
@@ -368,16 +434,20 @@ class Proxy:
         finally:
             self.live.pop(conn_id, None)
             cause = _CLOSE_CAUSES.get(reason, "other")
-            if upstream is not None:
-                await trio.aclose_forcefully(upstream)
-                if self.metrics is not None:
-                    self.metrics.broker_connection_closed(node_id, cause)
-            await trio.aclose_forcefully(client)
+            if conn is not None and conn.outcome.frame_too_large:
+                cause = "frame_too_large"
+            # Accounting first: the awaits below are checkpoints, and a cancelled
+            # close (the proxy stopping) must not skip it.
             if self.metrics is not None:
+                if upstream is not None:
+                    self.metrics.broker_connection_closed(node_id, cause)
                 self.metrics.connection_closed(cause)
             close = getattr(fetch_handler, "close", None)
             if close is not None:
                 close()  # gives back the memory budget this connection held
+            if upstream is not None:
+                await trio.aclose_forcefully(upstream)
+            await trio.aclose_forcefully(client)
 
     def _meter(self, node_id: int | None) -> Any:
         if self.metrics is None:
@@ -581,6 +651,76 @@ async def _exchange(stream: trio.abc.Stream, decoder: FrameDecoder, request: byt
             raise ProtocolError("upstream closed the connection during discovery")
         decoder.feed(data)
     return frame
+
+
+class DrainableStream(trio.abc.Stream):
+    """A client's stream as its ``Connection`` sees it, which can wind the connection down.
+
+    After ``drain()`` no further request is read (``receive_some`` parks instead of
+    reading), and ``serve()`` ends the connection as soon as it is quiet: the
+    client loop parked here, and ``quiet()`` (every request read is answered and
+    the answer written).  A Kafka client loses nothing when a connection closes
+    between requests: it reconnects, to whatever serves this address next.
+    """
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.quiet: Callable[[], bool] = lambda: True
+        self.draining = False
+        self._parked = False
+        self._reading: trio.CancelScope | None = None
+        self._changed = trio.Event()
+
+    def drain(self) -> None:
+        self.draining = True
+        if self._reading is not None:
+            self._reading.cancel()  # a cancelled receive_some consumed nothing
+        self._notify()
+
+    async def serve(self, run: Callable[[], Awaitable[str]]) -> str:
+        """``run()``'s reason, or ``drained`` when draining ended it."""
+        reason = "drained"
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._close_when_quiet, scope)
+                reason = await run()
+                nursery.cancel_scope.cancel()
+        return reason
+
+    async def _close_when_quiet(self, scope: trio.CancelScope) -> None:
+        # Woken after each write while draining: by then the writer has counted it.
+        while not (self.draining and self._parked and self.quiet()):
+            await self._changed.wait()
+        scope.cancel()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if not self.draining:
+            with trio.CancelScope() as self._reading:
+                return await self.stream.receive_some(max_bytes)
+            self._reading = None
+        self._parked = True
+        self._notify()
+        await trio.sleep_forever()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+        if self.draining:
+            self._notify()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _answered(relay: Relay, conn: Connection) -> Callable[[], bool]:
+    """True while no request of the connection awaits its answer or its writing."""
+    return lambda: relay.in_flight == 0 and conn.buffered == 0
 
 
 def _bind_socket(host: str, port: int) -> socket.socket:

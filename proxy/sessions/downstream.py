@@ -32,6 +32,7 @@ picks from it, so it always works on full fetches whatever the client speaks.
 from __future__ import annotations
 
 import uuid
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -42,8 +43,11 @@ from ..protocol.codec import request_schema, response_schema
 from .broker import (
     FetchContext,
     FetchSessionCache,
+    FullFetchContext,
+    IncrementalFetchContext,
     PartitionRequest,
     SessionErrorContext,
+    SessionlessFetchContext,
     SessionResponse,
     TopicIdPartition,
     outcome_of_kio_partition,
@@ -61,6 +65,26 @@ from .translate import (
     _module,
     _replica_id,
 )
+
+DEFAULT_MAX_SESSION_PARTITIONS = 10_000
+"""Partitions one client session may hold (setting ``max_fetch_session_partitions``)."""
+
+_partition_limits: weakref.WeakKeyDictionary[FetchSessionCache, int] = weakref.WeakKeyDictionary()
+
+
+def limit_session_partitions(cache: FetchSessionCache, limit: int) -> None:
+    """Sessions of *cache* hold at most *limit* partitions (see ``SessionFetchServer``).
+
+    Kept beside the cache rather than in it: ``FetchSessionCache`` models Kafka's,
+    which the dev broker shares and which has no such limit.
+    """
+    if limit < 1:
+        raise ValueError("a session partition limit must be positive")
+    _partition_limits[cache] = limit
+
+
+def session_partition_limit(cache: FetchSessionCache) -> int:
+    return _partition_limits.get(cache, DEFAULT_MAX_SESSION_PARTITIONS)
 
 
 class FetchStage(Protocol):
@@ -88,6 +112,8 @@ class SessionFetchServer:
         self.sessions = sessions
         self.translator = translator
         self._pending: _Pending | None = None
+        self.refused_sessions = 0
+        """Sessions refused or closed for holding more partitions than the limit."""
 
     def begin(self, request: Any, stage: FetchStage | None = None) -> UpstreamFetch | ClientReply:
         if self._pending is not None:
@@ -129,6 +155,7 @@ class SessionFetchServer:
             to_forget,
             names,
         )
+        context = self._within_limit(context, fetch_data)
         if isinstance(context, SessionErrorContext):
             result: SessionResponse[Any] = context.update_and_generate_response_data(
                 {}, outcome_of_kio_partition
@@ -145,6 +172,29 @@ class SessionFetchServer:
         except BaseException:
             self._pending = None
             raise
+
+    def _within_limit(
+        self, context: FetchContext, fetch_data: dict[TopicIdPartition, PartitionRequest]
+    ) -> FetchContext:
+        """A session larger than the limit is not kept: the fetch is served without one.
+
+        A full fetch that would create it gets what Kafka answers when its session
+        cache cannot hold a new session: the full response with session id 0 (the
+        client goes on with full fetches).  An incremental fetch that grows a
+        session past the limit closes the session and is answered with every
+        partition of the session and session id 0, which Kafka's clients read as
+        "the broker closed the session" (FetchSessionHandler): their next fetch is
+        full, and sessionless from then on.
+        """
+        limit = session_partition_limit(self.sessions)
+        if isinstance(context, FullFetchContext) and len(fetch_data) > limit:
+            self.refused_sessions += 1
+            return SessionlessFetchContext(fetch_data)
+        if isinstance(context, IncrementalFetchContext) and context.session.size > limit:
+            self.sessions.remove(context.session)
+            self.refused_sessions += 1
+            return SessionlessFetchContext(dict(context.partitions()))
+        return context
 
     def complete(self, response: Any) -> UpstreamFetch | ClientReply:
         pending = self._pending

@@ -100,10 +100,12 @@ async def test_run_in_front_of_devbroker() -> None:
                 e["event"] for e in events
             }
             assert all("hello" not in json.dumps(e) for e in events)  # never a payload
-            # No budget: the summary says so and reports no reserved peak (the long polls
-            # above reserved the clients' whole fetch.max.bytes, which is no memory figure).
+            # The default budget (128 MiB): long polls reserve at most budget/16 each, and the
+            # reserved peak stays within the budget.
             summary = next(e for e in events if e["event"] == "memory_budget_summary")
-            assert summary["limit_bytes"] is None and "peak_bytes" not in summary
+            assert summary["limit_bytes"] == 128 * 1024 * 1024
+            assert 0 < summary["peak_bytes"] <= summary["limit_bytes"]
+            assert summary["overshoot_bytes"] == 0
         finally:
             dev.send_signal(signal.SIGTERM)
             await dev.wait()

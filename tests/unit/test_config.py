@@ -36,6 +36,31 @@ def test_defaults() -> None:
     assert not s.upstream_tls.enabled and s.upstream_tls.check_hostname
 
 
+def test_limits_that_protect_the_proxy_have_sidecar_defaults() -> None:
+    s = config.load(env={}, flags=flags("--upstream", "k:9092"))
+    assert s.max_connections == 1000 and s.max_in_flight == 100
+    assert s.idle_timeout_seconds == 600  # Kafka's connections.max.idle.ms
+    assert s.max_client_buffer_bytes == 1 << 20
+    assert s.max_fetch_session_partitions == 10_000
+    assert s.raw["memory_budget_bytes"] == 128 << 20  # what the fetch path reads
+
+
+def test_limits_from_flags_env_and_file(tmp_path: Path) -> None:
+    path = write(tmp_path, 'upstream = ["k:1"]\nidle_timeout_seconds = 0\nmax_connections = 7\n')
+    s = config.load(
+        config_file=path,
+        env={
+            "KAFKA_FETCH_PROXY_MAX_CLIENT_BUFFER_BYTES": "65536",
+            "KAFKA_FETCH_PROXY_MEMORY_BUDGET_BYTES": "1048576",
+        },
+        flags=flags("--max-fetch-session-partitions", "50"),
+    )
+    assert s.idle_timeout_seconds == 0 and s.max_connections == 7
+    assert s.max_client_buffer_bytes == 65536 and s.raw["memory_budget_bytes"] == 1 << 20
+    assert s.max_fetch_session_partitions == 50
+    assert s.sources["max_fetch_session_partitions"] == "flag --max-fetch-session-partitions"
+
+
 def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
     path = write(
         tmp_path,
@@ -110,6 +135,23 @@ def test_repository_schema_is_the_packaged_schema() -> None:
         ("upstream = []\n", ["upstream", "[]", "at least 1"]),
         ('upstream = ["k:1"]\n[downstream_tls]\nenabled = true\n', ["downstream_tls", "cert_file"]),
         ("broker_port_base = 1\n", ["'upstream' is required"]),
+        (
+            'upstream = ["k:1"]\nidle_timeout_seconds = -5\n',
+            ["idle_timeout_seconds", "-5", ">= 0", "connections.max.idle.ms"],
+        ),
+        (
+            'upstream = ["k:1"]\nmax_client_buffer_bytes = "1M"\n',
+            ["max_client_buffer_bytes", '"1M"', "type integer"],
+        ),
+        (
+            'upstream = ["k:1"]\nmax_fetch_session_partitions = 0\n',
+            ["max_fetch_session_partitions", " 0 ", ">= 1", "session id 0"],
+        ),
+        ('upstream = ["k:1"]\nmax_connections = 0\n', ["max_connections", " 0 ", ">= 1"]),
+        (
+            'upstream = ["k:1"]\nmemory_budget_bytes = 1000\n',
+            ["memory_budget_bytes", "1000", ">= 65536"],
+        ),
     ],
 )
 def test_invalid_file_messages_name_key_value_and_allowed(
@@ -221,7 +263,7 @@ enabled = true
     assert settings["max_records"] == 500 and settings["max_response_bytes"] is None
     assert settings["max_partition_records"] == 50
     assert settings["memory_budget_bytes"] == 67108864 and settings["reuse_buffer_bytes"] == 0
-    assert settings["fetch_sessions"] is False and settings["max_in_flight"] == 512
+    assert settings["fetch_sessions"] is False and settings["max_in_flight"] == 100
     assert settings["decision_log"] == "/var/log/decisions.jsonl"
     assert settings["decision_log_sample_rate"] == 0.1
     assert settings["upstream_tls"] == {
@@ -280,11 +322,17 @@ enabled = true
     }
 
 
-def test_check_config_without_budget_or_decision_log_says_so() -> None:
+def test_check_config_with_defaults_has_the_default_budget_and_no_decision_log() -> None:
     done = run_cli("check-config", "--upstream", "k:9092")
     assert done.returncode == 0, done.stderr
-    effective = json.loads(done.stdout)["effective"]
-    assert effective["memory_budget"]["budget_bytes"] is None
+    out = json.loads(done.stdout)
+    effective = out["effective"]
+    # a sidecar is protected without configuration: 128 MiB, 8 MiB per fetch
+    assert effective["memory_budget"] == {
+        "budget_bytes": 128 << 20,
+        "max_fetch_grant_bytes": 8 << 20,
+    }
+    assert out["sources"]["memory_budget_bytes"] == "default"
     assert effective["decision_log"]["target"] == "off"
     assert effective["policies"] == []
 
