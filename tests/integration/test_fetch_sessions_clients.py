@@ -357,7 +357,16 @@ def idle_bytes_per_fetch(bootstrap: str, stack: SessionStack, topic: str, *, dir
         first = len(seen.snapshots)
         stack.run_sync(setattr, traffic, "counting", not direct)
         measure_until = time.monotonic() + 2.0
-        while time.monotonic() < measure_until or len(seen.snapshots) < first + 2:
+        deadline = time.monotonic() + 30.0
+
+        def counted() -> int:
+            if direct:
+                return seen.snapshots[-1][1] - seen.snapshots[first][1]
+            return int(stack.run_sync(getattr, traffic, "fetches"))
+
+        # At least 2 s and 10 fetches (a loaded machine fetches fewer rounds in 2 s).
+        while time.monotonic() < measure_until or len(seen.snapshots) < first + 2 or counted() < 10:
+            assert time.monotonic() < deadline, f"only {counted()} fetches in 30 s"
             assert consumer.poll(0.1) is None
         stack.run_sync(setattr, traffic, "counting", False)
         total, fetches = stack.run_sync(traffic.take)

@@ -57,7 +57,12 @@ def data(kafka: KafkaCluster) -> dict[str, Any]:
 
     topic = kafka.new_topic(PARTITIONS, prefix="spark")
     producer = Producer(
-        {"bootstrap.servers": kafka.bootstrap, "linger.ms": 2, "batch.num.messages": 10}
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "linger.ms": 2,
+            "batch.num.messages": 10,
+            "enable.idempotence": True,  # retries never reorder: offsets are asserted
+        }
     )
     expected: dict[int, list[bytes]] = {i: [] for i in range(PARTITIONS)}
     for i in range(RECORDS):

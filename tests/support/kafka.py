@@ -406,6 +406,7 @@ class KafkaCluster:
         )
         futures[name].result(timeout=timeout)
         self._wait_leaders(name, partitions, timeout)
+        self._wait_served(name, partitions, timeout)
         return name
 
     def new_topic(self, partitions: int, prefix: str = "t", **kwargs: Any) -> str:
@@ -469,6 +470,33 @@ class KafkaCluster:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"topic {topic} has no leaders after {timeout:.0f} s")
+
+    def _wait_served(self, topic: str, partitions: int, timeout: float) -> None:
+        """Until every partition's leader answers for it (ListOffsets).
+
+        Kafka lists a new topic's leaders in Metadata a moment before the leader's
+        replica manager has made the partition: a Produce then fails with
+        NOT_LEADER_OR_FOLLOWER and a non-idempotent producer's retry reorders its
+        batches.  (The dev cluster serves a topic as soon as it exists.)
+        """
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        admin = self._admin()
+        deadline = time.monotonic() + timeout
+        while True:
+            futures = admin.list_offsets(
+                {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+                request_timeout=10,
+            )
+            try:
+                for future in futures.values():
+                    future.result(timeout=timeout)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def _admin(self, timeout: float = 10.0) -> Any:
         from confluent_kafka.admin import AdminClient

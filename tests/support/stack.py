@@ -21,7 +21,6 @@ thread; start and stop are bounded in time.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -162,39 +161,9 @@ class ProxyStack:
     def create_topic(self, partitions: int, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
         if self.kafka is not None:
-            self.kafka.create_topic(name, partitions)
-            self._wait_led(name, partitions)
-            return name
+            return self.kafka.create_topic(name, partitions)
         self.run_sync(self.cluster.create_topic, name, partitions)
         return name
-
-    def _wait_led(self, topic: str, partitions: int, timeout: float = 30.0) -> None:
-        """Until every partition's leader answers for it (ListOffsets).
-
-        Real Kafka lists a new topic's leaders in Metadata a moment before the leader's
-        replica manager has made the partition: a Produce then fails with
-        NOT_LEADER_OR_FOLLOWER and a non-idempotent producer's retry reorders its
-        batches.  The dev cluster serves a topic as soon as it exists.
-        """
-        from confluent_kafka import TopicPartition
-        from confluent_kafka.admin import OffsetSpec
-
-        assert self.kafka is not None
-        admin = self.kafka._admin()
-        spec = OffsetSpec.latest()
-        deadline = time.monotonic() + timeout
-        while True:
-            futures = admin.list_offsets(
-                {TopicPartition(topic, p): spec for p in range(partitions)}, request_timeout=10
-            )
-            try:
-                for future in futures.values():
-                    future.result(timeout=timeout)
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
 
     def leader_of(self, topic: str, partition: int) -> int:
         if self.kafka is not None:
