@@ -196,6 +196,8 @@ class Proxy:
         self._bootstrap_sock: socket.socket | None = None
         self.reachable: dict[int, bool] = {}
         self.upstream_seen = False
+        self.upstream_auth_only = False
+        """Discovery found an upstream that answers but wants SASL before Metadata."""
         self.open_connections = 0
         self.discovered = trio.Event()
         self._state_changed = trio.Event()
@@ -237,7 +239,8 @@ class Proxy:
         checks = {
             "bootstrap_listener_bound": self.bootstrap is not None,
             "broker_listeners_bound": set(self.book.upstream) <= set(self.book.advertised),
-            "upstream_reachable": self.upstream_seen and any(self.reachable.values()),
+            "upstream_reachable": self.upstream_seen
+            and (any(self.reachable.values()) or self.upstream_auth_only),
         }
         for node_id in sorted(self.reachable):
             checks[f"broker_{node_id}_reachable"] = self.reachable[node_id]
@@ -535,6 +538,20 @@ class Proxy:
                 try:
                     with trio.fail_after(self.settings.connect_timeout_seconds):
                         brokers = await self._fetch_brokers(address)
+                except AuthenticationRequired:
+                    log.info(
+                        "upstream_requires_authentication",
+                        upstream=str(address),
+                        hint="the upstream answers ApiVersions but wants SASL first; the "
+                        "proxy holds no credentials and learns the brokers (and binds their "
+                        "listeners) from the Metadata authenticated clients fetch through it",
+                    )
+                    self.upstream_seen = True
+                    self.upstream_auth_only = True
+                    self._state_changed.set()
+                    self._state_changed = trio.Event()
+                    self.discovered.set()
+                    return
                 except Exception as exc:  # discovery must never take the proxy down
                     log.log(
                         logging.WARNING if isinstance(exc, _CONNECT_ERRORS) else logging.ERROR,
@@ -597,9 +614,15 @@ class Proxy:
             _, versions = codec.decode_response(18, 0, versions_frame)
             version = _metadata_version(versions)
             request = _metadata_request(version)
-            frame = await _exchange(
-                stream, decoder, codec.encode_request(request, 1, "kafka-fetch-proxy")
-            )
+            try:
+                frame = await _exchange(
+                    stream, decoder, codec.encode_request(request, 1, "kafka-fetch-proxy")
+                )
+            except ProtocolError as exc:
+                # It answered ApiVersions and closed on Metadata: what a SASL listener does
+                # with any other request before authentication.  The proxy holds no
+                # credentials; the brokers are learnt from the Metadata clients fetch.
+                raise AuthenticationRequired(str(address)) from exc
             brokers = rewrite.collect_endpoints(rewrite.METADATA, version, frame)
             if not brokers:
                 # Metadata v13+ can answer with a top-level error instead (KIP-1102's
@@ -641,6 +664,10 @@ def _metadata_request(version: int) -> Any:
         if flag in names:
             kwargs[flag] = False
     return schema(**kwargs)
+
+
+class AuthenticationRequired(Exception):
+    """An upstream answered ApiVersions and closed the connection on Metadata (SASL)."""
 
 
 async def _exchange(stream: trio.abc.Stream, decoder: FrameDecoder, request: bytes) -> bytes:

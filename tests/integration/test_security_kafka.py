@@ -139,9 +139,10 @@ async def serving(
 ) -> AsyncIterator[Proxy]:
     """A proxy in this task's nursery whose upstream is the SECURE listener over TLS.
 
-    The proxy holds no credentials, so its own broker discovery is refused by a
-    SASL listener; the broker listeners are bound from the Metadata responses it
-    relays to clients (hence no wait for ``discovered``)."""
+    The proxy holds no credentials, so a SASL listener answers its discovery's
+    ApiVersions and closes on Metadata: the proxy reports the upstream reachable
+    (``upstream_requires_authentication``) and binds the broker listeners from the
+    Metadata responses it relays to clients."""
     settings = config.validate(
         {
             "upstream": cluster.secure_bootstrap.split(","),
@@ -444,6 +445,11 @@ async def test_sasl_over_tls_upstream_with_two_clients(
     values = [f"{mechanism}-{i:03d}".encode() for i in range(30)]
     with trio.fail_after(TEST_TIMEOUT):
         async with serving(secure, pki) as proxy:
+            # Ready (a Kubernetes readiness probe passes) although discovery cannot
+            # authenticate: the upstream answered, SASL is the clients' own.
+            await proxy.discovered.wait()
+            await proxy.wait_ready()
+            assert proxy.upstream_auth_only and proxy.readiness()[0]
             conf = {
                 "bootstrap.servers": _bootstrap(proxy),
                 "security.protocol": "SASL_PLAINTEXT",
