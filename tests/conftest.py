@@ -52,6 +52,8 @@ KAFKA_FIXTURES = {"kafka": ("4", 1), "kafka3": ("4", 3), "kafka39": ("3.9", 1)}
 
 _kafka_started: list[str] = []
 _failed_fixtures: set[str] = set()
+_kafka_outcomes: dict[str, str] = {}
+"""node id -> outcome of every test marked kafka (for the closing summary)."""
 
 
 def _kafka_cluster(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
@@ -116,9 +118,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if report.failed:
         _failed_fixtures.update(_uses_kafka(item))
+    if item.get_closest_marker("kafka") is not None:
+        if report.failed:
+            _kafka_outcomes[item.nodeid] = "failed"
+        elif report.when == "call" and item.nodeid not in _kafka_outcomes:
+            _kafka_outcomes[item.nodeid] = report.outcome
     return report
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     for line in _kafka_started:
         terminalreporter.write_line(f"real Kafka: {line}")
+    if _kafka_outcomes:
+        counts = {o: list(_kafka_outcomes.values()).count(o) for o in ("passed", "failed")}
+        terminalreporter.write_line(
+            f"real Kafka: {len(_kafka_outcomes)} tests ran against real Apache Kafka"
+            f" (-m kafka): {counts['passed']} passed, {counts['failed']} failed"
+        )
