@@ -37,7 +37,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -148,6 +148,8 @@ class Evicting:
     def __init__(self, stack: SessionStack) -> None:
         self.stack = stack
         self.active = stack.kafka is None
+        self.count = 0
+        """Faults applied so far."""
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -170,6 +172,12 @@ class Evicting:
                 self.stack.evict_upstream_sessions()
             else:
                 self.stack.skew_upstream_epochs()
+            self.count += 1
+
+    def pending(self) -> bool:
+        """Whether a consumer should keep fetching so that an eviction and an epoch skew
+        both reach its sessions (a fast machine can drain the records before the first)."""
+        return self.active and self.count < 3
 
 
 def confluent_consumer(bootstrap: str, **conf: Any) -> Any:
@@ -184,7 +192,13 @@ def confluent_consumer(bootstrap: str, **conf: Any) -> Any:
     )
 
 
-def consume_confluent(consumer: Any, topic: str, partitions: int, count: int) -> list[Record]:
+def consume_confluent(
+    consumer: Any,
+    topic: str,
+    partitions: int,
+    count: int,
+    pending: Callable[[], bool] = lambda: False,
+) -> list[Record]:
     consumer.assign(
         [
             confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
@@ -193,7 +207,7 @@ def consume_confluent(consumer: Any, topic: str, partitions: int, count: int) ->
     )
     got: list[Record] = []
     deadline = time.monotonic() + DEADLINE
-    while len(got) < count:
+    while len(got) < count or pending():
         assert time.monotonic() < deadline, f"{len(got)} of {count} records"
         for msg in consumer.consume(1000, 0.2):
             assert msg.error() is None, msg.error()
@@ -208,7 +222,7 @@ def test_confluent_sessionless_consumer_with_upstream_sessions(stack: SessionSta
     consumer = confluent_consumer(stack.bootstrap)
     try:
         with Evicting(stack) as faults, Producing(stack, topic, records):
-            got = consume_confluent(consumer, topic, PARTITIONS, len(records))
+            got = consume_confluent(consumer, topic, PARTITIONS, len(records), faults.pending)
     finally:
         consumer.close()
     assert_exactly_once_in_order(records, got)
@@ -234,7 +248,7 @@ def test_kafka_python_session_consumer_through_proxy_sessions(stack: SessionStac
         consumer.seek_to_beginning()
         with Evicting(stack) as faults, Producing(stack, topic, records):
             deadline = time.monotonic() + DEADLINE
-            while len(got) < len(records):
+            while len(got) < len(records) or faults.pending():
                 assert time.monotonic() < deadline, f"{len(got)} of {len(records)} records"
                 for tp, msgs in consumer.poll(timeout_ms=200).items():
                     got.extend((tp.partition, m.key, m.value) for m in msgs)
