@@ -64,6 +64,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from support.clients import JVM_OPTS, clients_dir  # noqa: E402
 from support.kafka import KafkaCluster, SetupError, jvm_lib  # noqa: E402
 from support.kafka import java as java_binary  # noqa: E402
+from support.procs import run_args  # noqa: E402
 
 LATENCY_EDGES_MS = (
     *(1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700),
@@ -173,19 +174,7 @@ class Proxy:
         self.log = log
         cli = REPO / ".venv" / "bin" / "kafka-fetch-proxy"
         command = [str(cli)] if cli.exists() else [sys.executable, "-m", "proxy"]
-        args = [
-            *command,
-            "run",
-            "--upstream",
-            upstream,
-            "--listen",
-            "127.0.0.1:0",
-            "--broker-port-base",
-            "0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            *extra,
-        ]
+        args = [*command, *run_args(upstream, *extra)]
         with open(log, "wb") as err:
             self.proc = subprocess.Popen(
                 args, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err

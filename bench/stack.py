@@ -172,28 +172,17 @@ class ProxyProcess:
 
 
 def start_proxy(upstream: str, log: Path, extra: Sequence[str] = ()) -> ProxyProcess:
-    from support.procs import _read_lines
+    from support.procs import read_lines, run_args
 
     exe = Path(sys.executable).parent / "kafka-fetch-proxy"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
-    cmd += [
-        "run",
-        "--upstream",
-        upstream,
-        "--listen",
-        "127.0.0.1:0",
-        "--broker-port-base",
-        "0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        *extra,
-    ]
+    cmd += run_args(upstream, *extra)
     with log.open("ab") as err:
         proc = subprocess.Popen(
             cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL
         )
     try:
-        lines = _read_lines(proc, ("bootstrap", "metrics"), 30.0)
+        lines = read_lines(proc, ("bootstrap", "metrics"), 30.0)
     except BaseException:
         stop(proc)
         raise

@@ -514,11 +514,15 @@ class Proxy:
             return stream
         return None
 
+    def _readiness_changed(self) -> None:
+        """Wake ``wait_ready()``: what ``readiness()`` reads has changed."""
+        self._state_changed.set()
+        self._state_changed = trio.Event()
+
     def _mark(self, node_id: int, reachable: bool) -> None:
         was = self.reachable.get(node_id)
         self.reachable[node_id] = reachable
-        self._state_changed.set()
-        self._state_changed = trio.Event()
+        self._readiness_changed()
         if was is not None and was != reachable:
             log.info("broker_reachable" if reachable else "broker_unreachable", node_id=node_id)
         if self.metrics is not None:
@@ -548,8 +552,7 @@ class Proxy:
                     )
                     self.upstream_seen = True
                     self.upstream_auth_only = True
-                    self._state_changed.set()
-                    self._state_changed = trio.Event()
+                    self._readiness_changed()
                     self.discovered.set()
                     return
                 except Exception as exc:  # discovery must never take the proxy down

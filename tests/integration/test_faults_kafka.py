@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 from support import verifier
 from support.kafka import KafkaCluster, free_port
-from support.procs import CLI, REPO, _read_lines
+from support.procs import CLI, REPO, read_lines
 from support.rawclient import PeerClosed, RawClient, make_request
 from support.stack import ProxyStack
 
@@ -314,7 +314,7 @@ class ProxyProcess:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         try:
-            self.lines = _read_lines(self.proc, ("bootstrap", "metrics"), 30)
+            self.lines = read_lines(self.proc, ("bootstrap", "metrics"), 30)
         except BaseException:
             self.kill()
             raise

@@ -37,7 +37,7 @@ class Started:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path else ""
 
 
-def _read_lines(
+def read_lines(
     proc: subprocess.Popen[bytes], keys: Sequence[str], timeout: float
 ) -> dict[str, str]:
     assert proc.stdout is not None
@@ -84,7 +84,7 @@ def started(args: Sequence[str], keys: Sequence[str], timeout: float = 30.0) -> 
     s = Started(proc, stderr_path=err_path)
     try:
         try:
-            s.lines = _read_lines(proc, keys, timeout)
+            s.lines = read_lines(proc, keys, timeout)
         except (TimeoutError, RuntimeError) as exc:
             raise RuntimeError(f"{args[0]} did not start: {exc}\n{s.stderr()[-3000:]}") from exc
         yield s
@@ -111,10 +111,10 @@ def devbroker(*topics: str, nodes: int = 3) -> Iterator[str]:
         yield s.lines["bootstrap"]
 
 
-@contextmanager
-def proxy(upstream: str, *extra: str) -> Iterator[Started]:
-    """A proxy process in front of *upstream*; ``.lines`` has ``bootstrap`` and ``metrics``."""
-    args = [
+def run_args(upstream: str, *extra: str) -> list[str]:
+    """``kafka-fetch-proxy`` arguments for a proxy in front of *upstream* on loopback, every
+    port chosen at run time (it prints ``bootstrap=`` and ``metrics=``)."""
+    return [
         "run",
         "--upstream",
         upstream,
@@ -126,5 +126,10 @@ def proxy(upstream: str, *extra: str) -> Iterator[Started]:
         "127.0.0.1:0",
         *extra,
     ]
-    with started(args, ("bootstrap", "metrics")) as s:
+
+
+@contextmanager
+def proxy(upstream: str, *extra: str) -> Iterator[Started]:
+    """A proxy process in front of *upstream*; ``.lines`` has ``bootstrap`` and ``metrics``."""
+    with started(run_args(upstream, *extra), ("bootstrap", "metrics")) as s:
         yield s
