@@ -150,6 +150,7 @@ class Evicting:
         self.active = stack.kafka is None
         self.count = 0
         """Faults applied so far."""
+        self._resends_before = stack.upstream_stats().get("resends", 0) if self.active else 0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -175,9 +176,15 @@ class Evicting:
             self.count += 1
 
     def pending(self) -> bool:
-        """Whether a consumer should keep fetching so that an eviction and an epoch skew
-        both reach its sessions (a fast machine can drain the records before the first)."""
-        return self.active and self.count < 3
+        """Whether a consumer should keep fetching: until an eviction and an epoch skew have
+        both been applied and the proxy has resent at least one fetch after a session error.
+        A fast machine drains the records before the first fault; a loaded one can apply
+        all three faults within one long poll, so the count of faults alone is not enough."""
+        if not self.active:
+            return False
+        if self.count < 3:
+            return True
+        return self.stack.upstream_stats().get("resends", 0) <= self._resends_before
 
 
 def confluent_consumer(bootstrap: str, **conf: Any) -> Any:
