@@ -25,14 +25,17 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
-# the package and its runtime dependencies only (no test or spark extras)
+# the package and its runtime dependencies only (no test or spark extras; no devbroker/,
+# the dev cluster of the demo and the tests)
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin kfp \
  && install -d -o 10001 -g 10001 /var/log/kafka-fetch-proxy
 COPY --from=build /wheels /wheels
+# pyproject.toml also declares kafka-devbroker, whose package the image leaves out
 RUN pip install --no-cache-dir --no-index --find-links /wheels kafka-fetch-proxy \
+ && rm -f /usr/local/bin/kafka-devbroker \
  && rm -rf /wheels
 USER 10001:10001
 ENV PYTHONUNBUFFERED=1 \

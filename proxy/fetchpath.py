@@ -1,4 +1,4 @@
-"""The proxy's Fetch path: upstream fetch sessions and fetch shaping together (issues 4 and 5).
+"""The proxy's Fetch path: upstream fetch sessions and fetch shaping together.
 
 Sans-I/O.  ``FetchPath`` is the process-wide part (configuration, the memory
 budget, the topic-id map, one downstream session cache per listener, metrics
@@ -49,19 +49,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-from .observe.decisionlog import limit_kind
-from .observe.labels import Side
 from .protocol.framing import Payload
 from .relay.pipeline import ClientRequest, Upstream
 from .sessions.broker import FetchSessionCache
 from .sessions.downstream import SessionFetchServer
 from .sessions.handler import SessionFetchHandler
+from .sessions.resets import Side
 from .sessions.topic_ids import TopicIdMap
 from .sessions.translate import ClientReply, UpstreamFetch
 from .shaping.budget import MemoryBudget, Reservation
 from .shaping.decision import ShapingDecision
 from .shaping.keys import topic_key
-from .shaping.limits import LIMIT_NAMES, InvalidLimits, Limits
+from .shaping.limits import LIMIT_NAMES, InvalidLimits, Limits, limit_kind
 from .shaping.policy import DEFAULT_POLICY, Policy, select
 from .shaping.shaper import FetchShaper, PreparedFetch, ShapedResponse
 

@@ -43,7 +43,8 @@ from typing import IO, Any, Protocol
 
 import structlog
 
-from .labels import DecisionOutcome, LimitKind
+from ..shaping.limits import LIMIT_NAMES, limit_kind
+from .labels import DecisionOutcome
 from .metrics import Metrics
 
 SCHEMA_VERSION = 1
@@ -54,31 +55,7 @@ MAX_INSTANCE_CHARS = 253  # a Kubernetes pod name
 MAX_TOPIC_CHARS = 255
 MAX_STARVED_PARTITIONS = 100
 
-# Limit names as the shaping layer spells them -> the config keys used here.
-_LIMIT_ALIASES: Mapping[str, str] = {
-    "response_bytes": LimitKind.MAX_RESPONSE_BYTES.value,
-    "partition_bytes": LimitKind.MAX_PARTITION_BYTES.value,
-    "response_records": LimitKind.MAX_RECORDS.value,
-    "partition_records": LimitKind.MAX_PARTITION_RECORDS.value,
-    "memory_budget": LimitKind.MEMORY_BUDGET.value,
-}
-CONFIGURED_LIMITS = (
-    "max_response_bytes",
-    "max_partition_bytes",
-    "max_records",
-    "max_partition_records",
-)
-
 _log = structlog.get_logger("proxy.observe.decisionlog")
-
-
-def limit_kind(name: str) -> str:
-    """A limit's config-key name, whichever spelling it arrives in (unknown -> "other")."""
-    name = _LIMIT_ALIASES.get(name, name)
-    try:
-        return LimitKind(name).value
-    except ValueError:
-        return LimitKind.OTHER.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +265,7 @@ def event_from_shaping(
         ),
         limits_applied=tuple(sorted({limit_kind(n) for n in decision.limited_by})),
         progress_exemption=decision.progress_exemption,
-        limits={name: configured.get(name) for name in CONFIGURED_LIMITS},
+        limits={name: configured.get(name) for name in LIMIT_NAMES},
         sample_rate=sample_rate,
     )
 

@@ -39,6 +39,8 @@ from prometheus_client import (
 )
 
 from .. import __version__
+from ..sessions.resets import ResetReason, Side
+from ..shaping.limits import LimitKind
 from .labels import (
     OTHER,
     UNKNOWN,
@@ -46,9 +48,6 @@ from .labels import (
     CloseCause,
     DecisionOutcome,
     Direction,
-    LimitKind,
-    ResetReason,
-    Side,
     api_name,
     enum_label,
 )

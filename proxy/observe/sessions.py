@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .labels import Side
+from ..sessions.resets import Side
 from .metrics import Metrics
 
 DEFAULT_LIMIT = 1000

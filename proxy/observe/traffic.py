@@ -39,24 +39,18 @@ from collections import deque
 from collections.abc import Sequence
 
 from ..protocol import codec
+from ..protocol.apis import FETCH, PRODUCE, SASL_AUTHENTICATE
 from ..protocol.codec import skip_tagged_fields
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import Gathered, Payload
 from ..relay.pipeline import produce_acks
-from .labels import Direction, ResetReason, Side
+from ..sessions.resets import RESET_REASONS, Side
+from .labels import Direction
 from .metrics import Metrics
 
-PRODUCE = 0
-FETCH = 1
-SASL_AUTHENTICATE = 36
 UNKNOWN_API = -1
 FETCH_SESSIONS_SINCE = 7  # KIP-227
 FETCH_FLEXIBLE_SINCE = 12  # response header v1 (tagged fields) from here
-SESSION_ERRORS = {
-    70: ResetReason.SESSION_ID_NOT_FOUND,
-    71: ResetReason.INVALID_EPOCH,
-    106: ResetReason.TOPIC_ID_ERROR,
-}
 
 
 def fetch_error_code(api_version: int, frame: bytes) -> int | None:
@@ -144,7 +138,7 @@ class TrafficMeter:
             self.metrics.response(api_key, Direction.PROXY_TO_CLIENT, len(frame))
             if api_key == FETCH and api_version >= FETCH_SESSIONS_SINCE:
                 head = bytes(frame.head) if isinstance(frame, Gathered) else frame
-                reason = SESSION_ERRORS.get(fetch_error_code(api_version, head) or 0)
+                reason = RESET_REASONS.get(fetch_error_code(api_version, head) or 0)
                 if reason is not None:
                     self.metrics.fetch_session_reset(Side.DOWNSTREAM, reason)
             done.append((api_key, arrival))

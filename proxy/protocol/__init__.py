@@ -1,5 +1,15 @@
 """Sans-I/O Kafka protocol layer shared by the proxy and the dev broker.
 
 Nothing in this package imports trio or touches sockets: every function takes
-bytes (or kio objects) and returns bytes (or kio objects).
+bytes (or kio objects) and returns bytes (or kio objects).  It imports nothing
+else from the proxy either; everything above it builds on it.
+
+- :mod:`.apis`, :mod:`.error_codes`: Kafka's API keys and the error codes the
+  fetch path acts on.
+- :mod:`.errors`: the one exception family that escapes (``ProtocolError``).
+- :mod:`.framing`: size-prefixed frames in and out, bounded.
+- :mod:`.varint`, :mod:`.codec`: headers and bodies, decoded and encoded with kio.
+- :mod:`.walk`: schema-driven checking and rewriting of encoded messages.
+- :mod:`.messages`: kio message classes by version, and entities built across versions.
+- :mod:`.records`: RecordBatch v2 headers, read without decompressing anything.
 """

@@ -22,12 +22,10 @@ from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_re
 from kio.serial import entity_reader, entity_writer
 
 from . import walk
+from .apis import API_VERSIONS, CONTROLLED_SHUTDOWN
 from .errors import DecodeError, ProtocolError
 from .framing import COPY_BELOW, Buffer, Gathered
-from .walk import read_uvarint as read_uvarint  # re-exported: the codec's varint reader
-
-API_VERSIONS_KEY = 18
-CONTROLLED_SHUTDOWN_KEY = 7
+from .varint import read_uvarint
 
 _SCHEMAS_CACHED = 4096
 """Schema look-ups cached: bounded, since request headers name any (api_key, version)."""
@@ -55,7 +53,7 @@ def response_schema(api_key: int, version: int) -> Any | None:
 
 def request_header_version(api_key: int, version: int) -> int | None:
     """0, 1 or 2; None when the (api_key, version) pair is unknown to us."""
-    if api_key == CONTROLLED_SHUTDOWN_KEY and version == 0:
+    if api_key == CONTROLLED_SHUTDOWN and version == 0:
         return 0
     schema = request_schema(api_key, version)
     if schema is None:
@@ -65,7 +63,7 @@ def request_header_version(api_key: int, version: int) -> int | None:
 
 def response_header_version(api_key: int, version: int) -> int | None:
     """0 or 1.  ApiVersions responses always use v0 so that any client can read them."""
-    if api_key == API_VERSIONS_KEY:
+    if api_key == API_VERSIONS:
         return 0
     schema = response_schema(api_key, version)
     if schema is None:

@@ -50,6 +50,7 @@ from kio.serial._introspect import (
 )
 
 from .errors import DecodeError
+from .varint import read_uvarint, write_uvarint
 
 _FIXED_SIZES = {
     "int8": 1,
@@ -81,40 +82,6 @@ class Hook(Protocol):
         self, cls: type, buf: bytes, spans: dict[str, Span], start: int, end: int
     ) -> bytes | None:
         """Replacement bytes for the entity encoded at buf[start:end], or None to keep it."""
-
-
-# --- varints ------------------------------------------------------------------------------
-
-
-def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """An unsigned varint at *pos*: (value, position after it); DecodeError if malformed."""
-    if pos < len(buf) and buf[pos] < 0x80:  # the common one-byte case
-        return buf[pos], pos + 1
-    value = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise DecodeError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise DecodeError("varint too long")
-
-
-def write_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
 
 
 def encode_string(value: str | None, flexible: bool) -> bytes:

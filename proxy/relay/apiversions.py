@@ -29,10 +29,9 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
 from ..protocol import codec, walk
+from ..protocol.apis import API_VERSIONS
 from ..protocol.errors import DecodeError
 from . import endpoints
-
-API_VERSIONS = 18
 
 _I16 = struct.Struct(">h")
 _MAX_PROBE = endpoints.MAX_PROBE

@@ -41,9 +41,8 @@ from functools import lru_cache
 from kio.serial._introspect import EntityField, EntityTupleField, classify_field
 
 from ..protocol import codec
+from ..protocol.apis import STREAMS_GROUP_DESCRIBE, STREAMS_GROUP_HEARTBEAT
 from . import rewrite
-
-STREAMS_GROUP_HEARTBEAT, STREAMS_GROUP_DESCRIBE = 88, 89
 
 APPLICATION_ENDPOINTS = frozenset(
     {(STREAMS_GROUP_HEARTBEAT, "Endpoint"), (STREAMS_GROUP_DESCRIBE, "Endpoint")}

@@ -31,7 +31,7 @@ Bounds
     At most ``max_in_flight`` client requests are awaiting a response; the edge
     stops reading from the client while ``can_accept`` is False.
 
-Plug-in point for Fetch (issues 4 and 5)
+Plug-in point for Fetch
     Fetch requests go to a ``FetchHandler``, one per client connection, created
     by the zero-argument factory given to ``Proxy(fetch_handler_factory=...)``
     (the Relay takes the instance).  It receives each Fetch as a
@@ -62,8 +62,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..protocol import codec
+from ..protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_HANDSHAKE
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import Gathered, Payload
+from ..protocol.varint import read_uvarint
 from . import apiversions, endpoints, rewrite
 
 _I32 = struct.Struct(">i")
@@ -179,7 +181,6 @@ class _Pending:
     on_response: ResponseCallback
 
 
-SASL_HANDSHAKE = 17
 _SASL_V0_EXCHANGES = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
 
 
@@ -190,7 +191,7 @@ def produce_acks(header: codec.RequestHeader, frame: bytes) -> int | None:
         return None
     try:
         if header.header_version == 2:  # flexible: compact nullable transactional_id
-            n, pos = codec.read_uvarint(frame, pos)
+            n, pos = read_uvarint(frame, pos)
             pos += max(n - 1, 0)
         else:
             (n,) = _I16.unpack_from(frame, pos)
@@ -253,6 +254,11 @@ class Relay:
     def pending_upstream(self) -> int:
         return len(self._pending)
 
+    @property
+    def upstream_queued(self) -> bool:
+        """Whether frames wait to be taken by ``take_upstream``."""
+        return bool(self._to_upstream)
+
     def take_upstream(self) -> list[bytes]:
         out, self._to_upstream = self._to_upstream, []
         return out
@@ -284,17 +290,15 @@ class Relay:
                 f"api_key={header.api_key} v{header.api_version} is not relayed: its response"
                 " would carry broker addresses the proxy does not rewrite"
             )
-        expects = not (header.api_key == rewrite.PRODUCE and produce_acks(header, frame) == 0)
+        expects = not (header.api_key == PRODUCE and produce_acks(header, frame) == 0)
         slot = _Slot(header.correlation_id) if expects else None
         if slot is not None:
             self._slots.append(slot)
         request = ClientRequest(header, frame, self, slot)
         key = header.api_key
-        if key == rewrite.FETCH:
+        if key == FETCH:
             self.fetch_handler.handle_fetch(request, self._port)
-        elif key == apiversions.API_VERSIONS and not apiversions.supports_request_version(
-            header.api_version
-        ):
+        elif key == API_VERSIONS and not apiversions.supports_request_version(header.api_version):
             request.reply(apiversions.unsupported_version_response(header.correlation_id))
         else:
             self._forward(request)
@@ -333,7 +337,7 @@ class Relay:
                 if exchanges is None:
                     raise ProtocolError(f"SASL mechanism {mechanism!r} over SaslHandshake v0")
                 self._raw_tokens = exchanges
-            if h.api_key == apiversions.API_VERSIONS:
+            if h.api_key == API_VERSIONS:
                 frame = apiversions.rewrite_api_versions(h.api_version, frame)
             elif rewrite.needs_rewrite(h.api_key, h.api_version):
                 frame = rewrite.rewrite_response(h.api_key, h.api_version, frame, self._resolve)

@@ -40,10 +40,16 @@ from typing import Any
 from kio.static.primitive import i32
 
 from ..protocol import codec, walk
+from ..protocol.apis import (
+    DESCRIBE_CLUSTER,
+    FETCH,
+    FIND_COORDINATOR,
+    METADATA,
+    PRODUCE,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
+)
 from ..protocol.errors import DecodeError
-
-PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER = 0, 1, 3, 10, 60
-SHARE_FETCH, SHARE_ACKNOWLEDGE = 78, 79
 
 _MIN_VERSION = {
     PRODUCE: 10,

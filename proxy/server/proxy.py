@@ -21,7 +21,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -33,8 +33,10 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from ..config import ENV_PREFIX, HostPort, Settings
 from ..fetchpath import FetchPath, FetchPathConfig
 from ..protocol import codec
+from ..protocol.apis import API_VERSIONS, METADATA
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
+from ..protocol.messages import make, request_module
 from ..relay import rewrite
 from ..relay.addresses import AddressBook
 from ..relay.apiversions import kio_range
@@ -614,7 +616,7 @@ class Proxy:
             versions_frame = await _exchange(
                 stream, decoder, codec.encode_request(ApiVersionsRequest(), 0, "kafka-fetch-proxy")
             )
-            _, versions = codec.decode_response(18, 0, versions_frame)
+            _, versions = codec.decode_response(API_VERSIONS, 0, versions_frame)
             version = _metadata_version(versions)
             request = _metadata_request(version)
             try:
@@ -626,11 +628,11 @@ class Proxy:
                 # with any other request before authentication.  The proxy holds no
                 # credentials; the brokers are learnt from the Metadata clients fetch.
                 raise AuthenticationRequired(str(address)) from exc
-            brokers = rewrite.collect_endpoints(rewrite.METADATA, version, frame)
+            brokers = rewrite.collect_endpoints(METADATA, version, frame)
             if not brokers:
                 # Metadata v13+ can answer with a top-level error instead (KIP-1102's
                 # REBOOTSTRAP_REQUIRED): not a discovery; the next bootstrap address is tried.
-                _, response = codec.decode_response(rewrite.METADATA, version, frame)
+                _, response = codec.decode_response(METADATA, version, frame)
                 error = getattr(response, "error_code", None)
                 raise ProtocolError(
                     f"upstream answered Metadata v{version} with no brokers"
@@ -642,10 +644,10 @@ class Proxy:
 
 
 def _metadata_version(versions: ApiVersionsResponse) -> int:
-    ours = kio_range(rewrite.METADATA)
+    ours = kio_range(METADATA)
     assert ours is not None
     for api in versions.api_keys:
-        if api.api_key == rewrite.METADATA:
+        if api.api_key == METADATA:
             top = min(int(api.max_version), ours[1])
             if top < max(int(api.min_version), 1, ours[0]):
                 break
@@ -655,18 +657,13 @@ def _metadata_version(versions: ApiVersionsResponse) -> int:
 
 def _metadata_request(version: int) -> Any:
     """A Metadata request for no topics (brokers only) at ``version`` (>= 1)."""
-    schema = codec.request_schema(rewrite.METADATA, version)
-    assert schema is not None
-    names = {f.name for f in fields(schema)}
-    kwargs: dict[str, Any] = {"topics": ()}
-    for flag in (
-        "allow_auto_topic_creation",
-        "include_cluster_authorized_operations",
-        "include_topic_authorized_operations",
-    ):
-        if flag in names:
-            kwargs[flag] = False
-    return schema(**kwargs)
+    return make(
+        request_module(METADATA, version).MetadataRequest,
+        topics=(),
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
 
 
 class AuthenticationRequired(Exception):

@@ -47,15 +47,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..protocol.error_codes import (
+    FETCH_SESSION_ID_NOT_FOUND,
+    FETCH_SESSION_TOPIC_ID_ERROR,
+    INVALID_FETCH_SESSION_EPOCH,
+    NONE,
+)
+
 INVALID_SESSION_ID = 0
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 _INT32_MAX = 2**31 - 1
-
-NONE = 0
-FETCH_SESSION_ID_NOT_FOUND = 70
-INVALID_FETCH_SESSION_EPOCH = 71
-FETCH_SESSION_TOPIC_ID_ERROR = 106
 
 DEFAULT_MAX_SLOTS = 1000  # max.incremental.fetch.session.cache.slots
 DEFAULT_EVICTION_MS = 120_000  # Kafka's fixed minimum idle time before eviction

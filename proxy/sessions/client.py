@@ -44,14 +44,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
+
 INVALID_SESSION_ID = 0
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 MAX_EPOCH = 2**31 - 1
-
-FETCH_SESSION_ID_NOT_FOUND = 70
-INVALID_FETCH_SESSION_EPOCH = 71
-FETCH_SESSION_TOPIC_ID_ERROR = 106
 
 MIN_SESSION_VERSION = 7
 """Fetch v7 introduced session ids and epochs (KIP-227)."""

@@ -39,7 +39,8 @@ from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from ..protocol.codec import request_schema, response_schema
+from ..protocol.apis import FETCH
+from ..protocol.messages import make, request_module, response_module
 from .broker import (
     FetchContext,
     FetchSessionCache,
@@ -53,7 +54,6 @@ from .broker import (
     outcome_of_kio_partition,
 )
 from .translate import (
-    FETCH_API_KEY,
     FIRST_TOPIC_ID_VERSION,
     MIN_CLIENT_VERSION,
     ClientReply,
@@ -61,8 +61,6 @@ from .translate import (
     TranslationError,
     UpstreamFetch,
     _group,
-    _make,
-    _module,
     _replica_id,
 )
 
@@ -119,7 +117,7 @@ class SessionFetchServer:
         if self._pending is not None:
             raise TranslationError("a client fetch is already being served on this connection")
         version = int(request.__version__)
-        if int(request.__api_key__) != FETCH_API_KEY or version < MIN_CLIENT_VERSION:
+        if int(request.__api_key__) != FETCH or version < MIN_CLIENT_VERSION:
             raise TranslationError("not a Fetch v4+ request")
         if _replica_id(request) >= 0:
             raise TranslationError("follower fetches are not served by the proxy")
@@ -246,14 +244,14 @@ def _sessionless_request(
     request: Any, effective: list[tuple[TopicIdPartition, PartitionRequest]], on_ids: bool
 ) -> Any:
     """The client's fetch as one sessionless full fetch at its own version."""
-    mod = _module(request_schema(FETCH_API_KEY, int(request.__version__)))
+    mod = request_module(FETCH, int(request.__version__))
     topics = tuple(
-        _make(
+        make(
             mod.FetchTopic,
             topic=ref,
             topic_id=ref,
             partitions=tuple(
-                _make(
+                make(
                     mod.FetchPartition,
                     partition=t.partition,
                     fetch_offset=req.fetch_offset,
@@ -271,7 +269,7 @@ def _sessionless_request(
         )
         for ref, items in _group(effective, lambda item: _ref(item[0], on_ids))
     )
-    return _make(
+    return make(
         mod.FetchRequest,
         replica_id=-1,
         max_wait=request.max_wait,
@@ -288,10 +286,10 @@ def _sessionless_request(
 
 
 def _response(version: int, result: SessionResponse[Any], full: Any | None) -> Any:
-    mod = _module(response_schema(FETCH_API_KEY, version))
+    mod = response_module(FETCH, version)
     on_ids = version >= FIRST_TOPIC_ID_VERSION
     topics = tuple(
-        _make(
+        make(
             mod.FetchableTopicResponse,
             topic=ref,
             topic_id=ref,
@@ -299,7 +297,7 @@ def _response(version: int, result: SessionResponse[Any], full: Any | None) -> A
         )
         for ref, items in _group(result.partitions, lambda item: _ref(item[0], on_ids))
     )
-    return _make(
+    return make(
         mod.FetchResponse,
         throttle_time=full.throttle_time if full is not None else timedelta(0),
         error_code=ErrorCode(result.error_code),

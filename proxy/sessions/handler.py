@@ -1,4 +1,4 @@
-"""The relay's FetchHandler for upstream fetch sessions (issue 4), sans-I/O.
+"""The relay's FetchHandler for upstream fetch sessions, sans-I/O.
 
 Plugs :class:`SessionFetchServer` (downstream session broker) and
 :class:`FetchTranslator` (upstream session client) into the relay's Fetch
@@ -24,25 +24,20 @@ which has one upstream connection and therefore one upstream session.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections import deque
 from typing import Any, Protocol
 
-from ..observe.labels import ResetReason, Side
 from ..protocol import codec, walk
+from ..protocol.apis import API_VERSIONS, FETCH, METADATA
 from ..protocol.errors import DecodeError
 from ..protocol.framing import Payload
+from ..protocol.messages import request_module
 from ..relay.pipeline import ClientRequest, PassThroughFetch, Upstream
 from .broker import FetchSessionCache
 from .downstream import SessionFetchServer
+from .resets import RESET_REASONS, ResetReason, Side
 from .topic_ids import TopicIdMap
-from .translate import FETCH_API_KEY, ClientReply, FetchTranslator, UpstreamFetch, _replica_id
-
-_RESET_REASONS = {
-    70: ResetReason.SESSION_ID_NOT_FOUND,
-    71: ResetReason.INVALID_EPOCH,
-    106: ResetReason.TOPIC_ID_ERROR,
-}
+from .translate import ClientReply, FetchTranslator, UpstreamFetch, _replica_id
 
 
 class SessionMetrics(Protocol):
@@ -53,8 +48,6 @@ class SessionMetrics(Protocol):
     def fetch_session_reset(self, side: Side, reason: ResetReason | str) -> None: ...
 
 
-METADATA_API_KEY = 3
-API_VERSIONS_API_KEY = 18
 MIN_METADATA_WITH_IDS = 10
 MAX_METADATA_VERSION = 12
 PROXY_CLIENT_ID = "kafka-fetch-proxy"
@@ -101,9 +94,9 @@ class SessionFetchHandler:
     # -- FetchHandler -------------------------------------------------------------------
 
     def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
-        if api_key == API_VERSIONS_API_KEY:
+        if api_key == API_VERSIONS:
             self._learn_versions(api_version, frame)
-        elif api_key == METADATA_API_KEY and api_version >= MIN_METADATA_WITH_IDS:
+        elif api_key == METADATA and api_version >= MIN_METADATA_WITH_IDS:
             try:
                 _, response = codec.decode_response(api_key, api_version, frame)
             except DecodeError:
@@ -179,12 +172,12 @@ class SessionFetchHandler:
 
         def on_response(frame: bytes) -> None:
             self._round[1] += len(frame)
-            _, response = codec.decode_response(FETCH_API_KEY, version, frame)
+            _, response = codec.decode_response(FETCH, version, frame)
             response = _records_as_views(response, version, frame)
             invalid_before = server.translator.stats.invalid_responses
             next_step = server.complete(response)
             if self.metrics is not None:
-                reason = _RESET_REASONS.get(int(getattr(response, "error_code", 0)))
+                reason = RESET_REASONS.get(int(getattr(response, "error_code", 0)))
                 if reason is None and server.translator.stats.invalid_responses > invalid_before:
                     reason = ResetReason.OTHER
                 if reason is not None:
@@ -195,7 +188,7 @@ class SessionFetchHandler:
         self._round[0] += len(frame)
         upstream.send(
             frame,
-            api_key=FETCH_API_KEY,
+            api_key=FETCH,
             api_version=version,
             on_response=on_response,
         )
@@ -240,8 +233,7 @@ class SessionFetchHandler:
             self._asked[n] = self._fetches
         while len(self._asked) > self.max_asked_names:
             del self._asked[next(iter(self._asked))]
-        schema = codec.request_schema(METADATA_API_KEY, version)
-        mod = _module_of(schema)
+        mod = request_module(METADATA, version)
         request = mod.MetadataRequest(
             topics=tuple(mod.MetadataRequestTopic(topic_id=None, name=n) for n in due),
             allow_auto_topic_creation=False,
@@ -252,29 +244,29 @@ class SessionFetchHandler:
         def on_response(frame: bytes) -> None:
             self._metadata_in_flight = False
             try:
-                _, response = codec.decode_response(METADATA_API_KEY, version, frame)
+                _, response = codec.decode_response(METADATA, version, frame)
             except DecodeError:
                 return
             self.topic_ids.learn_metadata(response)
 
         upstream.send(
             codec.encode_request(request, 0, PROXY_CLIENT_ID),
-            api_key=METADATA_API_KEY,
+            api_key=METADATA,
             api_version=version,
             on_response=on_response,
         )
 
     def _learn_versions(self, api_version: int, frame: bytes) -> None:
         try:
-            _, response = codec.decode_response(API_VERSIONS_API_KEY, api_version, frame)
+            _, response = codec.decode_response(API_VERSIONS, api_version, frame)
         except DecodeError:
             return
         if int(getattr(response, "error_code", 0)) != 0:
             return
         for entry in response.api_keys:
-            if int(entry.api_key) == FETCH_API_KEY:
+            if int(entry.api_key) == FETCH:
                 self.upstream_fetch_max = int(entry.max_version)
-            elif int(entry.api_key) == METADATA_API_KEY:
+            elif int(entry.api_key) == METADATA:
                 self.upstream_metadata_max = int(entry.max_version)
 
 
@@ -291,8 +283,8 @@ def _records_as_views(response: Any, version: int, frame: bytes) -> Any:
     shaping layer copies what it keeps (``Run.split_view``), so no view
     outlives the exchange.  Anything unexpected keeps kio's copies.
     """
-    schema = codec.response_schema(FETCH_API_KEY, version)
-    hv = codec.response_header_version(FETCH_API_KEY, version)
+    schema = codec.response_schema(FETCH, version)
+    hv = codec.response_header_version(FETCH, version)
     if schema is None or hv is None:
         return response
     try:
@@ -316,9 +308,3 @@ def _records_as_views(response: Any, version: int, frame: bytes) -> Any:
             parts.append(pd)
         topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
     return dataclasses.replace(response, responses=tuple(topics))
-
-
-def _module_of(schema: Any) -> Any:
-    if schema is None:
-        raise DecodeError("kio has no Metadata schema at this version")
-    return sys.modules[schema.__module__]

@@ -44,23 +44,26 @@ the client gets the error.  If the upstream connection fails, call ``abort``.
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cache
 from types import ModuleType
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from ..protocol.codec import request_schema, response_schema
+from ..protocol.apis import FETCH
+from ..protocol.error_codes import (
+    FETCH_SESSION_ERRORS,
+    INCONSISTENT_TOPIC_ID,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_SERVER_ERROR,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
+from ..protocol.messages import convert, make, request_module, response_module
 from .client import (
-    FETCH_SESSION_ID_NOT_FOUND,
-    FETCH_SESSION_TOPIC_ID_ERROR,
-    INVALID_FETCH_SESSION_EPOCH,
     MIN_SESSION_VERSION,
     FetchParams,
     FetchSessionClient,
@@ -71,25 +74,16 @@ from .client import (
 from .partition_cache import PartitionStateCache
 from .topic_ids import TopicIdMap
 
-FETCH_API_KEY = 1
 MIN_CLIENT_VERSION = 4
 MAX_VERSION = 18
 FIRST_TOPIC_ID_VERSION = 13
 LAST_TOPIC_NAME_VERSION = 12
 
-UNKNOWN_SERVER_ERROR = -1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-UNKNOWN_TOPIC_ID = 100
-INCONSISTENT_TOPIC_ID = 103
 READ_COMMITTED = 1
-TOPIC_AUTHORIZATION_FAILED = 29
 _PRE_READ_ERRORS = frozenset(
     {UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, TOPIC_AUTHORIZATION_FAILED}
 )
 """Errors KafkaApis.handleFetchRequest gives before reading (its ``erroneous`` partitions)."""
-_SESSION_ERRORS = frozenset(
-    {FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH, FETCH_SESSION_TOPIC_ID_ERROR}
-)
 
 
 def is_sessionless_consumer_fetch(request: Any) -> bool:
@@ -99,7 +93,7 @@ def is_sessionless_consumer_fetch(request: Any) -> bool:
     request is a full fetch, and the broker must not create a session.
     """
     version = int(request.__version__)
-    if int(request.__api_key__) != FETCH_API_KEY or version < MIN_CLIENT_VERSION:
+    if int(request.__api_key__) != FETCH or version < MIN_CLIENT_VERSION:
         return False
     if _replica_id(request) >= 0:
         return False
@@ -262,16 +256,16 @@ class FetchTranslator:
         return None if name is None else PartitionKey(name, cp.partition)
 
     def _upstream_request(self, pending: _Pending) -> Any:
-        mod = _module(request_schema(FETCH_API_KEY, pending.version))
+        mod = request_module(FETCH, pending.version)
         sreq = pending.session_request
         client = pending.request
         topics = [
-            _make(
+            make(
                 mod.FetchTopic,
                 topic=topic,
                 topic_id=topic,
                 partitions=tuple(
-                    _make(
+                    make(
                         mod.FetchPartition,
                         partition=key.partition,
                         fetch_offset=params.fetch_offset,
@@ -286,7 +280,7 @@ class FetchTranslator:
             for topic, items in _group(sreq.to_send.items(), lambda kv: kv[0].topic)
         ]
         forgotten = [
-            _make(
+            make(
                 mod.ForgottenTopic,
                 topic=topic,
                 topic_id=topic,
@@ -294,7 +288,7 @@ class FetchTranslator:
             )
             for topic, keys in _group(sreq.to_forget, lambda k: k.topic)
         ]
-        return _make(
+        return make(
             mod.FetchRequest,
             replica_id=-1,
             max_wait=client.max_wait,
@@ -377,7 +371,7 @@ class FetchTranslator:
         if pending.resends < self.max_resends:
             return self._resend(pending)
         self._pending = None
-        if outcome.verdict is Verdict.ERROR and error_code not in _SESSION_ERRORS:
+        if outcome.verdict is Verdict.ERROR and error_code not in FETCH_SESSION_ERRORS:
             code = error_code
         else:
             code = UNKNOWN_SERVER_ERROR
@@ -423,7 +417,7 @@ class FetchTranslator:
         empty: bool = False,
     ) -> Any:
         client_version = int(pending.request.__version__)
-        mod = _module(response_schema(FETCH_API_KEY, client_version))
+        mod = response_module(FETCH, client_version)
         read_committed = int(getattr(pending.request, "isolation_level", 0)) == READ_COMMITTED
         client_on_ids = client_version >= FIRST_TOPIC_ID_VERSION
         answered: list[tuple[str | uuid.UUID | None, Any]] = []
@@ -440,7 +434,7 @@ class FetchTranslator:
             else:
                 state = self.cache.lookup(cp.key)
                 assert state is not None  # checked in complete()
-                pd = _make(
+                pd = make(
                     mod.PartitionData,
                     partition_index=cp.partition,
                     error_code=ErrorCode(0),
@@ -455,7 +449,7 @@ class FetchTranslator:
         # KafkaApis lists the partitions it refused before reading after the others.
         answered.sort(key=lambda item: int(item[1].error_code) in _PRE_READ_ERRORS)
         topics = [
-            _make(
+            make(
                 mod.FetchableTopicResponse,
                 topic=ref,
                 topic_id=ref,
@@ -466,9 +460,9 @@ class FetchTranslator:
         endpoints = ()
         if hasattr(mod, "NodeEndpoint"):
             endpoints = tuple(
-                _convert(ep, mod.NodeEndpoint) for ep in getattr(upstream, "node_endpoints", ())
+                convert(ep, mod.NodeEndpoint) for ep in getattr(upstream, "node_endpoints", ())
             )
-        return _make(
+        return make(
             mod.FetchResponse,
             throttle_time=upstream.throttle_time,
             error_code=ErrorCode(0),
@@ -479,7 +473,7 @@ class FetchTranslator:
 
     def _error_response(self, pending: _Pending, code: int, upstream: Any) -> Any:
         client_version = int(pending.request.__version__)
-        mod = _module(response_schema(FETCH_API_KEY, client_version))
+        mod = response_module(FETCH, client_version)
         if client_version >= MIN_SESSION_VERSION:
             # A broker's top-level error carries no partitions.
             responses: tuple[Any, ...] = ()
@@ -487,7 +481,7 @@ class FetchTranslator:
         else:
             top = 0
             responses = tuple(
-                _make(
+                make(
                     mod.FetchableTopicResponse,
                     topic=ref,
                     topic_id=ref,
@@ -495,7 +489,7 @@ class FetchTranslator:
                 )
                 for ref, cps in _group(_dedupe(pending.partitions), _client_topic)
             )
-        return _make(
+        return make(
             mod.FetchResponse,
             throttle_time=upstream.throttle_time,
             error_code=ErrorCode(top),
@@ -583,7 +577,7 @@ def _convert_partition(
         "log_start_offset": getattr(pd, "log_start_offset", -1),
         "aborted_transactions": None
         if aborted is None
-        else tuple(_convert(a, mod.AbortedTransaction) for a in aborted),
+        else tuple(convert(a, mod.AbortedTransaction) for a in aborted),
         "preferred_read_replica": getattr(pd, "preferred_read_replica", -1),
         "records": pd.records,
     }
@@ -594,13 +588,13 @@ def _convert_partition(
     ):
         value = getattr(pd, name, None)
         if value is not None and hasattr(mod, cls_name):
-            kwargs[name] = _convert(value, getattr(mod, cls_name))
-    return _make(mod.PartitionData, **kwargs)
+            kwargs[name] = convert(value, getattr(mod, cls_name))
+    return make(mod.PartitionData, **kwargs)
 
 
 def _error_partition(mod: ModuleType, partition: int, code: int) -> Any:
     """What a broker answers for a partition it cannot serve (FetchResponse.partitionResponse)."""
-    return _make(
+    return make(
         mod.PartitionData,
         partition_index=partition,
         error_code=ErrorCode(code),
@@ -611,29 +605,6 @@ def _error_partition(mod: ModuleType, partition: int, code: int) -> Any:
         preferred_read_replica=-1,
         records=None,
     )
-
-
-def _module(schema: Any) -> ModuleType:
-    if schema is None:
-        raise TranslationError("kio has no Fetch schema for this version")
-    return sys.modules[schema.__module__]
-
-
-@cache
-def _field_names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
-
-
-def _make(cls: Any, **kwargs: Any) -> Any:
-    """Instantiate a kio class with the keyword arguments that exist at its version."""
-    names = _field_names(cls)
-    return cls(**{k: v for k, v in kwargs.items() if k in names})
-
-
-def _convert(obj: Any, cls: Any) -> Any:
-    """The same nested entity at another version (fields the target lacks are dropped)."""
-    kind: type = type(obj)
-    return _make(cls, **{name: getattr(obj, name) for name in _field_names(kind)})
 
 
 def _millis(value: Any) -> int:

@@ -5,8 +5,9 @@ and RecordBatch v2 headers.  No trio import; the relay sits on top.
 
 Modules, one per feature:
 
-- :mod:`.limits`: the configured :class:`~.limits.Limits`, request clamping and
-  the per-response :class:`~.limits.ResponseLimits`.
+- :mod:`.limits`: the configured :class:`~.limits.Limits`, request clamping,
+  the per-response :class:`~.limits.ResponseLimits`, and the names of what held
+  data back (:class:`~.limits.LimitKind`).
 - :mod:`.policy`: per-client policies (client_id / listener globs) over the
   global limits.
 - :mod:`.trim`: trimming a Fetch response to whole batches within the limits

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from .keys import PartitionKey, topic_key
@@ -29,6 +30,36 @@ LIMIT_NAMES = (
     "max_records",
     "max_partition_records",
 )
+
+
+class LimitKind(StrEnum):
+    """What held whole batches back: a configured limit (the value is its config key) or the budget."""
+
+    MAX_RESPONSE_BYTES = "max_response_bytes"
+    MAX_PARTITION_BYTES = "max_partition_bytes"
+    MAX_RECORDS = "max_records"
+    MAX_PARTITION_RECORDS = "max_partition_records"
+    MEMORY_BUDGET = "memory_budget"
+    OTHER = "other"
+
+
+# Limit names as trimming spells them (``PartitionOutcome.limited_by``) -> config keys.
+_LIMIT_ALIASES: Mapping[str, str] = {
+    "response_bytes": LimitKind.MAX_RESPONSE_BYTES.value,
+    "partition_bytes": LimitKind.MAX_PARTITION_BYTES.value,
+    "response_records": LimitKind.MAX_RECORDS.value,
+    "partition_records": LimitKind.MAX_PARTITION_RECORDS.value,
+    "memory_budget": LimitKind.MEMORY_BUDGET.value,
+}
+
+
+def limit_kind(name: str) -> str:
+    """A limit's config-key name, whichever spelling it arrives in (unknown -> "other")."""
+    name = _LIMIT_ALIASES.get(name, name)
+    try:
+        return LimitKind(name).value
+    except ValueError:
+        return LimitKind.OTHER.value
 
 
 class InvalidLimits(ValueError):

@@ -37,7 +37,6 @@ Responses that had a list keep a list (possibly empty); null stays null.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,14 +44,14 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..protocol import records
+from ..protocol.error_codes import NONE
+from ..protocol.messages import make, module_of
 from ..protocol.records import BatchHeader
 from .keys import PartitionKey, topic_key
 from .limits import ResponseLimits
 
 Aborted = tuple[tuple[int, int], ...]
 """(producer id, first offset) pairs, in upstream order."""
-
-NONE_ERROR = 0
 
 Records = bytes | memoryview
 """A run's bytes: owned ``bytes``, or a view into upstream's records field while one
@@ -365,12 +364,12 @@ def trim_response(
         tkey = topic_key(topic)
         for pd in topic.partitions:
             key = (tkey, int(pd.partition_index))
-            if pd.error_code != NONE_ERROR:
+            if pd.error_code != NONE:
                 errors[key] = int(pd.error_code)
                 continue
             if is_legacy(pd.records):
                 legacy.add(key)
-                errors[key] = NONE_ERROR
+                errors[key] = NONE
                 continue
             aborted = _aborted_of(pd)
             run, partial = parse_records(pd.records, aborted)
@@ -435,7 +434,7 @@ def trim_response(
             all_limited |= held
             outcomes[key] = PartitionOutcome(
                 key=key,
-                error_code=NONE_ERROR,
+                error_code=NONE,
                 upstream_bytes=up_bytes,
                 upstream_records=up_records,
                 offered_bytes=run.size,
@@ -457,34 +456,27 @@ def trim_response(
 
 def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
     """*response* with an empty, error-free partition entry for each key of *extra*."""
-    module = importlib.import_module(type(response).__module__)
-    pd_cls = module.PartitionData
-    names = {f.name for f in dataclasses.fields(pd_cls)}
+    module = module_of(response)
     topics = list(response.responses)
     index = {topic_key(t): i for i, t in enumerate(topics)}
     for (tkey, partition), prefix in extra.items():
-        kwargs: dict[str, Any] = {
-            "partition_index": partition,
-            "error_code": ErrorCode.none,
-            "high_watermark": prefix.high_watermark,
-            "aborted_transactions": None if prefix.run.aborted is None else (),
-            "records": b"",
-        }
-        if "last_stable_offset" in names:
-            kwargs["last_stable_offset"] = prefix.last_stable_offset
-        if "log_start_offset" in names:
-            kwargs["log_start_offset"] = prefix.log_start_offset
-        pd = pd_cls(**kwargs)
+        pd = make(
+            module.PartitionData,
+            partition_index=partition,
+            error_code=ErrorCode.none,
+            high_watermark=prefix.high_watermark,
+            last_stable_offset=prefix.last_stable_offset,
+            log_start_offset=prefix.log_start_offset,
+            aborted_transactions=None if prefix.run.aborted is None else (),
+            records=b"",
+        )
         if tkey in index:
             t = topics[index[tkey]]
             topics[index[tkey]] = dataclasses.replace(t, partitions=(*t.partitions, pd))
         else:
-            field_name = (
-                "topic_id"
-                if "topic_id" in {f.name for f in dataclasses.fields(module.FetchableTopicResponse)}
-                else "topic"
+            topics.append(
+                make(module.FetchableTopicResponse, topic=tkey, topic_id=tkey, partitions=(pd,))
             )
-            topics.append(module.FetchableTopicResponse(**{field_name: tkey, "partitions": (pd,)}))
             index[tkey] = len(topics) - 1
     return dataclasses.replace(response, responses=tuple(topics))
 
@@ -503,8 +495,7 @@ def _rebuild_partition(pd: Any, head: Run) -> Any:
         changes["records"] = head.data if (head.data or pd.records is not None) else None
     aborted = _aborted_within(head.aborted, head.headers)
     if aborted != _aborted_of(pd):
-        module = importlib.import_module(type(pd).__module__)
-        cls = module.AbortedTransaction
+        cls = module_of(pd).AbortedTransaction
         changes["aborted_transactions"] = (
             None
             if aborted is None
@@ -518,6 +509,6 @@ def iter_delivered(result: TrimResult) -> Iterable[tuple[PartitionKey, BatchHead
     for topic in result.response.responses:
         tkey = topic_key(topic)
         for pd in topic.partitions:
-            if pd.error_code == NONE_ERROR and pd.records:
+            if pd.error_code == NONE and pd.records:
                 for h in records.iter_batches(pd.records):
                     yield (tkey, int(pd.partition_index)), h

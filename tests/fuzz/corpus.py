@@ -31,13 +31,11 @@ from kio.serial._introspect import (
 )
 
 from proxy.protocol import codec
-from proxy.relay import apiversions, rewrite
+from proxy.protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_HANDSHAKE
+from proxy.relay import rewrite
 
-SASL_HANDSHAKE = 17
 MAX_VERSION_PROBE = 40
-DECODED_APIS = frozenset(
-    rewrite.REWRITTEN_APIS | {rewrite.PRODUCE, rewrite.FETCH, apiversions.API_VERSIONS}
-)
+DECODED_APIS = frozenset(rewrite.REWRITTEN_APIS | {PRODUCE, FETCH, API_VERSIONS})
 """APIs whose requests or responses the proxy parses beyond the header prefix (the generic
 rewrite entry point's list, so an API added to ``rewrite.REWRITTEN_APIS`` is fuzzed too)."""
 REQUEST_APIS = sorted(DECODED_APIS | {SASL_HANDSHAKE})
@@ -209,8 +207,4 @@ def encoded_responses(per_version: int = 3, seed: int = 0) -> Iterator[tuple[int
 
 
 def rewritten_pairs() -> list[tuple[int, int]]:
-    return [
-        (k, v)
-        for k, v in response_pairs()
-        if rewrite.needs_rewrite(k, v) or k == apiversions.API_VERSIONS
-    ]
+    return [(k, v) for k, v in response_pairs() if rewrite.needs_rewrite(k, v) or k == API_VERSIONS]

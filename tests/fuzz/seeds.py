@@ -2,39 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import struct
 import uuid
 from datetime import timedelta
 from functools import cache
-from typing import Any
 
 from proxy.protocol import codec, framing
-from proxy.relay import apiversions
+from proxy.protocol.apis import API_VERSIONS, FETCH
+from proxy.protocol.messages import make, request_module, response_module
 
 from . import corpus, targets
 
-FETCH = 1
 MIN_CLIENT_FETCH = 4
-
-
-def make(cls: Any, **kwargs: Any) -> Any:
-    """A kio entity from the keyword arguments that exist at its version."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in kwargs.items() if k in names})
-
-
-def _module(schema: Any) -> Any:
-    import sys
-
-    return sys.modules[schema.__module__]
 
 
 def fetch_exchange(version: int, rng: random.Random, *, epoch: int = -1) -> tuple[bytes, bytes]:
     """A consumer Fetch request at *version* and an upstream response that answers it."""
-    req_mod = _module(codec.request_schema(FETCH, version))
-    resp_mod = _module(codec.response_schema(FETCH, version))
+    req_mod = request_module(FETCH, version)
+    resp_mod = response_module(FETCH, version)
     topics = []
     answers = []
     offset = 0
@@ -174,7 +160,7 @@ def seeds(target: str) -> tuple[bytes, ...]:
             for k, v, frame in corpus.encoded_responses()
             if (k, v) in pairs
         ]
-        out.append(targets.selector(apiversions.API_VERSIONS, 3, pairs) + b"\0\0\0\1\0\0")
+        out.append(targets.selector(API_VERSIONS, 3, pairs) + b"\0\0\0\1\0\0")
     elif target == "records":
         out = [corpus.records_value(rng) for _ in range(20)]
         out += [corpus.record_batch(5, 3, b"p" * 20, attributes=a) for a in (0, 0x10, 0x20, 0x07)]

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from proxy.fetchpath import FetchPath, FetchPathConfig
 from proxy.protocol import codec, records
+from proxy.protocol.apis import API_VERSIONS, PRODUCE
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import FrameDecoder
 from proxy.relay import apiversions, pipeline, rewrite
@@ -236,7 +237,7 @@ def request(data: bytes) -> None:
     header = codec.parse_request_header(data)
     if header.body_offset is not None:
         assert 8 <= header.body_offset <= len(data), "body offset outside the frame"
-    acks = pipeline.produce_acks(header, data) if header.api_key == rewrite.PRODUCE else None
+    acks = pipeline.produce_acks(header, data) if header.api_key == PRODUCE else None
     pipeline._sasl_v0_mechanism(header, data)
     if (
         header.body_offset is None
@@ -281,7 +282,7 @@ def _advertised(node_id: int, host: str, port: int) -> tuple[str, int] | None:
 def rewrite_target(data: bytes) -> None:
     """The byte-level walker: address rewriting, endpoint collection, ApiVersions intersection."""
     api_key, version, frame = _select(data, corpus.rewritten_pairs())
-    if api_key == apiversions.API_VERSIONS:
+    if api_key == API_VERSIONS:
         out = apiversions.rewrite_api_versions(version, frame)
         assert out[:4] == frame[:4], "correlation id changed"
         return

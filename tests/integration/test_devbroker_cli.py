@@ -1,4 +1,4 @@
-"""`kafka-fetch-proxy devbroker` as a process, and kcat against the dev cluster."""
+"""`kafka-devbroker` (``python -m devbroker``) as a process, and kcat against the dev cluster."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ class DevbrokerProcess:
     def __init__(self, *args: str) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "devbroker", *args],
+            [sys.executable, "-m", "devbroker", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -186,7 +186,7 @@ def test_cli_nodes_listen_on_consecutive_ports() -> None:
 
 def test_cli_rejects_a_bad_topic_spec() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "proxy", "devbroker", "--topic", "orders"],
+        [sys.executable, "-m", "devbroker", "--topic", "orders"],
         capture_output=True,
         timeout=TIMEOUT,
         cwd=Path(__file__).resolve().parents[2],
@@ -203,7 +203,7 @@ def test_cli_reports_a_port_in_use() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-m", "proxy", "devbroker", "--nodes", "2", "--port", str(port - 1)],
+            [sys.executable, "-m", "devbroker", "--nodes", "2", "--port", str(port - 1)],
             capture_output=True,
             timeout=TIMEOUT,
             cwd=Path(__file__).resolve().parents[2],

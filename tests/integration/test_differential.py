@@ -85,7 +85,7 @@ class Backend:
 
 TopicIds = dict[str, uuid.UUID]
 """name -> the topic id Kafka gave it: the dev cluster creates its topics with the same ids
-(Kafka orders some answers by hash codes of topic ids, see proxy.devbroker.jvm_order)."""
+(Kafka orders some answers by hash codes of topic ids, see devbroker.jvm_order)."""
 
 
 def dev_backend(cluster: ThreadedCluster, ids: TopicIds) -> Backend:

@@ -19,8 +19,9 @@ from prometheus_client import CollectorRegistry
 from support_prometheus import PrometheusServer, run_prometheus
 
 from proxy.observe.http import ObserveApp, Readiness, serve_http
-from proxy.observe.labels import CloseCause, Direction, LimitKind
+from proxy.observe.labels import CloseCause, Direction
 from proxy.observe.metrics import CATALOGUE, Metrics
+from proxy.shaping.limits import LimitKind
 
 pytestmark = pytest.mark.integration
 

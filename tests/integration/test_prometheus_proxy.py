@@ -2,7 +2,7 @@
 
 The proxy runs exactly as the container's entrypoint does (``kafka-fetch-proxy
 run`` with ``--metrics-listen``), with a record limit, the decision log and
-/debug/sessions on, in front of ``kafka-fetch-proxy devbroker`` or of real Kafka
+/debug/sessions on, in front of ``kafka-devbroker`` or of real Kafka
 (``upstream`` is parametrised over ``BACKENDS``); confluent-kafka
 produces and consumes through it; Prometheus (Debian's binary,
 tests/support_prometheus.py) scrapes it every second, and the assertions go
@@ -79,7 +79,7 @@ def _first_line(process: subprocess.Popen[bytes], prefix: bytes, timeout: float)
 
 @pytest.fixture(params=BACKENDS)
 def upstream(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
-    """(bootstrap, topic): a ``kafka-fetch-proxy devbroker`` process, or real Kafka."""
+    """(bootstrap, topic): a ``kafka-devbroker`` process, or real Kafka."""
     topic = f"orders-{uuid.uuid4().hex[:10]}"
     cluster = upstream_for(request, request.param)
     if cluster is not None:

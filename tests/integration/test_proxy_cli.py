@@ -1,4 +1,4 @@
-"""`kafka-fetch-proxy run` as a process in front of `kafka-fetch-proxy devbroker`: the README demo."""
+"""`kafka-fetch-proxy run` as a process in front of `kafka-devbroker`: the README demo."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ async def test_run_in_front_of_devbroker() -> None:
     cli = [sys.executable, "-m", "proxy"]
     with trio.fail_after(60):
         dev = await trio.lowlevel.open_process(
-            [*cli, "devbroker", "--nodes", "3", "--port", "0", "--topic", "demo:3"],
+            [sys.executable, "-m", "devbroker", "--nodes", "3", "--port", "0", "--topic", "demo:3"],
             stdout=subprocess.PIPE,
             cwd=REPO,
         )

@@ -21,8 +21,8 @@ import trio
 from support.backends import BACKENDS, upstream_for
 from support.kafka import KafkaCluster
 
+from devbroker.cluster import DevCluster
 from proxy import config
-from proxy.devbroker.cluster import DevCluster
 from proxy.server.proxy import Proxy
 
 pytestmark = pytest.mark.integration

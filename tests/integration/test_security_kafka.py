@@ -39,8 +39,8 @@ from support.kafka import KafkaCluster, Security
 from support.procs import proxy as proxy_process
 from support.tls import CertificateAuthority, Issued
 
+from devbroker.build import build
 from proxy import config
-from proxy.devbroker.build import build
 from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame

@@ -32,7 +32,7 @@ import trio
 from support.backends import BACKENDS, running, upstream_for
 from support.sessions import SessionStack
 
-from proxy.devbroker.cluster import DevNode
+from devbroker.cluster import DevNode
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder
 from proxy.protocol.records import iter_batches

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from proxy.devbroker.cluster import DevCluster
+from devbroker.cluster import DevCluster
 
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 15.0

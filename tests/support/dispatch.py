@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.devbroker.build import build
-from proxy.devbroker.fetch import NodeFetcher
-from proxy.devbroker.groups import GroupCoordinator
-from proxy.devbroker.node import NodeDispatcher
-from proxy.devbroker.outcome import Close, NoReply, Outcome, Reply, Wait
-from proxy.devbroker.state import ClusterState
+from devbroker.build import build
+from devbroker.fetch import NodeFetcher
+from devbroker.membership import GroupCoordinator
+from devbroker.node import NodeDispatcher
+from devbroker.outcome import Close, NoReply, Outcome, Reply, Wait
+from devbroker.state import ClusterState
 from proxy.protocol import codec
 from proxy.sessions.broker import FetchSessionCache
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "proxy"]
+CLI = [sys.executable, "-m", "proxy"]  # kafka-fetch-proxy
+DEVBROKER_CLI = [sys.executable, "-m", "devbroker"]  # kafka-devbroker
 
 
 @dataclass
@@ -70,12 +71,14 @@ def read_lines(
 
 
 @contextmanager
-def started(args: Sequence[str], keys: Sequence[str], timeout: float = 30.0) -> Iterator[Started]:
+def started(
+    args: Sequence[str], keys: Sequence[str], timeout: float = 30.0, cli: Sequence[str] = CLI
+) -> Iterator[Started]:
     with tempfile.NamedTemporaryFile(prefix="proc-", suffix=".err", delete=False) as err:
         err_path = Path(err.name)
     with open(err_path, "wb") as err_file:
         proc = subprocess.Popen(
-            [*CLI, *args],
+            [*cli, *args],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=err_file,
@@ -86,7 +89,8 @@ def started(args: Sequence[str], keys: Sequence[str], timeout: float = 30.0) -> 
         try:
             s.lines = read_lines(proc, keys, timeout)
         except (TimeoutError, RuntimeError) as exc:
-            raise RuntimeError(f"{args[0]} did not start: {exc}\n{s.stderr()[-3000:]}") from exc
+            what = " ".join(["python", *cli[1:], *args])
+            raise RuntimeError(f"{what} did not start: {exc}\n{s.stderr()[-3000:]}") from exc
         yield s
     finally:
         if proc.poll() is None:
@@ -104,10 +108,10 @@ def started(args: Sequence[str], keys: Sequence[str], timeout: float = 30.0) -> 
 @contextmanager
 def devbroker(*topics: str, nodes: int = 3) -> Iterator[str]:
     """A dev cluster process; yields its bootstrap address."""
-    args = ["devbroker", "--nodes", str(nodes), "--port", "0"]
+    args = ["--nodes", str(nodes), "--port", "0"]
     for t in topics:
         args += ["--topic", t]
-    with started(args, ("bootstrap",)) as s:
+    with started(args, ("bootstrap",), cli=DEVBROKER_CLI) as s:
         yield s.lines["bootstrap"]
 
 

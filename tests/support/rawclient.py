@@ -3,7 +3,7 @@
     with RawClient("127.0.0.1:9092") as c:
         meta = c.call(3, 12, {"topics": None, "allow_auto_topic_creation": False, ...})
 
-Requests are built with the dev cluster's :func:`proxy.devbroker.build.build` and
+Requests are built with the dev cluster's :func:`devbroker.build.build` and
 encoded and decoded with the project's codec (``proxy.protocol.codec``), so the
 same bytes go to any broker.  One request at a time, every socket operation
 bounded by ``timeout``.  :meth:`RawClient.send_raw` sends a hand-made frame (a
@@ -21,7 +21,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from proxy.devbroker.build import build
+from devbroker.build import build
 from proxy.protocol import codec
 
 DEFAULT_TIMEOUT = 15.0

@@ -24,14 +24,13 @@ import trio
 
 from proxy.fetchpath import FetchPathHandler
 from proxy.protocol import codec
+from proxy.protocol.apis import FETCH
 from proxy.protocol.framing import FrameDecoder
 from proxy.server import proxy as proxy_module
 from proxy.server.proxy import Proxy
 
 from .kafka import KafkaCluster
 from .stack import ProxyStack
-
-FETCH = 1
 
 
 class Traffic:

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import trio
 
+from devbroker.cluster import DevCluster
 from proxy import config
-from proxy.devbroker.cluster import DevCluster
 from proxy.server.proxy import Proxy
 
 from .kafka import KafkaCluster

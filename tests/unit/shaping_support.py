@@ -11,7 +11,7 @@ from typing import Any
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
-from proxy.devbroker.log import PartitionLog
+from devbroker.log import PartitionLog
 from proxy.protocol import records
 from proxy.shaping.keys import PartitionKey
 

@@ -11,8 +11,8 @@ import trio
 from kio.schema.errors import ErrorCode as E
 from support.batches import make_batch
 
-from proxy.devbroker.build import build
-from proxy.devbroker.cluster import DevCluster
+from devbroker.build import build
+from devbroker.cluster import DevCluster
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame
 

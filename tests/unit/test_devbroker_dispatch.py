@@ -11,8 +11,8 @@ from kio.schema.errors import ErrorCode as E
 from support.batches import make_batch, make_record_batch
 from support.dispatch import Close, Harness, Reply
 
-from proxy.devbroker.admin import coordinator_node
-from proxy.devbroker.versions import SUPPORTED
+from devbroker.admin import coordinator_node
+from devbroker.versions import SUPPORTED
 from proxy.protocol import codec
 
 API_VERSIONS, METADATA, CREATE_TOPICS, LIST_OFFSETS = 18, 3, 19, 2

@@ -1,4 +1,4 @@
-"""The dev broker's Fetch path (proxy.devbroker.fetch) against Kafka's broker behaviour."""
+"""The dev broker's Fetch path (devbroker.fetch) against Kafka's broker behaviour."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.devbroker.fetch import NodeFetcher, end_offset_for_epoch
-from proxy.devbroker.state import ClusterState, TopicState
+from devbroker.fetch import NodeFetcher, end_offset_for_epoch
+from devbroker.state import ClusterState, TopicState
 from proxy.protocol import codec, records
 from proxy.sessions.broker import FetchSessionCache
 

@@ -11,8 +11,8 @@ from kio.static.primitive import Records
 from support.batches import make_batch
 from support.dispatch import Harness
 
-from proxy.devbroker.outcome import Close, NoReply, Reply, Wait
-from proxy.devbroker.versions import SUPPORTED
+from devbroker.outcome import Close, NoReply, Reply, Wait
+from devbroker.versions import SUPPORTED
 from proxy.protocol import codec
 
 # kio has no strategy for record sets: mix valid batches (to reach the log) with noise.

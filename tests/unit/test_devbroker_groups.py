@@ -8,7 +8,7 @@ import pytest
 from kio.schema.errors import ErrorCode as E
 from support.dispatch import Harness, Reply, Wait
 
-from proxy.devbroker.admin import coordinator_node
+from devbroker.admin import coordinator_node
 
 JOIN, SYNC, HEARTBEAT, LEAVE, COMMIT, FETCH_OFFSETS = 11, 14, 12, 13, 8, 9
 GROUP = "g"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.devbroker.jvm_order import (
+from devbroker.jvm_order import (
     champ_order,
     java_hash_set_order,
     java_string_hash,

@@ -9,7 +9,7 @@ from kio.schema.errors import ErrorCode as E
 from support.batches import make_batch, make_record_batch
 from support.dispatch import Close, Harness, NoReply, Reply
 
-from proxy.devbroker.admin import coordinator_node
+from devbroker.admin import coordinator_node
 from proxy.protocol import records
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
@@ -198,7 +198,7 @@ def test_gzip_batches_are_stored_untouched(h: Harness) -> None:
 
 
 def test_producer_state_is_bounded() -> None:
-    from proxy.devbroker.producers import ProducerStates
+    from devbroker.producers import ProducerStates
 
     states = ProducerStates(max_producers=3)
     for pid in range(10):

@@ -8,8 +8,8 @@ import uuid
 import pytest
 from support.dispatch import Harness, Wait
 
-from proxy.devbroker.fetch import NodeFetcher
-from proxy.devbroker.session_cache import (
+from devbroker.fetch import NodeFetcher
+from devbroker.session_cache import (
     NUM_SHARDS,
     SESSION_ID_RANGE,
     SessionIdOutOfRange,

@@ -9,9 +9,9 @@ from kio.schema.errors import ErrorCode as E
 from support.batches import make_batch
 from support.dispatch import Harness, Wait
 
-from proxy.devbroker.admin import coordinator_node
-from proxy.devbroker.log import ABORT, COMMIT, PartitionLog, control_batch, control_type
-from proxy.devbroker.transactions import offsets_partition
+from devbroker.admin import coordinator_node
+from devbroker.log import ABORT, COMMIT, PartitionLog, control_batch, control_type
+from devbroker.transactions import offsets_partition
 from proxy.protocol import records
 
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_FETCH, FIND_COORDINATOR = 0, 1, 2, 9, 10
@@ -646,7 +646,7 @@ def test_verification_with_the_coordinator_down_gets_not_enough_replicas(h: Harn
 
 
 def test_transactional_ids_kept_are_bounded(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.devbroker import transactions
+    from devbroker import transactions
 
     monkeypatch.setattr(transactions, "MAX_TRANSACTIONAL_IDS", 3)
     busy = Producer(h, "busy")

@@ -11,8 +11,8 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from proxy.protocol import codec
+from proxy.protocol.messages import make
 from proxy.sessions.handler import _records_as_views
-from proxy.sessions.translate import _make
 
 
 def _response(version: int) -> Any:
@@ -31,10 +31,10 @@ def _response(version: int) -> Any:
         }
         if hasattr(mod, "LeaderIdAndEpoch"):  # a tagged field after records
             kwargs["current_leader"] = mod.LeaderIdAndEpoch(leader_id=1, leader_epoch=3)
-        return _make(mod.PartitionData, **kwargs)
+        return make(mod.PartitionData, **kwargs)
 
     topics = tuple(
-        _make(
+        make(
             mod.FetchableTopicResponse,
             topic=name,
             topic_id=uuid.uuid4(),
@@ -42,7 +42,7 @@ def _response(version: int) -> Any:
         )
         for name in ("a", "b")
     )
-    return _make(
+    return make(
         mod.FetchResponse,
         throttle_time=timedelta(0),
         error_code=ErrorCode(0),

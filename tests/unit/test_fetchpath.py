@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from test_session_translate_devbroker import batch, client_fetch
 
+from devbroker.fetch import NodeFetcher
+from devbroker.membership import GroupCoordinator
+from devbroker.node import NodeDispatcher
+from devbroker.outcome import Reply, Wait
+from devbroker.state import ClusterState
 from proxy import config
-from proxy.devbroker.fetch import NodeFetcher
-from proxy.devbroker.groups import GroupCoordinator
-from proxy.devbroker.node import NodeDispatcher
-from proxy.devbroker.outcome import Reply, Wait
-from proxy.devbroker.state import ClusterState
 from proxy.fetchpath import FetchPath, FetchPathConfig, FetchPathHandler, InvalidFetchConfig
 from proxy.observe.metrics import PREFIX, Metrics
 from proxy.protocol import codec

@@ -23,8 +23,8 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
+from devbroker.cluster import DevCluster
 from proxy import config
-from proxy.devbroker.cluster import DevCluster
 from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame

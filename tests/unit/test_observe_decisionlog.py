@@ -24,9 +24,9 @@ from proxy.observe.decisionlog import (
     FractionSampler,
     RandomSampler,
     event_from_shaping,
-    limit_kind,
 )
 from proxy.observe.metrics import Metrics
+from proxy.shaping.limits import limit_kind
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "decision-log.schema.json"
 SCHEMA = json.loads(SCHEMA_PATH.read_text())

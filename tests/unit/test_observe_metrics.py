@@ -11,17 +11,16 @@ from kio.schema.index import api_key_map
 from prometheus_client import CollectorRegistry
 
 from proxy.observe.labels import (
-    API_NAMES,
     BoundedLabel,
     CloseCause,
     DecisionOutcome,
     Direction,
-    LimitKind,
-    ResetReason,
-    Side,
     api_name,
 )
 from proxy.observe.metrics import CATALOGUE, CLIENT_ID_SPEC, PREFIX, Metrics, spec
+from proxy.protocol.apis import API_NAMES
+from proxy.sessions.resets import ResetReason, Side
+from proxy.shaping.limits import LimitKind
 
 P = PREFIX
 

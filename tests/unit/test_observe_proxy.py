@@ -16,7 +16,7 @@ import trio.testing
 from kio.schema.metadata.v12.request import MetadataRequest
 from test_relay_server import API_VERSIONS, request, settings
 
-from proxy.devbroker.cluster import DevCluster
+from devbroker.cluster import DevCluster
 from proxy.observe.decisionlog import DecisionLog, FractionSampler
 from proxy.observe.metrics import Metrics
 from proxy.protocol import codec

@@ -23,8 +23,8 @@ from kio.schema.metadata.v13 import response as md13
 from kio.schema.types import BrokerId
 from kio.static.primitive import i16, i32, i32Timedelta
 
+from devbroker.cluster import DevCluster
 from proxy import config
-from proxy.devbroker.cluster import DevCluster
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame
 from proxy.server.proxy import Proxy

@@ -20,7 +20,7 @@ from kio.schema.produce.v10 import response as p10
 from kio.schema.types import BrokerId
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
-from proxy.protocol import codec, walk
+from proxy.protocol import codec, varint
 from proxy.protocol.errors import DecodeError, ProtocolError
 from proxy.relay import rewrite
 
@@ -325,7 +325,7 @@ def test_trailing_garbage_is_a_protocol_error() -> None:
 
 def test_huge_array_count_rejected_without_allocating() -> None:
     # header v1 (cid + empty tags), throttle, brokers count = 2**28
-    frame = b"\x00\x00\x00\x01\x00" + b"\x00\x00\x00\x00" + walk.write_uvarint(2**28)
+    frame = b"\x00\x00\x00\x01\x00" + b"\x00\x00\x00\x00" + varint.write_uvarint(2**28)
     with pytest.raises(ProtocolError):
         rewrite.rewrite_response(3, 12, frame, resolve)
 

@@ -16,17 +16,18 @@ from hypothesis import strategies as st
 from kio.static.primitive import Records
 
 from proxy.protocol import codec, walk
-from proxy.relay import apiversions, rewrite
+from proxy.protocol.apis import API_VERSIONS
+from proxy.relay import rewrite
 
 # kio registers strategies for its primitives but not for Records (opaque batch bytes here)
 st.register_type_strategy(Records, st.binary(max_size=40).map(Records.parse))
 
 SCHEMAS = [
     (api_key, version)
-    for api_key in sorted(rewrite.REWRITTEN_APIS | {apiversions.API_VERSIONS})
+    for api_key in sorted(rewrite.REWRITTEN_APIS | {API_VERSIONS})
     for version in range(20)
     if codec.response_schema(api_key, version) is not None
-    and (api_key == apiversions.API_VERSIONS or rewrite.needs_rewrite(api_key, version))
+    and (api_key == API_VERSIONS or rewrite.needs_rewrite(api_key, version))
 ]
 
 
@@ -81,7 +82,7 @@ def test_walk_agrees_with_kio(message: tuple[int, int, Any], cid: int) -> None:
     schema = codec.response_schema(api_key, version)
     # a hook that keeps everything: the same object back, the whole body consumed
     assert walk.rewrite(schema, frame, codec.response_body_offset(frame, hv), KeepAll()) is frame
-    if api_key == apiversions.API_VERSIONS:
+    if api_key == API_VERSIONS:
         return
     out = rewrite.rewrite_response(api_key, version, frame, resolve)
     got_cid, body = codec.decode_response(api_key, version, out)

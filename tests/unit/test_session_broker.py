@@ -9,10 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sessions.broker import (
+from proxy.protocol.error_codes import (
     FETCH_SESSION_ID_NOT_FOUND,
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
+)
+from proxy.sessions.broker import (
     FetchContext,
     FetchSessionCache,
     FullFetchContext,

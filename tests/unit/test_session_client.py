@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sessions.client import (
+from proxy.protocol.error_codes import (
     FETCH_SESSION_ID_NOT_FOUND,
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
+)
+from proxy.sessions.client import (
     MAX_EPOCH,
     FetchParams,
     FetchSessionClient,

@@ -1,6 +1,6 @@
 """The translator against the dev broker's own sans-I/O Fetch path and session cache.
 
-A second, independent broker model (proxy.devbroker.fetch + proxy.sessions.broker,
+A second, independent broker model (devbroker.fetch + proxy.sessions.broker,
 written from Kafka's broker) with real RecordBatch v2 bytes: for any sequence of
 appends, session evictions and client fetches, the full response the translator
 synthesizes from the upstream session equals what the same broker answers the
@@ -20,8 +20,8 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.devbroker.fetch import NodeFetcher
-from proxy.devbroker.state import ClusterState
+from devbroker.fetch import NodeFetcher
+from devbroker.state import ClusterState
 from proxy.protocol import records
 from proxy.protocol.codec import (
     decode_request,

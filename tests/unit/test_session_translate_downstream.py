@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_session_translate_devbroker import PARTITIONS, Upstream
 
-from proxy.devbroker.fetch import NodeFetcher
+from devbroker.fetch import NodeFetcher
 from proxy.protocol import records
 from proxy.protocol.codec import request_schema
 from proxy.sessions.broker import FetchSessionCache

@@ -15,11 +15,11 @@ from kio.schema.api_versions.v3 import request as av3
 from kio.schema.metadata.v12 import request as md12
 from test_session_translate_devbroker import batch, client_fetch
 
-from proxy.devbroker.fetch import NodeFetcher
-from proxy.devbroker.groups import GroupCoordinator
-from proxy.devbroker.node import NodeDispatcher
-from proxy.devbroker.outcome import Reply, Wait
-from proxy.devbroker.state import ClusterState
+from devbroker.fetch import NodeFetcher
+from devbroker.membership import GroupCoordinator
+from devbroker.node import NodeDispatcher
+from devbroker.outcome import Reply, Wait
+from devbroker.state import ClusterState
 from proxy.protocol import codec
 from proxy.protocol.framing import payload_bytes
 from proxy.relay.pipeline import Relay

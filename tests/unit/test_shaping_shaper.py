@@ -16,7 +16,7 @@ from shaping_support import (
     topic_name_or_id,
 )
 
-from proxy.devbroker.log import PartitionLog
+from devbroker.log import PartitionLog
 from proxy.protocol import records
 from proxy.shaping.budget import MemoryBudget
 from proxy.shaping.limits import Limits

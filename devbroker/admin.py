@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as E
 
-from ..protocol import codec
+from proxy.protocol import codec
+from proxy.protocol.apis import (
+    CREATE_TOPICS,
+    DESCRIBE_CLUSTER,
+    FIND_COORDINATOR,
+    LIST_OFFSETS,
+    METADATA,
+)
+
 from .build import build
 from .jvm_order import (
     champ_order,
@@ -24,13 +32,6 @@ from .jvm_order import (
     topic_partition_hash,
 )
 from .state import PartitionState
-from .versions import (
-    CREATE_TOPICS,
-    DESCRIBE_CLUSTER,
-    FIND_COORDINATOR,
-    LIST_OFFSETS,
-    METADATA,
-)
 
 if TYPE_CHECKING:
     from .node import NodeDispatcher, Request

@@ -25,28 +25,30 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from ..protocol import codec
-from .build import build
+from proxy.protocol import codec
+from proxy.protocol.apis import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
+    API_VERSIONS,
+    CREATE_TOPICS,
+    DESCRIBE_CLUSTER,
+    END_TXN,
+    FETCH,
+    FIND_COORDINATOR,
+    HEARTBEAT,
+    INIT_PRODUCER_ID,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_OFFSETS,
+    METADATA,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    PRODUCE,
+    SYNC_GROUP,
+    TXN_OFFSET_COMMIT,
+)
 
-PRODUCE = 0
-FETCH = 1
-LIST_OFFSETS = 2
-METADATA = 3
-OFFSET_COMMIT = 8
-OFFSET_FETCH = 9
-FIND_COORDINATOR = 10
-JOIN_GROUP = 11
-HEARTBEAT = 12
-LEAVE_GROUP = 13
-SYNC_GROUP = 14
-API_VERSIONS = 18
-CREATE_TOPICS = 19
-INIT_PRODUCER_ID = 22
-ADD_PARTITIONS_TO_TXN = 24
-ADD_OFFSETS_TO_TXN = 25
-END_TXN = 26
-TXN_OFFSET_COMMIT = 28
-DESCRIBE_CLUSTER = 60
+from .build import build
 
 _CAPS: dict[int, int] = {
     PRODUCE: 13,

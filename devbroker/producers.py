@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode as E
 
-from ..protocol import records
+from proxy.protocol import records
 
 PRODUCER_BATCH_CACHE = 5  # Kafka keeps the metadata of the last 5 batches per producer
 MAX_PRODUCERS = 10_000

@@ -9,7 +9,7 @@ Each transactional id belongs to the node that leads its ``__transaction_state``
 partition (hash of the id modulo 50); the others answer NOT_COORDINATOR.
 States: Empty -> Ongoing -> PrepareCommit/PrepareAbort -> CompleteCommit/
 CompleteAbort.  EndTxn moves to PrepareCommit/PrepareAbort and writes the
-markers (control batches, :func:`proxy.devbroker.log.control_batch`) to every
+markers (control batches, :func:`devbroker.log.control_batch`) to every
 partition of the transaction whose leader is up, committing or dropping the
 pending transactional offsets; markers for stopped leaders wait
 (:meth:`TransactionCoordinator.retry_markers`, called when a node restarts and
@@ -33,15 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as E
 
-from ..protocol import codec
+from proxy.protocol import codec
+from proxy.protocol.apis import ADD_OFFSETS_TO_TXN, ADD_PARTITIONS_TO_TXN, END_TXN, INIT_PRODUCER_ID
+
 from .admin import OFFSETS_TOPIC_PARTITIONS, coordinator_node, partition_for
 from .build import build, ms
 from .log import ABORT, COMMIT, control_batch
 from .state import ClusterState
-from .versions import ADD_OFFSETS_TO_TXN, ADD_PARTITIONS_TO_TXN, END_TXN, INIT_PRODUCER_ID
 
 if TYPE_CHECKING:
-    from .groups import GroupCoordinator
+    from .membership import GroupCoordinator
     from .node import Request
 
 MAX_TIMEOUT_MS = 900_000  # transaction.max.timeout.ms
@@ -345,7 +346,7 @@ class TransactionCoordinator:
                 leader = self.state.node_ids[index % len(self.state.node_ids)]
                 if leader in self.state.stopped_nodes:
                     continue
-                self.groups.complete_txn_offsets(index, meta.producer_id, commit)
+                self.groups.offsets.complete_txn_offsets(index, meta.producer_id, commit)
             else:
                 part = self.state.partition(topic, index)
                 if part is not None:  # topics are never deleted

@@ -1,6 +1,6 @@
-"""``kafka-fetch-proxy devbroker``: run the dev cluster until Ctrl-C.
+"""``kafka-devbroker`` (or ``python -m devbroker``): run the dev cluster until Ctrl-C.
 
-    kafka-fetch-proxy devbroker --nodes 3 --port 29092 --topic orders:12 --topic x:3
+    kafka-devbroker --nodes 3 --port 29092 --topic orders:12 --topic x:3
 
 Node i listens on port+i (port 0: free ports).  The first line on stdout is
 ``bootstrap=HOST:PORT``; one ``node=ID address=HOST:PORT`` line per node follows.
@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import Any
+from collections.abc import Sequence
 
 import trio
 
-from .. import logs
+from proxy import logs
+
 from .cluster import DevCluster
 
 
@@ -33,11 +34,11 @@ def _topic(spec: str) -> tuple[str, int]:
     return name, partitions
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "devbroker",
-        help="run an in-memory multi-node Kafka cluster for demos and tests",
-        description="Run a strict in-memory Kafka cluster (one loopback port per node).",
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kafka-devbroker",
+        description="Run a strict in-memory Kafka cluster (one loopback port per node), "
+        "for demos and tests.",
     )
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on and advertise")
@@ -64,7 +65,11 @@ def register(subparsers: Any) -> None:
         choices=["debug", "info", "warning", "error"],
         help="JSON log lines on stderr at this level and above (default warning)",
     )
-    p.set_defaults(func=run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:

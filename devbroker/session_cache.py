@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from ..sessions.broker import (
+from proxy.sessions.broker import (
     DEFAULT_EVICTION_MS,
     FINAL_EPOCH,
     INVALID_SESSION_ID,

@@ -52,24 +52,36 @@ tiered storage.
 
 from __future__ import annotations
 
-import importlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from types import ModuleType
 from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from ..protocol import records
-from ..sessions.broker import (
+from proxy.protocol import records
+from proxy.protocol.apis import FETCH
+from proxy.protocol.error_codes import (
+    FENCED_LEADER_EPOCH,
+    INCONSISTENT_TOPIC_ID,
+    NONE,
+    NOT_LEADER_OR_FOLLOWER,
+    OFFSET_OUT_OF_RANGE,
+    UNKNOWN_LEADER_EPOCH,
+    UNKNOWN_SERVER_ERROR,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
+from proxy.protocol.messages import make, response_module
+from proxy.sessions.broker import (
     FetchContext,
     PartitionOutcome,
     PartitionRequest,
     SessionlessFetchContext,
     TopicIdPartition,
 )
+
 from .log import OffsetOutOfRange
 from .session_cache import SessionIdOutOfRange
 from .state import ClusterState, PartitionState
@@ -78,32 +90,12 @@ DEFAULT_FETCH_MAX_BYTES = 55 * 1024 * 1024  # broker fetch.max.bytes
 CONSUMER_REPLICA_ID = -1
 FUTURE_LOCAL_REPLICA_ID = -3
 
-NONE = 0
-UNKNOWN_SERVER_ERROR = -1
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
-FENCED_LEADER_EPOCH = 74
-UNKNOWN_LEADER_EPOCH = 75
-UNKNOWN_TOPIC_ID = 100
-INCONSISTENT_TOPIC_ID = 103
-
 # Isolation (Kafka's FetchIsolation).
 LOG_END = 0
 HIGH_WATERMARK = 1
 TXN_COMMITTED = 2
 
 _ONE_MS = timedelta(milliseconds=1)
-
-
-def _schema(version: int) -> ModuleType:
-    return importlib.import_module(f"kio.schema.fetch.v{version}.response")
-
-
-def _make(cls: Any, **fields: Any) -> Any:
-    """Build a kio entity from the fields this version has (others are dropped)."""
-    names = cls.__dataclass_fields__
-    return cls(**{k: v for k, v in fields.items() if k in names})
 
 
 @dataclass(slots=True)
@@ -599,7 +591,7 @@ class PendingFetch:
         endpoints: Mapping[int, tuple[str, int]],
     ) -> Any:
         version = self._params.version
-        schema = _schema(version)
+        schema = response_module(FETCH, version)
         topics: list[tuple[TopicIdPartition, list[Any]]] = []
         for tp, r in partitions:
             fields: dict[str, Any] = {
@@ -626,13 +618,13 @@ class PendingFetch:
                 fields["current_leader"] = schema.LeaderIdAndEpoch(
                     leader_id=leader_id, leader_epoch=leader_epoch
                 )
-            pd = _make(schema.PartitionData, **fields)
+            pd = make(schema.PartitionData, **fields)
             if topics and _same_topic(topics[-1][0], tp):
                 topics[-1][1].append(pd)
             else:
                 topics.append((tp, [pd]))
         responses = tuple(
-            _make(
+            make(
                 schema.FetchableTopicResponse,
                 topic=tp.topic,
                 topic_id=tp.topic_id,
@@ -648,7 +640,7 @@ class PendingFetch:
             if version >= 16
             else ()
         )
-        return _make(
+        return make(
             schema.FetchResponse,
             throttle_time=timedelta(0),
             error_code=ErrorCode(error_code),
@@ -664,15 +656,15 @@ class PendingFetch:
         partitionResponse's null records (and empty aborted-transactions list).
         """
         version = self._params.version
-        schema = _schema(version)
+        schema = response_module(FETCH, version)
         responses: tuple[Any, ...] = ()
         if version < 13:
             responses = tuple(
-                _make(
+                make(
                     schema.FetchableTopicResponse,
                     topic=t.topic,
                     partitions=tuple(
-                        _make(
+                        make(
                             schema.PartitionData,
                             partition_index=p.partition,
                             error_code=ErrorCode(error),
@@ -685,7 +677,7 @@ class PendingFetch:
                 )
                 for t in self._request.topics
             )
-        return _make(
+        return make(
             schema.FetchResponse,
             throttle_time=timedelta(0),
             error_code=ErrorCode(error),

@@ -27,18 +27,19 @@ from typing import Any
 import structlog
 import trio
 
-from ..protocol import codec
-from ..protocol.errors import ProtocolError
-from ..protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from proxy.protocol import codec
+from proxy.protocol.errors import ProtocolError
+from proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+
 from .fetch import NodeFetcher
-from .groups import GroupCoordinator
+from .membership import GroupCoordinator
 from .node import NodeDispatcher
 from .outcome import Close, NoReply, Pending, Wait
 from .session_cache import ShardedSessionCache
 from .state import ClusterState
 from .transactions import CLEANUP_INTERVAL_SECONDS
 
-log = structlog.get_logger("proxy.devbroker")
+log = structlog.get_logger("devbroker")
 
 RECEIVE_BYTES = 64 * 1024
 

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as E
 
-from ..protocol import codec, records
+from proxy.protocol import codec, records
+from proxy.protocol.apis import INIT_PRODUCER_ID, PRODUCE
+
 from .build import build
 from .jvm_order import (
     champ_order,
@@ -28,7 +30,6 @@ from .jvm_order import (
 )
 from .log import CorruptRecords, record_timestamps
 from .outcome import Close, NoReply
-from .versions import INIT_PRODUCER_ID, PRODUCE
 
 if TYPE_CHECKING:
     from .node import NodeDispatcher, Request

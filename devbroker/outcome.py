@@ -1,4 +1,4 @@
-"""What handling one request produces; see :mod:`proxy.devbroker.node`.
+"""What handling one request produces; see :mod:`devbroker.node`.
 
 Sans-I/O: no trio here.
 """

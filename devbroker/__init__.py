@@ -1,26 +1,32 @@
-"""A strict in-memory Kafka cluster for tests and demos (``proxy.devbroker``).
+"""A strict in-memory Kafka cluster for tests and demos (``devbroker``).
 
 Start it from Python::
 
     async with DevCluster(nodes=3, topics={"orders": 12}) as cluster:
         cluster.bootstrap   # "127.0.0.1:PORT" of node 0
 
-or from the command line: ``kafka-fetch-proxy devbroker --nodes 3 --port 29092
---topic orders:12`` (node i on port+i; the first stdout line is
-``bootstrap=HOST:PORT``).
+or from the command line: ``kafka-devbroker --nodes 3 --port 29092 --topic
+orders:12`` (or ``python -m devbroker ...``; node i on port+i; the first stdout
+line is ``bootstrap=HOST:PORT``).
+
+A package of its own beside ``proxy``, which it builds on (``proxy.protocol``
+for framing and the codec, ``proxy.sessions.broker`` for the KIP-227 session
+cache); nothing in ``proxy`` imports it, and the sidecar image leaves it out.
 
 Modules, edge first:
 
 - ``cluster``: the trio edge (listeners, one task per connection, long polls,
   fault hooks) and :class:`DevCluster`;
-- ``cli``: the ``devbroker`` subcommand;
+- ``cli``: the ``kafka-devbroker`` command (``python -m devbroker``);
 - ``node``: one node's sans-I/O dispatcher (frame in, outcome out);
   ``outcome``: what it returns;
 - ``versions``: the API versions implemented, and ApiVersions;
 - ``admin``: Metadata, DescribeCluster, CreateTopics, FindCoordinator, ListOffsets;
 - ``produce`` (+ ``producers``: idempotent sequences): Produce, InitProducerId;
-- ``groups``: the classic consumer-group protocol, committed offsets and
-  TxnOffsetCommit;
+- ``membership``: the classic consumer-group protocol (JoinGroup, SyncGroup,
+  Heartbeat, LeaveGroup; generations and rebalances) and :class:`GroupCoordinator`,
+  which answers every group coordinator API;
+- ``offsets``: committed offsets (OffsetCommit, TxnOffsetCommit, OffsetFetch);
 - ``transactions``: the transaction coordinator (InitProducerId with a
   transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, markers);
 - ``fetch``: Fetch, with KIP-74 reads and KIP-227 sessions

@@ -20,15 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol import codec
-from ..protocol.errors import ProtocolError
+from proxy.protocol import codec
+from proxy.protocol.apis import API_VERSIONS, FETCH
+from proxy.protocol.errors import ProtocolError
+
 from . import admin, produce
-from .groups import GroupCoordinator, GroupWait
+from .membership import GroupCoordinator, GroupWait
 from .outcome import Close, NoReply, Outcome, Reply, Wait
 from .state import ClusterState
 from .versions import (
-    API_VERSIONS,
-    FETCH,
     SUPPORTED,
     api_versions_response,
     is_supported,

@@ -1,10 +1,10 @@
-"""The classic consumer-group protocol, as Apache Kafka's GroupCoordinator runs it.
+"""Consumer-group membership (the classic protocol), as Apache Kafka's GroupCoordinator runs it.
 
-JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit and OffsetFetch,
-with the group states Empty -> PreparingRebalance -> CompletingRebalance ->
-Stable, MEMBER_ID_REQUIRED for JoinGroup v4+, REBALANCE_IN_PROGRESS on
-heartbeats during a rebalance, NOT_COORDINATOR on every node but the group's
-coordinator, and session timeouts that expire silent members.
+JoinGroup, SyncGroup, Heartbeat and LeaveGroup, with the group states Empty ->
+PreparingRebalance -> CompletingRebalance -> Stable, MEMBER_ID_REQUIRED for
+JoinGroup v4+, REBALANCE_IN_PROGRESS on heartbeats during a rebalance,
+NOT_COORDINATOR on every node but the group's coordinator, and session
+timeouts that expire silent members.
 
 Time is passed in (``now``, monotonic seconds) so tests control it.  Requests
 that Kafka parks in a purgatory (JoinGroup until every member rejoined or the
@@ -13,9 +13,13 @@ back as a :class:`GroupWait`, which the trio edge polls.  Static members
 (group.instance.id, KIP-345) join without MEMBER_ID_REQUIRED; one that rejoins
 with no member id replaces its old member id (no rebalance when the group is
 Stable and its protocol choice stands), and requests naming an instance id that
-maps to another member id get FENCED_INSTANCE_ID.  TxnOffsetCommit keeps
-offsets pending until the transaction's marker (UNSTABLE_OFFSET_COMMIT for
-OffsetFetch with require_stable meanwhile).
+maps to another member id get FENCED_INSTANCE_ID.
+
+:class:`GroupCoordinator` answers every API of the group coordinator: these
+four itself, OffsetCommit, TxnOffsetCommit and OffsetFetch through its
+:class:`~devbroker.offsets.OffsetManager` (which asks it who may commit), and
+the transactional APIs through its
+:class:`~devbroker.transactions.TransactionCoordinator`.
 
 Sans-I/O: no trio here.
 """
@@ -30,27 +34,20 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as E
 
-from ..protocol import codec
+from proxy.protocol import codec
+from proxy.protocol.apis import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP, SYNC_GROUP
+
 from .admin import coordinator_node
 from .build import build, ms
+from .offsets import OffsetManager
 from .state import ClusterState
-from .transactions import OFFSETS_TOPIC, TransactionCoordinator, offsets_partition
-from .versions import (
-    HEARTBEAT,
-    JOIN_GROUP,
-    LEAVE_GROUP,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
-    SYNC_GROUP,
-    TXN_OFFSET_COMMIT,
-)
+from .transactions import TransactionCoordinator
 
 if TYPE_CHECKING:
     from .node import Request
 
 MIN_SESSION_TIMEOUT_MS = 6000  # group.min.session.timeout.ms
 MAX_SESSION_TIMEOUT_MS = 1_800_000  # group.max.session.timeout.ms
-MAX_OFFSET_METADATA = 4096  # offset.metadata.max.bytes
 EMPTY_GROUP_CLEANUP_SECONDS = 600.0  # offsets.retention.check.interval.ms
 
 
@@ -122,11 +119,6 @@ class Group:
     rebalance_deadline: float | None = None
     join_not_before: float = 0.0
     sync_deadline: float | None = None
-    offsets: dict[tuple[str, int], tuple[int, int, str | None]] = field(default_factory=dict)
-    pending_txn_offsets: dict[int, dict[tuple[str, int], tuple[int, int, str | None]]] = field(
-        default_factory=dict
-    )
-    """producer id -> offsets committed in its open transaction (TxnOffsetCommit)."""
     touched: float = 0.0
     """When a request last named this group (for the cleanup of empty groups)."""
 
@@ -158,17 +150,20 @@ class GroupCoordinator:
         self.groups: dict[str, Group] = {}
         self.transactions = TransactionCoordinator(state, self)
         """The transaction coordinator (shared by every node, like the group coordinator)."""
+        self.offsets = OffsetManager(state, self)
+        """The groups' committed offsets."""
 
     def handlers(self) -> dict[int, Callable[[int, Request], Any]]:
-        return self.transactions.handlers() | {
-            TXN_OFFSET_COMMIT: self.txn_offset_commit,
-            JOIN_GROUP: self.join_group,
-            SYNC_GROUP: self.sync_group,
-            HEARTBEAT: self.heartbeat,
-            LEAVE_GROUP: self.leave_group,
-            OFFSET_COMMIT: self.offset_commit,
-            OFFSET_FETCH: self.offset_fetch,
-        }
+        return (
+            self.transactions.handlers()
+            | self.offsets.handlers()
+            | {
+                JOIN_GROUP: self.join_group,
+                SYNC_GROUP: self.sync_group,
+                HEARTBEAT: self.heartbeat,
+                LEAVE_GROUP: self.leave_group,
+            }
+        )
 
     def is_coordinator(self, node_id: int, group_id: str) -> bool:
         return coordinator_node(self.state.node_ids, group_id) == node_id
@@ -200,12 +195,12 @@ class GroupCoordinator:
                 g.state is GroupState.EMPTY
                 and not g.members
                 and not g.pending_members
-                and not g.offsets
-                and not g.pending_txn_offsets
+                and not self.offsets.holds(g.group_id)
                 and now - g.touched >= EMPTY_GROUP_CLEANUP_SECONDS
             ):
                 # Kafka's periodic cleanup removes empty groups that hold no offsets.
                 del self.groups[g.group_id]
+                self.offsets.forget(g.group_id)
                 continue
             for mid, expiry in list(g.pending_members.items()):
                 if now >= expiry:
@@ -569,6 +564,21 @@ class GroupCoordinator:
 
     # -- Heartbeat / LeaveGroup ----------------------------------------------------
 
+    def _generation_member_error(self, node_id: int, b: Any) -> E | None:
+        """The checks SyncGroup and Heartbeat share, in Kafka's order: group id, coordinator,
+        member (incl. static-member fencing), generation; None when all pass."""
+        if not b.group_id:
+            return E.invalid_group_id
+        if not self.is_coordinator(node_id, b.group_id):
+            return E.not_coordinator
+        g = self.groups.get(b.group_id)
+        member_error = self._member_error(g, b.member_id, getattr(b, "group_instance_id", None))
+        if g is None or member_error is not None:
+            return member_error or E.unknown_member_id
+        if b.generation_id != g.generation:
+            return E.illegal_generation
+        return None
+
     def heartbeat(self, node_id: int, req: Request) -> Any:
         b = req.body
         now = req.now
@@ -636,265 +646,43 @@ class GroupCoordinator:
                 codes.append(E.none)
         return respond(E.none, codes)
 
-    # -- offsets -----------------------------------------------------------------
+    # -- offset commits ----------------------------------------------------------
 
-    def _generation_member_error(self, node_id: int, b: Any) -> E | None:
-        """The checks SyncGroup and Heartbeat share, in Kafka's order: group id, coordinator,
-        member (incl. static-member fencing), generation; None when all pass."""
-        if not b.group_id:
-            return E.invalid_group_id
-        if not self.is_coordinator(node_id, b.group_id):
-            return E.not_coordinator
-        g = self.groups.get(b.group_id)
-        member_error = self._member_error(g, b.member_id, getattr(b, "group_instance_id", None))
-        if g is None or member_error is not None:
-            return member_error or E.unknown_member_id
-        if b.generation_id != g.generation:
-            return E.illegal_generation
-        return None
-
-    def _commit_responders(
-        self, api_key: int, req: Request
-    ) -> tuple[Callable[[Callable[[str, Any], E]], Any], Callable[[E], Any]]:
-        """(respond, everywhere) for an OffsetCommit or TxnOffsetCommit request.
-
-        ``respond(code_for)`` answers every partition with ``code_for(topic, partition)``;
-        ``everywhere(code)`` answers *code*, except that unknown partitions get
-        UNKNOWN_TOPIC_OR_PARTITION (Kafka answers those before the coordinator sees
-        the request).
-        """
-        cls = codec.response_schema(api_key, req.version)
-        b = req.body
-
-        def respond(code_for: Callable[[str, Any], E]) -> Any:
-            topics = [
-                {
-                    "name": t.name,
-                    "partitions": [
-                        {"partition_index": p.partition_index, "error_code": code_for(t.name, p)}
-                        for p in t.partitions
-                    ],
-                }
-                for t in b.topics
-            ]
-            return build(cls, {"throttle_time": 0, "topics": topics})
-
-        def everywhere(code: E) -> Any:
-            return respond(
-                lambda t, p: (
-                    E.unknown_topic_or_partition
-                    if self.state.partition(t, p.partition_index) is None
-                    else code
-                )
-            )
-
-        return respond, everywhere
-
-    def offset_commit(self, node_id: int, req: Request) -> Any:
-        b = req.body
-        now = req.now
-        self.tick(now)
-        respond, everywhere = self._commit_responders(OFFSET_COMMIT, req)
-
-        # An empty group id is valid for offsets (Kafka's isValidGroupId for OffsetCommit).
-        if not self.is_coordinator(node_id, b.group_id):
-            return everywhere(E.not_coordinator)
-        generation = b.generation_id_or_member_epoch
-        instance_id = getattr(b, "group_instance_id", None)
-        g = self.groups.get(b.group_id)
+    def group_for_commit(self, group_id: str, now: float) -> Group:
+        """The group an OffsetCommit or TxnOffsetCommit names, created empty if unknown."""
+        g = self.groups.get(group_id)
         if g is None:
-            if generation >= 0:
-                return everywhere(E.illegal_generation)
-            g = self.groups[b.group_id] = Group(b.group_id)
+            g = self.groups[group_id] = Group(group_id)
         g.touched = now
-        # Kafka's validateOffsetCommit, then the state check of doCommitOffsets.
+        return g
+
+    def offset_commit_error(
+        self,
+        g: Group,
+        member_id: str,
+        instance_id: str | None,
+        generation: int,
+        now: float,
+        *,
+        transactional: bool,
+    ) -> E | None:
+        """Kafka's validateOffsetCommit, then for OffsetCommit the state check of
+        doCommitOffsets and the committing member's session refresh; None: commit."""
         if generation < 0 and g.state is GroupState.EMPTY:
             pass  # a commit from a consumer that manages its own assignment (or an admin)
-        elif generation >= 0 or b.member_id or instance_id is not None:
-            member_error = self._member_error(g, b.member_id, instance_id)
-            if member_error is not None:
-                return everywhere(member_error)
-            if generation != g.generation:
-                return everywhere(E.illegal_generation)
-        else:
-            return everywhere(E.unknown_member_id)  # only members commit to a non-empty group
-        if g.state is GroupState.COMPLETING_REBALANCE:
-            return everywhere(E.rebalance_in_progress)
-        if b.member_id in g.members:
-            m = g.members[b.member_id]
-            m.heartbeat_deadline = now + m.session_timeout_ms / 1000.0
-        group = g
-
-        def commit(topic: str, p: Any) -> E:
-            if self.state.partition(topic, p.partition_index) is None:
-                return E.unknown_topic_or_partition
-            meta = p.committed_metadata
-            if meta is not None and len(meta.encode()) > MAX_OFFSET_METADATA:
-                return E.offset_metadata_too_large
-            epoch = getattr(p, "committed_leader_epoch", -1)
-            group.offsets[(topic, p.partition_index)] = (p.committed_offset, epoch, meta)
-            return E.none
-
-        return respond(commit)
-
-    def txn_offset_commit(self, node_id: int, req: Request) -> Any:
-        """GroupCoordinator.handleTxnCommitOffsets (after KafkaApis' unknown-partition check)."""
-        b = req.body
-        now = req.now
-        self.tick(now)
-        respond, everywhere = self._commit_responders(TXN_OFFSET_COMMIT, req)
-
-        if not b.group_id:
-            return everywhere(E.invalid_group_id)
-        if not self.is_coordinator(node_id, b.group_id):
-            return everywhere(E.not_coordinator)
-        # The __consumer_offsets partition must be in the transaction (AddOffsetsToTxn).
-        error = self.transactions.verify(
-            b.transactional_id,
-            b.producer_id,
-            b.producer_epoch,
-            offsets_partition(b.group_id),
-            generic=req.version >= 4,
-        )
-        if error:
-            return everywhere(error)
-        g = self.groups.get(b.group_id)
-        if g is None:
-            g = self.groups[b.group_id] = Group(b.group_id)
-        g.touched = now
-        generation = int(getattr(b, "generation_id", -1))
-        member_id = getattr(b, "member_id", "")
-        instance_id = getattr(b, "group_instance_id", None)
-        # validateOffsetCommit(isTransactional = true)
-        if generation < 0 and g.state is GroupState.EMPTY:
-            pass
         elif generation >= 0 or member_id or instance_id is not None:
             member_error = self._member_error(g, member_id, instance_id)
             if member_error is not None:
-                return everywhere(member_error)
+                return member_error
             if generation != g.generation:
-                return everywhere(E.illegal_generation)
-        group = g
-
-        def commit(topic: str, p: Any) -> E:
-            if self.state.partition(topic, p.partition_index) is None:
-                return E.unknown_topic_or_partition
-            meta = p.committed_metadata
-            if meta is not None and len(meta.encode()) > MAX_OFFSET_METADATA:
-                return E.offset_metadata_too_large
-            epoch = getattr(p, "committed_leader_epoch", -1)
-            pending = group.pending_txn_offsets.setdefault(b.producer_id, {})
-            pending[(topic, p.partition_index)] = (p.committed_offset, epoch, meta)
-            return E.none
-
-        return respond(commit)
-
-    def complete_txn_offsets(
-        self, offsets_partition_index: int, producer_id: int, commit: bool
-    ) -> None:
-        """A transaction marker on a __consumer_offsets partition (handleTxnCompletion)."""
-        for g in self.groups.values():
-            if offsets_partition(g.group_id) != (OFFSETS_TOPIC, offsets_partition_index):
-                continue
-            pending = g.pending_txn_offsets.pop(producer_id, None)
-            if pending and commit:
-                g.offsets.update(pending)
-
-    def _fetch_offsets(
-        self, group_id: str, topics: Any | None, require_stable: bool = False
-    ) -> list[dict[str, Any]]:
-        g = self.groups.get(group_id)
-        offsets = g.offsets if g is not None else {}
-        unstable: set[tuple[str, int]] = set()
-        if g is not None and require_stable:
-            for pending in g.pending_txn_offsets.values():
-                unstable.update(pending)
-        wanted: dict[str, list[int]] = {}
-        if topics is None:
-            for topic, partition in sorted(offsets):
-                wanted.setdefault(topic, []).append(partition)
-        else:
-            for t in topics:
-                wanted.setdefault(t.name, []).extend(t.partition_indexes)
-        out = []
-        for topic, partitions in wanted.items():
-            parts = []
-            for index in partitions:
-                if (topic, index) in unstable:
-                    parts.append(
-                        {
-                            "partition_index": index,
-                            "committed_offset": -1,
-                            "committed_leader_epoch": -1,
-                            "metadata": "",
-                            "error_code": E.unstable_offset_commit,
-                        }
-                    )
-                    continue
-                offset, epoch, meta = offsets.get((topic, index), (-1, -1, ""))
-                parts.append(
-                    {
-                        "partition_index": index,
-                        "committed_offset": offset,
-                        "committed_leader_epoch": epoch,
-                        "metadata": meta if meta is not None else "",
-                        "error_code": E.none,
-                    }
-                )
-            out.append({"name": topic, "partitions": parts})
-        return out
-
-    def offset_fetch(self, node_id: int, req: Request) -> Any:
-        b = req.body
-        v = req.version
-        self.tick(req.now)
-        cls = codec.response_schema(OFFSET_FETCH, v)
-        if v >= 8:
-            groups = []
-            for grp in b.groups:
-                if not self.is_coordinator(node_id, grp.group_id):
-                    groups.append(
-                        {"group_id": grp.group_id, "topics": [], "error_code": E.not_coordinator}
-                    )
-                else:
-                    groups.append(
-                        {
-                            "group_id": grp.group_id,
-                            "topics": self._fetch_offsets(
-                                grp.group_id, grp.topics, bool(b.require_stable)
-                            ),
-                            "error_code": E.none,
-                        }
-                    )
-            return build(cls, {"throttle_time": 0, "groups": groups})
-        if not self.is_coordinator(node_id, b.group_id):
-            if v >= 2:
-                return build(
-                    cls, {"throttle_time": 0, "topics": [], "error_code": E.not_coordinator}
-                )
-            topics = [
-                {
-                    "name": t.name,
-                    "partitions": [
-                        {
-                            "partition_index": i,
-                            "committed_offset": -1,
-                            "metadata": "",
-                            "error_code": E.not_coordinator,
-                        }
-                        for i in t.partition_indexes
-                    ],
-                }
-                for t in b.topics
-            ]
-            return build(cls, {"throttle_time": 0, "topics": topics})
-        return build(
-            cls,
-            {
-                "throttle_time": 0,
-                "topics": self._fetch_offsets(
-                    b.group_id, b.topics, bool(getattr(b, "require_stable", False))
-                ),
-                "error_code": E.none,
-            },
-        )
+                return E.illegal_generation
+        elif not transactional:
+            return E.unknown_member_id  # only members commit to a non-empty group
+        if transactional:
+            return None
+        if g.state is GroupState.COMPLETING_REBALANCE:
+            return E.rebalance_in_progress
+        if member_id in g.members:
+            m = g.members[member_id]
+            m.heartbeat_deadline = now + m.session_timeout_ms / 1000.0
+        return None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from ..protocol import records
+from proxy.protocol import records
 
 
 class OffsetOutOfRange(Exception):

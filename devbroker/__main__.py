@@ -1,0 +1,5 @@
+import sys
+
+from devbroker.cli import main
+
+sys.exit(main())

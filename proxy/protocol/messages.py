@@ -1,0 +1,62 @@
+"""Building kio messages at a version known only at run time.
+
+kio generates one module per message version (``kio.schema.fetch.v12.response``)
+holding the message class and its entity classes (``FetchableTopicResponse``,
+``PartitionData``, ...), each a frozen dataclass with exactly the fields of that
+version.  Code that answers or asks at whatever version a peer speaks takes the
+classes from that module (``request_module``, ``response_module``, or
+``module_of`` an entity it already has) and builds each entity with ``make``:
+it is described once, with every field any version has, and the fields the
+version lacks are dropped.  ``convert`` carries an entity across versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from . import codec
+from .errors import DecodeError
+
+
+def _module(schema: Any, kind: str, api_key: int, version: int) -> ModuleType:
+    if schema is None:
+        raise DecodeError(f"kio has no {kind} schema for api_key={api_key} v{version}")
+    return sys.modules[schema.__module__]
+
+
+def request_module(api_key: int, version: int) -> ModuleType:
+    """kio's module of a request version (its classes by name); DecodeError if kio has none."""
+    return _module(codec.request_schema(api_key, version), "request", api_key, version)
+
+
+def response_module(api_key: int, version: int) -> ModuleType:
+    """kio's module of a response version (its classes by name); DecodeError if kio has none."""
+    return _module(codec.response_schema(api_key, version), "response", api_key, version)
+
+
+def module_of(entity: Any) -> ModuleType:
+    """The module a kio entity (or entity class) belongs to: its sibling classes, same version."""
+    cls = entity if isinstance(entity, type) else type(entity)
+    return sys.modules[cls.__module__]
+
+
+@cache
+def field_names(cls: type) -> frozenset[str]:
+    """The fields of a kio entity class at its version."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def make(cls: Any, **kwargs: Any) -> Any:
+    """Instantiate a kio class with the keyword arguments that exist at its version."""
+    names = field_names(cls)
+    return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def convert(obj: Any, cls: Any) -> Any:
+    """The same entity at another version (fields the target lacks are dropped)."""
+    kind: type = type(obj)
+    return make(cls, **{name: getattr(obj, name) for name in field_names(kind)})
