@@ -207,10 +207,17 @@ class Connection:
         relay = self.relay
         while True:
             # Back-pressure: nothing more is read while max_in_flight requests await
-            # their responses or the client leaves more than its buffer unread.
-            await self._until(self._can_read_client)
+            # their responses or the client leaves more than its buffer unread.  What the
+            # frames read so far queued goes upstream before any wait.
+            if not self._can_read_client():
+                await self._send_upstream()
+                await self._until(self._can_read_client)
             frame = decoder.next_frame()
             if frame is None:
+                # Every whole frame of the last read is handled: send what they queued in
+                # one write, then read on.  A client that pipelines pays one upstream write
+                # (and its scheduler turns) per read, not per request.
+                await self._send_upstream()
                 data = await self.client.receive_some(RECEIVE_BYTES)
                 if not data:
                     decoder.close()  # TruncatedFrame if the client left half a frame
@@ -224,7 +231,6 @@ class Connection:
             if self.meter is not None:
                 self.meter.client_frame(header, frame, trio.current_time())
             if header is None:  # a raw SASL v0 token: nothing to log
-                await self._send_upstream()
                 continue
             if header.client_id != self._client_id:
                 self._client_id = header.client_id
@@ -237,7 +243,6 @@ class Connection:
                 api_version=header.api_version,
                 correlation_id=header.correlation_id,
             )
-            await self._send_upstream()
 
     async def _upstream_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
@@ -314,6 +319,8 @@ class Connection:
                 await self._changed.wait()
 
     async def _send_upstream(self) -> None:
+        if not self.relay.upstream_queued:
+            return  # nothing to send: no lock, no scheduler turn
         async with self._upstream_lock:
             frames = self.relay.take_upstream()
             if frames:

@@ -88,6 +88,47 @@ async def test_pipelined_requests_whole() -> None:
     assert h.reason == "client_closed"
 
 
+class CountingStream(trio.abc.Stream):
+    """A stream that counts the ``send_all`` calls made on it."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.writes = 0
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes += 1
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_requests_read_together_go_upstream_in_one_write() -> None:
+    """A client that pipelines pays one upstream write per read, not one per request:
+    each write is a scheduler turn, and a busy proxy that took turns per request fell
+    behind librdkafka producers until their requests timed out."""
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            h = Harness()
+            upstream = CountingStream(h.conn.upstream)
+            h.conn.upstream = upstream
+            await h.run(nursery)
+            cids = range(100, 120)
+            wire = b"".join(encode_frame(opaque_request(cid, b"#%d" % cid)) for cid in cids)
+            await h.client.send_all(wire)
+            responses = await h.read_responses(len(cids))
+            assert responses == [struct.pack(">i", c) + b"echo:#%d" % c for c in cids]
+            assert upstream.writes == 1
+            await h.client.aclose()
+    assert h.reason == "client_closed"
+
+
 async def test_split_at_every_byte_boundary() -> None:
     wire = encode_frame(opaque_request(42, b"payload")) + encode_frame(opaque_request(43))
     with trio.fail_after(20):
