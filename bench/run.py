@@ -1,4 +1,4 @@
-"""The proxy's price, measured side by side with direct connections and haproxy (issue 13).
+"""The proxy's price, measured side by side with direct connections and haproxy.
 
     .venv/bin/python -m bench.run                       # everything, 3 repetitions (~1 h)
     .venv/bin/python -m bench.run --scenarios latency --repetitions 5

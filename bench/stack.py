@@ -226,7 +226,8 @@ class Stack:
         self.close()
 
     def _start(self) -> None:
-        from support.kafka import KafkaCluster, free_port
+        from support.kafka import KafkaCluster
+        from support.loopback import free_port
 
         haproxy = ensure_haproxy()
         relay_port = free_port()

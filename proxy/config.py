@@ -28,6 +28,9 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 
+from .shaping.limits import LIMIT_NAMES, InvalidLimits, Limits
+from .shaping.policy import DEFAULT_POLICY, Policy
+
 ENV_PREFIX = "KAFKA_FETCH_PROXY_"
 
 
@@ -108,6 +111,66 @@ class Settings:
         if self.broker_port_base == 0:
             return 0
         return self.broker_port_base + node_id
+
+
+# --- the fetch path's settings -----------------------------------------------------------
+
+DEFAULT_REUSE_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+class InvalidFetchConfig(ValueError):
+    """A fetch-path setting is invalid; the message names the key, the value and what is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPathConfig:
+    """What ``proxy.fetchpath.FetchPath`` reads: limits, policies, sessions, the budget."""
+
+    limits: Limits = field(default_factory=Limits)
+    policies: tuple[Policy, ...] = ()
+    fetch_sessions: bool = True
+    memory_budget_bytes: int | None = None
+    reuse_buffer_bytes: int = DEFAULT_REUSE_BUFFER_BYTES
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> FetchPathConfig:
+        """From the validated settings' ``raw`` mapping (schema-checked already)."""
+        try:
+            limits = Limits(**{k: raw[k] for k in LIMIT_NAMES if k in raw})
+        except InvalidLimits as exc:
+            raise InvalidFetchConfig(f"key {exc}") from exc
+        budget = raw.get("memory_budget_bytes")
+        return cls(
+            limits=limits,
+            policies=_policies(raw.get("policies") or ()),
+            fetch_sessions=bool(raw.get("fetch_sessions", True)),
+            memory_budget_bytes=None if budget is None else int(budget),
+            reuse_buffer_bytes=int(raw.get("reuse_buffer_bytes", DEFAULT_REUSE_BUFFER_BYTES)),
+        )
+
+
+def _policies(entries: Sequence[Any]) -> tuple[Policy, ...]:
+    policies: list[Policy] = []
+    seen: set[str] = set()
+    for n, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise InvalidFetchConfig(
+                f"key 'policies[{n}]': value {entry!r} is not allowed;"
+                " expected a table with a string 'name'"
+            )
+        name = entry["name"]
+        if name in seen or name == DEFAULT_POLICY:
+            raise InvalidFetchConfig(
+                f"key 'policies[{n}].name': value {name!r} is not allowed;"
+                f" expected a name unique among the policies and not {DEFAULT_POLICY!r}"
+            )
+        seen.add(name)
+        body = {k: v for k, v in entry.items() if k != "name"}
+        try:
+            policies.append(Policy.from_mapping(name, body))
+        except InvalidLimits as exc:
+            raise InvalidFetchConfig(f"key 'policies[{n}]': {exc}") from exc
+    return tuple(policies)
 
 
 # --- the schema ---------------------------------------------------------------------------

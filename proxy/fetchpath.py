@@ -1,37 +1,59 @@
-"""The proxy's Fetch path: upstream fetch sessions and fetch shaping together.
+"""The proxy's Fetch path, sans-I/O: one handler per client connection, its stages in order.
 
-Sans-I/O.  ``FetchPath`` is the process-wide part (configuration, the memory
-budget, the topic-id map, one downstream session cache per listener, metrics
-and the decision log); ``FetchPathHandler`` is the relay's per-connection
-FetchHandler it hands out.  A consumer fetch goes
+``FetchPath`` is the process-wide part (configuration, memory-budget admission,
+the topic-id map, one downstream session cache per listener, metrics and the
+decision log); ``FetchPathHandler`` is the relay's per-connection FetchHandler
+it hands out.  A consumer fetch (v4+, not a follower's) goes through
+``FetchPathHandler`` top-down, each stage taking values and returning values:
 
     client request
-      -> downstream session broker (SessionFetchServer): the partitions it covers,
-         as one sessionless full fetch
-      -> shaping (FetchShaper.prepare): budget grant, caps clamped, held batches
-         taken from the reuse buffer, round-robin order
-      -> upstream session client (FetchTranslator) -> upstream
+      decode                    codec.decode_request_body
+      admission                 FetchPath.select (policy), FetchAdmission (budget grant)
+      downstream session        DownstreamSessions.open: the partitions this fetch
+                                covers, as one sessionless full fetch (or a session
+                                error, answered at once)
+      shaping                   FetchShaper.prepare: caps clamped, held batches taken
+                                from the reuse buffer, round-robin order
+      upstream session          FetchTranslator.begin: the next request of the
+                                connection's KIP-227 session upstream
+      encode                    codec.encode_request -> upstream
     upstream response
-      -> FetchTranslator: the complete full response
-      -> shaping (FetchShaper.finish): trimmed to the limits in serve-rotation
-         order, trimmed-away batches kept for the next fetch
-      -> SessionFetchServer: all of it (sessionless client) or the incremental
-         part (session client) -> client
+      decode                    decode_fetch_response (records stay views of the frame)
+      upstream session          FetchTranslator.complete: the complete full response
+                                (or a resend after a session reset)
+      shaping                   FetchShaper.finish: trimmed to the limits in
+                                serve-rotation order, trimmed-away batches kept
+      downstream session        DownstreamSessions.answer: all of it (sessionless
+                                client) or the incremental part (session client)
+      encode                    codec.encode_response_gathered -> client
 
-so shaping always works on full fetches, whatever the client speaks, and the
-upstream session learns each partition's next offset from the shaped request
-of the next fetch (the client's offset, or past the batches the buffer holds).
+Admission comes before the downstream session: a fetch that waits for budget
+must not have moved its client's session on.  Shaping sits between the two
+sessions, so it always works on full fetches whatever the client speaks, and
+the upstream session learns each partition's next offset from the shaped
+request of the next fetch (the client's offset, or past the batches the buffer
+holds).
+A fetch that needs no reshaping (Fetch v0-v3, a follower's fetch) takes one
+step: the relay's ``PassThroughFetch``.
 
-Memory budget: a fetch starts only once ``MemoryBudget.acquire_fetch`` grants
-it; otherwise the handler keeps it queued and joins the path's FIFO of waiting
-connections.  Each release of budget wakes the oldest waiters (as many as the
-headroom could serve) through the waker the trio edge bound (``bind_waker``),
-which calls ``resume()`` from the connection's own task; a woken fetch that
-still finds no room goes back to the front.  The grant is released when the
+Fetches of one connection are served one at a time, in arrival order (a
+session's epochs are a sequence); pipelined fetches wait in a queue bounded by
+the relay's ``max_in_flight``.
+
+Memory budget (:mod:`proxy.shaping.budget`): a fetch starts only once
+``FetchAdmission`` grants it; otherwise it stays queued and the connection
+joins the admission's FIFO of waiters.  A release of budget wakes waiters
+through the waker the trio edge bound (``bind_waker``), which calls
+``resume()`` from the connection's own task.  The grant is released when the
 edge says the response was written (``written()``).  When a fetch has to wait,
-every connection's reuse buffer is dropped (it is a cache, and the budget must
-never be held by data nobody is fetching while fetches wait).  Only consumer
-Fetch requests ever wait: other APIs never reach this module.
+every connection's reuse buffer is dropped first (it is a cache, and the budget
+must never be held by data nobody is fetching while fetches wait).
+
+Topic ids are learnt from every Metadata response the relay forwards
+(``observe``); when a names client needs ids the handler asks upstream Metadata
+itself (:class:`~proxy.sessions.topic_ids.TopicIdRequests`).  The upstream Fetch
+version is the highest the upstream advertised in the ApiVersions response the
+handler observed (capped by the proxy), else the client's own version.
 
 Reload: ``FetchPath.reload(config)``; live connections pick the new limits
 and policies at their next fetch.
@@ -39,7 +61,6 @@ and policies at their next fetch.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 import weakref
@@ -49,101 +70,36 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-from .protocol.framing import Payload
-from .relay.pipeline import ClientRequest, Upstream
-from .sessions.broker import FetchSessionCache
-from .sessions.downstream import SessionFetchServer
-from .sessions.handler import SessionFetchHandler
-from .sessions.resets import Side
-from .sessions.topic_ids import TopicIdMap
-from .sessions.translate import ClientReply, UpstreamFetch
-from .shaping.budget import MemoryBudget, Reservation
+from .config import FetchPathConfig
+from .protocol import codec
+from .protocol.apis import API_VERSIONS, FETCH, METADATA
+from .protocol.errors import DecodeError
+from .protocol.fetch_views import decode_fetch_response
+from .relay.relay import ClientRequest, PassThroughFetch, Upstream
+from .sessions.downstream import DownstreamFetch, DownstreamSessions
+from .sessions.downstream_cache import FetchSessionCache
+from .sessions.resets import RESET_REASONS, ResetReason, Side
+from .sessions.topic_ids import TopicIdMap, TopicIdRequests, learn_from_frame
+from .sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch, replica_id
+from .sessions.upstream_session import FetchSessionClient
+from .shaping.budget import FetchAdmission, MemoryBudget, Reservation
 from .shaping.decision import ShapingDecision
 from .shaping.keys import topic_key
-from .shaping.limits import LIMIT_NAMES, InvalidLimits, Limits, limit_kind
-from .shaping.policy import DEFAULT_POLICY, Policy, select
+from .shaping.limits import Limits, limit_kind
+from .shaping.policy import select
 from .shaping.shaper import FetchShaper, PreparedFetch, ShapedResponse
 
-UNLIMITED_BUDGET = 2**62
-"""The budget's capacity when none is configured (accounting only)."""
-BUDGET_FLOOR = 1_048_588
-"""Least bytes a fetch is granted (Kafka's default message.max.bytes, so the broker's
-one-batch progress exemption stays inside a grant)."""
-DEFAULT_REUSE_BUFFER_BYTES = 4 * 1024 * 1024
-FETCH_SHARE = 16
-"""With a budget, one fetch is granted at most 1/FETCH_SHARE of it (never below the floor),
-so a few long polls waiting upstream cannot hold the whole budget while other fetches wait."""
 MAX_POLICY_CACHE = 1024
-
-
-def max_fetch_bytes(budget: MemoryBudget) -> int:
-    """The most one fetch is granted under a configured budget."""
-    return max(budget.floor, budget.capacity // FETCH_SHARE)
-
-
-def _configure_budget(budget: MemoryBudget, capacity: int | None) -> None:
-    budget.capacity = capacity or UNLIMITED_BUDGET
-    budget.floor = min(BUDGET_FLOOR, budget.capacity)
-    # The working copy of one response (MemoryBudget's docstring) is at most one
-    # fetch's grant; it is kept back only when there is a budget to keep it from.
-    working = 0 if capacity is None else max_fetch_bytes(budget)
-    budget.set_working(min(working, budget.capacity - budget.floor))
-
-
-class InvalidFetchConfig(ValueError):
-    """A fetch-path setting is invalid; the message names the key, the value and what is allowed."""
-
-
-@dataclass(frozen=True, slots=True)
-class FetchPathConfig:
-    limits: Limits = dataclasses.field(default_factory=Limits)
-    policies: tuple[Policy, ...] = ()
-    fetch_sessions: bool = True
-    memory_budget_bytes: int | None = None
-    reuse_buffer_bytes: int = DEFAULT_REUSE_BUFFER_BYTES
-
-    @classmethod
-    def from_raw(cls, raw: Mapping[str, Any]) -> FetchPathConfig:
-        """From the validated settings' ``raw`` mapping (schema-checked already)."""
-        try:
-            limits = Limits(**{k: raw[k] for k in LIMIT_NAMES if k in raw})
-        except InvalidLimits as exc:
-            raise InvalidFetchConfig(f"key {exc}") from exc
-        policies: list[Policy] = []
-        seen: set[str] = set()
-        for n, entry in enumerate(raw.get("policies") or ()):
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-                raise InvalidFetchConfig(
-                    f"key 'policies[{n}]': value {entry!r} is not allowed;"
-                    " expected a table with a string 'name'"
-                )
-            name = entry["name"]
-            if name in seen or name == DEFAULT_POLICY:
-                raise InvalidFetchConfig(
-                    f"key 'policies[{n}].name': value {name!r} is not allowed;"
-                    f" expected a name unique among the policies and not {DEFAULT_POLICY!r}"
-                )
-            seen.add(name)
-            body = {k: v for k, v in entry.items() if k != "name"}
-            try:
-                policies.append(Policy.from_mapping(name, body))
-            except InvalidLimits as exc:
-                raise InvalidFetchConfig(f"key 'policies[{n}]': {exc}") from exc
-        budget = raw.get("memory_budget_bytes")
-        return cls(
-            limits=limits,
-            policies=tuple(policies),
-            fetch_sessions=bool(raw.get("fetch_sessions", True)),
-            memory_budget_bytes=None if budget is None else int(budget),
-            reuse_buffer_bytes=int(raw.get("reuse_buffer_bytes", DEFAULT_REUSE_BUFFER_BYTES)),
-        )
+PROXY_CLIENT_ID = "kafka-fetch-proxy"
+MIN_SESSION_FETCH_VERSION = 4
+"""Older Fetch versions (and followers' fetches) pass through untouched."""
 
 
 class FetchMetrics(Protocol):
     """The part of ``proxy.observe.metrics.Metrics`` the fetch path reports to."""
 
     def fetch_session_saved(self, *, request_bytes: int = 0, response_bytes: int = 0) -> None: ...
-    def fetch_session_reset(self, side: Side, reason: Any) -> None: ...
+    def fetch_session_reset(self, side: Side, reason: ResetReason | str) -> None: ...
     def shaped_response(self, policy: str) -> None: ...
     def trimmed(self, limit: Any, *, records: int, record_bytes: int, policy: str) -> None: ...
     def buffered_reuse_hit(self, record_bytes: int) -> None: ...
@@ -190,9 +146,12 @@ class FetchPath:
         metrics: FetchMetrics | None = None,
         decision_log: DecisionSink | None = None,
         clock: Callable[[], float] = time.monotonic,
+        shaping: bool = True,
     ) -> None:
-        self.budget = MemoryBudget(UNLIMITED_BUDGET)
-        _configure_budget(self.budget, config.memory_budget_bytes)
+        self.shaping = shaping
+        """False: fetches skip the shaping stage (to test the session stages on their own)."""
+        self.admission = FetchAdmission(config.memory_budget_bytes)
+        self.budget: MemoryBudget = self.admission.budget
         self.topic_ids = TopicIdMap()
         self.metrics = metrics
         self.decision_log = decision_log
@@ -202,12 +161,13 @@ class FetchPath:
         self._policy_cache: dict[tuple[str | None, str], tuple[str, Limits]] = {}
         self.config = config
         self.generation = 0
-        self.fetch_waits = 0
-        """Fetches that had to wait for budget (each counted once)."""
-        self._waiters: deque[FetchPathHandler] = deque()
-        self.budget.add_listener(self._released)
         if metrics is not None:
             metrics.set_memory_budget(used=0, limit=config.memory_budget_bytes)
+
+    @property
+    def fetch_waits(self) -> int:
+        """Fetches that had to wait for budget (each counted once)."""
+        return self.admission.waits
 
     def sessions_for(self, node_id: int | None) -> FetchSessionCache:
         """The downstream session cache of one listener (Kafka has one per broker)."""
@@ -230,42 +190,15 @@ class FetchPath:
 
     def reload(self, config: FetchPathConfig) -> None:
         """Apply a new configuration; live connections use it from their next fetch."""
-        _configure_budget(self.budget, config.memory_budget_bytes)
+        self.admission.configure(config.memory_budget_bytes)
         self.config = config
         self.generation += 1
         self._policy_cache.clear()
         for h in list(self.handlers):
-            h.apply_config(config)
+            h.shaper.buffer.capacity = config.reuse_buffer_bytes
         if self.metrics is not None:
             self.metrics.set_memory_budget(used=self.budget.used, limit=config.memory_budget_bytes)
-        self._released()  # room may have appeared: let waiting fetches try again
-
-    # -- the memory budget's waiters ----------------------------------------------------
-
-    def wait_for_budget(self, handler: FetchPathHandler, *, front: bool) -> None:
-        if handler.waiting:
-            return
-        handler.waiting = True
-        if front:
-            self._waiters.appendleft(handler)
-        else:
-            self._waiters.append(handler)
-
-    def stop_waiting(self, handler: FetchPathHandler) -> None:
-        if handler.waiting:
-            handler.waiting = False
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(handler)
-
-    def _released(self) -> None:
-        budget = self.budget
-        wake = max(1, budget.headroom // budget.floor)
-        while self._waiters and wake > 0:
-            handler = self._waiters.popleft()
-            handler.waiting = False
-            if not handler.closed:
-                handler.wake()
-                wake -= 1
+        self.admission.wake_waiters()  # room may have appeared: let waiting fetches try again
 
     def shed_buffers(self) -> bool:
         """Drop every connection's reuse buffer; True if that freed any budget."""
@@ -276,6 +209,7 @@ class FetchPath:
         return self.budget.used < before
 
     def select(self, client_id: str | None, listener: str) -> tuple[str, Limits]:
+        """The policy name and limits for a client of *listener* (cached)."""
         key = (client_id, listener)
         hit = self._policy_cache.get(key)
         if hit is None:
@@ -286,69 +220,99 @@ class FetchPath:
         return hit
 
     def refresh_gauges(self) -> None:
-        """The memory-budget gauge (session gauges are set at scrape time, proxy.observe.sessions)."""
+        """The memory-budget gauge (session gauges are set at scrape time by proxy.observe)."""
         if self.metrics is not None:
             self.metrics.set_memory_budget(used=self.budget.used)
 
 
-class _Stage:
-    """Shaping for one client fetch (a ``FetchStage`` of ``SessionFetchServer``)."""
+@dataclass(slots=True)
+class _Exchange:
+    """One client fetch being served: the values its stages handed on."""
 
-    __slots__ = ("grant", "policy", "prepared", "shaped", "shaper", "started")
-
-    def __init__(self, shaper: FetchShaper, grant: Reservation, policy: str, started: float):
-        self.shaper = shaper
-        self.grant = grant
-        self.policy = policy
-        self.started = started
-        self.prepared: PreparedFetch | None = None
-        self.shaped: ShapedResponse | None = None
-
-    def prepare(self, request: Any) -> Any:
-        shaper = self.shaper
-        if len(shaper.buffer):
-            # The client no longer fetches these (a full fetch lists every partition).
-            asked = {(topic_key(t), int(p.partition)) for t in request.topics for p in t.partitions}
-            gone = [k for k in shaper.buffer.keys() if k not in asked]
-            if gone:
-                shaper.forget(gone)
-        self.prepared = p = shaper.prepare(request, grant=self.grant)
-        upstream = p.upstream_request
-        if p.prefixes and upstream.max_wait != timedelta(0):
-            # The client gets data at once from the buffer: no long poll upstream.
-            upstream = dataclasses.replace(upstream, max_wait=timedelta(0))
-        return upstream
-
-    def finish(self, response: Any) -> Any:
-        assert self.prepared is not None
-        self.shaped = self.shaper.finish(self.prepared, response)
-        return self.shaped.response
+    request: ClientRequest
+    opened: DownstreamFetch
+    grant: Reservation
+    prepared: PreparedFetch | None
+    """None when the path does not shape (``FetchPath(shaping=False)``)."""
+    policy: str
+    started: float
+    sessionless: bool
+    """The client uses no fetch session (epoch -1; Fetch v4-v6 have none)."""
+    upstream_request_bytes: int = 0
+    upstream_response_bytes: int = 0
 
 
-class FetchPathHandler(SessionFetchHandler):
+class FetchPathHandler:
     """The relay's FetchHandler for one client connection (see the module docstring)."""
 
-    def __init__(self, path: FetchPath, node_id: int | None) -> None:
-        super().__init__(path.sessions_for(node_id), path.topic_ids, metrics=path.metrics)
+    def __init__(
+        self,
+        path: FetchPath,
+        node_id: int | None,
+        *,
+        max_resends: int = 2,
+        sessionless_backoff: int = 8,
+    ) -> None:
         self.path = path
         self.node_id = node_id
         self.listener = listener_name(node_id)
+        self.metrics = path.metrics
         config = path.config
+        self.session_cache = path.sessions_for(node_id)
+        """The downstream session cache of this connection's listener."""
+        self.downstream = DownstreamSessions(self.session_cache, path.topic_ids)
         self.shaper = FetchShaper(
             config.limits, buffer_capacity=config.reuse_buffer_bytes, budget=path.budget
         )
+        self.translator: FetchTranslator | None = None
+        """The upstream session's translator (created at the first consumer fetch)."""
+        self.max_resends = max_resends
+        self.sessionless_backoff = sessionless_backoff
+        self.topic_id_requests = TopicIdRequests(path.topic_ids)
+        self.upstream_fetch_max: int | None = None
+        self.upstream_metadata_max: int | None = None
+        self.upstream_fetch_bytes = 0
+        """Fetch request and response bytes exchanged with the upstream broker (frames)."""
+        self.client_fetch_bytes = 0
+        """Fetch request and response bytes exchanged with the client (frames)."""
+        self.budget_waits = 0
+        self.closed = False
+        self._passthrough = PassThroughFetch()
         self._upstream: Upstream | None = None
-        self._grant: Reservation | None = None
-        self._stage: _Stage | None = None
+        self._queue: deque[tuple[ClientRequest, Any]] = deque()
+        self._exchange: _Exchange | None = None
+        self._busy = False
+        self._starting = False
+        self._fetches = 0
+        self._waiting_for: ClientRequest | None = None
         self._unwritten: list[Reservation] = []
         self._waker: Callable[[], None] | None = None
-        self.waiting = False
-        """In the path's queue of fetches waiting for budget."""
-        self._waiting_for: ClientRequest | None = None
-        self.closed = False
-        self.budget_waits = 0
 
-    # -- the trio edge's hooks ----------------------------------------------------------
+    @property
+    def upstream_session(self) -> FetchSessionClient | None:
+        """The KIP-227 session this connection holds upstream (None before its first fetch)."""
+        return None if self.translator is None else self.translator.session
+
+    # -- the relay's FetchHandler -------------------------------------------------------
+
+    def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
+        if api_key == API_VERSIONS:
+            self._learn_versions(api_version, frame)
+        elif api_key == METADATA:
+            learn_from_frame(self.path.topic_ids, api_version, frame)
+
+    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
+        if self.closed:
+            return
+        self._upstream = upstream
+        decoded = codec.decode_request_body(request.header, request.frame)
+        if int(request.header.api_version) < MIN_SESSION_FETCH_VERSION or replica_id(decoded) >= 0:
+            self._passthrough.handle_fetch(request, upstream)
+            return
+        self._queue.append((request, decoded))
+        self._serve(upstream)
+
+    # -- the trio edge (proxy.server.connection.FetchEdge) ------------------------------
 
     def bind_waker(self, wake: Callable[[], None]) -> None:
         """*wake()* (sync, no I/O) asks the edge to call ``resume()`` from the connection's task."""
@@ -356,8 +320,8 @@ class FetchPathHandler(SessionFetchHandler):
 
     def resume(self) -> None:
         """Start queued fetches that were waiting (for the memory budget)."""
-        if not self.closed and self._upstream is not None and not self._busy:
-            self._next(self._upstream)
+        if not self.closed and self._upstream is not None:
+            self._serve(self._upstream)
 
     def written(self) -> None:
         """The responses answered so far have been written to the client: free their memory."""
@@ -370,82 +334,14 @@ class FetchPathHandler(SessionFetchHandler):
     def close(self) -> None:
         """The connection ended: give back every byte this connection holds."""
         self.closed = True
-        self.path.stop_waiting(self)
-        for grant in (self._grant, self._stage.grant if self._stage else None, *self._unwritten):
+        self.path.admission.leave(self)
+        exchange, self._exchange = self._exchange, None
+        for grant in (*self._unwritten, exchange.grant if exchange else None):
             if grant is not None:
                 grant.release()
-        self._grant = self._stage = None
         self._unwritten = []
         self.shaper.close()
         self._queue.clear()
-
-    def apply_config(self, config: FetchPathConfig) -> None:
-        self.shaper.buffer.capacity = config.reuse_buffer_bytes
-
-    # -- FetchHandler -------------------------------------------------------------------
-
-    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
-        if self.closed:
-            return
-        self._upstream = upstream
-        super().handle_fetch(request, upstream)
-
-    # -- SessionFetchHandler hooks ------------------------------------------------------
-
-    def _admit(self, request: ClientRequest, decoded: Any) -> bool:
-        if self._grant is not None:
-            return True
-        _, limits = self.path.select(request.header.client_id, self.listener)
-        requested = int(decoded.max_bytes)
-        if limits.max_response_bytes is not None:
-            requested = min(requested, limits.max_response_bytes)
-        budget = self.path.budget
-        if self.path.config.memory_budget_bytes is not None:
-            requested = min(requested, max_fetch_bytes(budget))
-        grant = budget.acquire_fetch(max(requested, 0))
-        if grant is None and self.path.shed_buffers():
-            grant = budget.acquire_fetch(max(requested, 0))
-        if grant is None:
-            retry = self._waiting_for is request
-            if not retry:  # count each fetch once, not each retry
-                self._waiting_for = request
-                self.budget_waits += 1
-                self.path.fetch_waits += 1
-                if self.path.metrics is not None:
-                    self.path.metrics.memory_budget_wait()
-            self.path.wait_for_budget(self, front=retry)
-            return False
-        self.path.stop_waiting(self)
-        self._waiting_for = None
-        self._grant = grant
-        return True
-
-    def _begin(
-        self, server: SessionFetchServer, request: ClientRequest, decoded: Any
-    ) -> UpstreamFetch | ClientReply:
-        grant = self._grant
-        assert grant is not None
-        self._grant = None
-        config = self.path.config
-        policy, limits = self.path.select(request.header.client_id, self.listener)
-        self.shaper.limits = limits
-        server.translator.use_sessions = config.fetch_sessions
-        self._stage = _Stage(self.shaper, grant, policy, self.path.clock())
-        return server.begin(decoded, self._stage)
-
-    def _answered(self, request: ClientRequest, response: Any, frame: Payload) -> None:
-        stage, self._stage = self._stage, None
-        if stage is None:
-            return
-        if self._waker is None:
-            stage.grant.release()  # no edge to tell us when it is written
-        else:
-            self._unwritten.append(stage.grant)
-        if stage.shaped is not None:
-            self._report(request, stage, stage.shaped, len(frame))
-        self.path.refresh_gauges()
-
-    # -- internals ----------------------------------------------------------------------
 
     def wake(self) -> None:
         """Budget may be free: retry the waiting fetch (via the edge's task when bound)."""
@@ -454,11 +350,214 @@ class FetchPathHandler(SessionFetchHandler):
         else:
             self.resume()
 
-    def _report(
-        self, request: ClientRequest, stage: _Stage, shaped: ShapedResponse, reply_bytes: int
+    # -- the request, top-down ----------------------------------------------------------
+
+    def _serve(self, upstream: Upstream) -> None:
+        """Start queued fetches until one waits (a loop: no recursion per fetch)."""
+        if self._starting or self._busy:
+            return  # an outer _serve is draining the queue, or a fetch is being served
+        self._starting = True
+        try:
+            while self._queue and not self._busy:
+                request, decoded = self._queue[0]
+                policy, limits = self.path.select(request.header.client_id, self.listener)
+                grant = self._admit(request, decoded, limits)
+                if grant is None:
+                    return  # waits for budget; resume() starts it
+                self._queue.popleft()
+                self._fetches += 1
+                self._busy = True
+                self._start(request, decoded, policy, limits, grant, upstream)
+        finally:
+            self._starting = False
+
+    def _admit(self, request: ClientRequest, decoded: Any, limits: Limits) -> Reservation | None:
+        """The fetch's memory-budget grant, or None: it waits for a release."""
+        admission = self.path.admission
+        nbytes = admission.fetch_bytes(int(decoded.max_bytes), limits.max_response_bytes)
+        grant = admission.try_admit(nbytes)
+        if grant is None and self.path.shed_buffers():
+            grant = admission.try_admit(nbytes)
+        if grant is None:
+            retry = self._waiting_for is request
+            if not retry:  # count each fetch once, not each retry
+                self._waiting_for = request
+                self.budget_waits += 1
+                if self.metrics is not None:
+                    self.metrics.memory_budget_wait()
+            admission.wait(self, retry=retry)
+            return None
+        admission.leave(self)
+        self._waiting_for = None
+        return grant
+
+    def _start(
+        self,
+        request: ClientRequest,
+        decoded: Any,
+        policy: str,
+        limits: Limits,
+        grant: Reservation,
+        upstream: Upstream,
     ) -> None:
+        started = self.path.clock()
+        sessionless = int(getattr(decoded, "session_epoch", -1)) == -1
+        translator = self._translator(int(request.header.api_version))
+        opened = self.downstream.open(decoded)
+        if isinstance(opened, ClientReply):  # a session error, answered as a broker does
+            self._hold_until_written(grant)
+            self._reply(request, opened.response, upstream, sessionless=sessionless)
+            return
+        fetch, prepared = opened.request, None
+        if self.path.shaping:
+            self.shaper.limits = limits
+            prepared = _shape(self.shaper, fetch, grant)
+            fetch = prepared.upstream_request
+        translator.use_sessions = self.path.config.fetch_sessions
+        self._exchange = _Exchange(request, opened, grant, prepared, policy, started, sessionless)
+        self._send(translator.begin(fetch), upstream)
+
+    def _send(self, step: UpstreamFetch, upstream: Upstream) -> None:
+        """Encode the upstream session's next request and send it."""
+        self._ask_topic_ids(step.missing_topic_ids, upstream)
+        version = int(step.request.__version__)
+        frame = codec.encode_request(step.request, 0, PROXY_CLIENT_ID)
+        exchange = self._exchange
+        assert exchange is not None
+        exchange.upstream_request_bytes += len(frame)
+
+        def on_response(frame: bytes) -> None:
+            self._received(version, frame, upstream)
+
+        upstream.send(frame, api_key=FETCH, api_version=version, on_response=on_response)
+
+    # -- the response, bottom-up --------------------------------------------------------
+
+    def _received(self, version: int, frame: bytes, upstream: Upstream) -> None:
+        exchange = self._exchange
+        translator = self.translator
+        if exchange is None or translator is None:
+            return  # the connection closed meanwhile
+        exchange.upstream_response_bytes += len(frame)
+        response = decode_fetch_response(version, frame)
+        invalid_before = translator.stats.invalid_responses
+        step = translator.complete(response)
+        self._count_reset(response, translator.stats.invalid_responses > invalid_before)
+        if isinstance(step, UpstreamFetch):
+            self._send(step, upstream)  # a resend after an upstream session reset
+            return
+        self._exchange = None
+        full = step.response
+        shaped: ShapedResponse | None = None
+        if exchange.prepared is not None and int(getattr(full, "error_code", 0)) == 0:
+            shaped = self.shaper.finish(exchange.prepared, full)
+            full = shaped.response
+        reply = self.downstream.answer(exchange.opened, full)
+        self._hold_until_written(exchange.grant)
+        self._reply(
+            exchange.request,
+            reply,
+            upstream,
+            sessionless=exchange.sessionless,
+            exchange=exchange,
+            shaped=shaped,
+        )
+
+    def _reply(
+        self,
+        request: ClientRequest,
+        response: Any,
+        upstream: Upstream,
+        *,
+        sessionless: bool,
+        exchange: _Exchange | None = None,
+        shaped: ShapedResponse | None = None,
+    ) -> None:
+        """Encode *response* for the client, answer, account, and start the next fetch."""
+        h = request.header
+        # Encoded as a gather list: the records stay views into the upstream frame
+        # until they are written, never copied into a second response-sized buffer.
+        frame = codec.encode_response_gathered(upstream.rewrite_decoded(response), h.correlation_id)
+        request.reply(frame)
+        up_request = up_response = 0
+        if exchange is not None:
+            up_request = exchange.upstream_request_bytes
+            up_response = exchange.upstream_response_bytes
+            if shaped is not None:
+                self._report(exchange, shaped, len(frame))
+        self.path.refresh_gauges()
+        self.upstream_fetch_bytes += up_request + up_response
+        self.client_fetch_bytes += len(request.frame) + len(frame)
+        if self.metrics is not None and sessionless:
+            # What the client's full fetch would have cost upstream, minus what it did.
+            self.metrics.fetch_session_saved(
+                request_bytes=max(0, len(request.frame) - up_request),
+                response_bytes=max(0, len(frame) - up_response),
+            )
+        self._busy = False
+        self._serve(upstream)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _hold_until_written(self, grant: Reservation) -> None:
+        """Keep a fetch's grant until the edge has written its response (``written``)."""
+        if self._waker is None:
+            grant.release()  # no edge to tell us when it is written
+        else:
+            self._unwritten.append(grant)
+
+    def _translator(self, client_version: int) -> FetchTranslator:
+        if self.translator is None:
+            self.translator = FetchTranslator(
+                self.path.topic_ids,
+                upstream_max_version=self.upstream_fetch_max or client_version,
+                max_resends=self.max_resends,
+                sessionless_backoff=self.sessionless_backoff,
+            )
+        return self.translator
+
+    def _count_reset(self, response: Any, invalid: bool) -> None:
+        if self.metrics is None:
+            return
+        reason = RESET_REASONS.get(int(getattr(response, "error_code", 0)))
+        if reason is None and invalid:
+            reason = ResetReason.OTHER
+        if reason is not None:
+            self.metrics.fetch_session_reset(Side.UPSTREAM, reason)
+
+    def _ask_topic_ids(self, names: tuple[str, ...], upstream: Upstream) -> None:
+        request = self.topic_id_requests.request(
+            names, fetch_number=self._fetches, upstream_max_version=self.upstream_metadata_max
+        )
+        if request is None:
+            return
+        version = int(request.__version__)
+        upstream.send(
+            codec.encode_request(request, 0, PROXY_CLIENT_ID),
+            api_key=METADATA,
+            api_version=version,
+            on_response=lambda frame: self.topic_id_requests.answered(version, frame),
+        )
+
+    def _learn_versions(self, api_version: int, frame: bytes) -> None:
+        try:
+            _, response = codec.decode_response(API_VERSIONS, api_version, frame)
+        except DecodeError:
+            return
+        if int(response.error_code) != 0:
+            return
+        for entry in response.api_keys:
+            if int(entry.api_key) == FETCH:
+                self.upstream_fetch_max = int(entry.max_version)
+            elif int(entry.api_key) == METADATA:
+                self.upstream_metadata_max = int(entry.max_version)
+
+    def _report(self, exchange: _Exchange, shaped: ShapedResponse, reply_bytes: int) -> None:
+        """Metrics and the decision log for one shaped response."""
+        request = exchange.request
         d = shaped.decision
-        m = self.path.metrics
+        m = self.metrics
+        policy = exchange.policy
         if m is not None:
             # record batches from the broker vs to the client (batch headers, never payloads)
             m.upstream_fetch_data(self.node_id, d.upstream_records, d.upstream_bytes)
@@ -466,13 +565,11 @@ class FetchPathHandler(SessionFetchHandler):
                 d.delivered_records, d.delivered_bytes, client_id=request.header.client_id
             )
             if d.limited_by or d.partitions_trimmed or d.reused_bytes:
-                m.shaped_response(stage.policy)
+                m.shaped_response(policy)
             for limit, records, nbytes in d.trimmed_by_limit:
-                m.trimmed(
-                    limit_kind(limit), records=records, record_bytes=nbytes, policy=stage.policy
-                )
-            if stage.prepared is not None:
-                for prefix in stage.prepared.prefixes.values():
+                m.trimmed(limit_kind(limit), records=records, record_bytes=nbytes, policy=policy)
+            if exchange.prepared is not None:
+                for prefix in exchange.prepared.prefixes.values():
                     m.buffered_reuse_hit(prefix.run.size)
             for rounds in shaped.served_after.values():
                 if rounds:
@@ -484,30 +581,46 @@ class FetchPathHandler(SessionFetchHandler):
                 d,
                 client_id=h.client_id,
                 node_id=-1 if self.node_id is None else self.node_id,
-                policy=stage.policy,
+                policy=policy,
                 correlation_id=h.correlation_id,
-                latency_ms=(self.path.clock() - stage.started) * 1000.0,
+                latency_ms=(self.path.clock() - exchange.started) * 1000.0,
                 starved_partitions={
                     k: v for k, v in self.shaper.serve_rotation.starved().items() if v
                 }
                 if d.partitions_starved
                 else None,
-                upstream_fetch_bytes=sum(self._round),
-                sessionless_fetch_bytes=self._sessionless_estimate(request, d, reply_bytes),
+                upstream_fetch_bytes=exchange.upstream_request_bytes
+                + exchange.upstream_response_bytes,
+                sessionless_fetch_bytes=_sessionless_estimate(request, d, reply_bytes)
+                if exchange.sessionless
+                else None,
                 topic_ids=self.path.topic_ids,  # names for Fetch v13+ topic ids
             )
 
-    def _sessionless_estimate(
-        self, request: ClientRequest, d: ShapingDecision, reply_bytes: int
-    ) -> int | None:
-        """What this exchange would cost upstream without a session (decision-log field).
 
-        A sessionless client's request lists every partition, as a full upstream
-        request would; the full response is the reply with the record bytes that
-        came from upstream in place of those delivered (the limits trimmed them).
-        A session client's frames are incremental themselves: no estimate (None).
-        """
-        if not self._client_sessionless:
-            return None
-        full_response = reply_bytes - d.delivered_bytes + d.upstream_bytes
-        return len(request.frame) + max(0, full_response)
+def _shape(shaper: FetchShaper, request: Any, grant: Reservation) -> PreparedFetch:
+    """Shaping's way up: the sessionless full fetch -> the one to serve upstream."""
+    if len(shaper.buffer):
+        # The client no longer fetches these (a full fetch lists every partition).
+        asked = {(topic_key(t), int(p.partition)) for t in request.topics for p in t.partitions}
+        gone = [k for k in shaper.buffer.keys() if k not in asked]
+        if gone:
+            shaper.forget(gone)
+    prepared = shaper.prepare(request, grant=grant)
+    upstream = prepared.upstream_request
+    if prepared.prefixes and upstream.max_wait != timedelta(0):
+        # The client gets data at once from the buffer: no long poll upstream.
+        upstream = dataclasses.replace(upstream, max_wait=timedelta(0))
+        prepared = dataclasses.replace(prepared, upstream_request=upstream)
+    return prepared
+
+
+def _sessionless_estimate(request: ClientRequest, d: ShapingDecision, reply_bytes: int) -> int:
+    """What this exchange would cost upstream without a session (decision-log field).
+
+    A sessionless client's request lists every partition, as a full upstream
+    request would; the full response is the reply with the record bytes that
+    came from upstream in place of those delivered (the limits trimmed them).
+    """
+    full_response = reply_bytes - d.delivered_bytes + d.upstream_bytes
+    return len(request.frame) + max(0, full_response)

@@ -43,7 +43,7 @@ from ..protocol.apis import FETCH, PRODUCE, SASL_AUTHENTICATE
 from ..protocol.codec import skip_tagged_fields
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import Gathered, Payload
-from ..relay.pipeline import produce_acks
+from ..relay.relay import produce_acks
 from ..sessions.resets import RESET_REASONS, Side
 from .labels import Direction
 from .metrics import Metrics

@@ -162,10 +162,12 @@ def peek_correlation_id(frame: bytes | memoryview) -> int:
     return int(cid)
 
 
-def _decode(schema: Any, frame: bytes, offset: int, *, strict: bool) -> Any:
+def _decode(
+    schema: Any, frame: bytes, offset: int, *, strict: bool, hook: walk.Hook | None = None
+) -> Any:
     # kio must only see a body whose counts fit and whose nulls are allowed (module docstring)
     try:
-        walk.check(schema, frame, offset)
+        walk.check(schema, frame, offset, hook)
     except DecodeError as exc:
         raise DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}") from exc
     try:
@@ -212,14 +214,22 @@ def decode_request_body(header: RequestHeader, frame: bytes, *, strict: bool = F
 
 
 def decode_response(
-    api_key: int, api_version: int, frame: bytes, *, strict: bool = False
+    api_key: int,
+    api_version: int,
+    frame: bytes,
+    *,
+    strict: bool = False,
+    hook: walk.Hook | None = None,
 ) -> tuple[int, Any]:
-    """Decode a response frame (header and body); returns (correlation_id, body)."""
+    """Decode a response frame (header and body); returns (correlation_id, body).
+
+    *hook* rides along the check walk (``walk.check``), e.g. to learn where fields are.
+    """
     schema = response_schema(api_key, api_version)
     hv = response_header_version(api_key, api_version)
     if schema is None or hv is None:
         raise DecodeError(f"unsupported response api_key={api_key} version={api_version}")
-    body = _decode(schema, frame, response_body_offset(frame, hv), strict=strict)
+    body = _decode(schema, frame, response_body_offset(frame, hv), strict=strict, hook=hook)
     return peek_correlation_id(frame), body
 
 

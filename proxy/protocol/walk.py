@@ -389,7 +389,7 @@ class _Nothing:
 _NOTHING = _Nothing()
 
 
-def check(schema: type, frame: bytes, offset: int) -> int:
+def check(schema: type, frame: bytes, offset: int, hook: Hook | None = None) -> int:
     """Walk the ``schema`` body at ``frame[offset:]`` and return where it ends.
 
     Raises DecodeError where the body breaks what its layout allows: an array
@@ -397,10 +397,11 @@ def check(schema: type, frame: bytes, offset: int) -> int:
     the field is not nullable, a length past the end of the frame, a known
     tagged field of the wrong size.  Bytes after the body are allowed (the
     codec ignores them, as Kafka does).  Nothing is copied: records and bytes
-    fields are skipped by their length.
+    fields are skipped by their length.  A *hook* (e.g. a :class:`SpanHook`) sees the
+    entities it wants on the way; what it returns is ignored.
     """
     try:
-        end = _Walker(frame, _NOTHING).entity(plan_for(schema), offset, [])
+        end = _Walker(frame, hook or _NOTHING).entity(plan_for(schema), offset, [])
     except (IndexError, struct.error) as exc:
         raise DecodeError(f"{schema.__name__}: {exc}") from exc
     if end > len(frame):
@@ -408,7 +409,9 @@ def check(schema: type, frame: bytes, offset: int) -> int:
     return end
 
 
-class _SpanHook:
+class SpanHook:
+    """Collects where *field* is encoded in each entity *match* accepts, in message order."""
+
     __slots__ = ("field", "match", "spans")
 
     def __init__(self, match: Callable[[type], bool], field: str) -> None:
@@ -434,7 +437,7 @@ def field_spans(
     The span covers the field's length prefix too.  Raises DecodeError like
     ``rewrite`` (malformed body, trailing bytes).
     """
-    hook = _SpanHook(match, field)
+    hook = SpanHook(match, field)
     walker = _Walker(frame, hook)
     try:
         end = walker.entity(plan_for(schema), offset, [])

@@ -1,1 +1,1 @@
-"""Sans-I/O relay logic: address rewriting, ApiVersions intersection, pipelining."""
+"""Sans-I/O relay logic: the per-connection relay (``relay``), address rewriting, ApiVersions."""

@@ -28,6 +28,12 @@ An entry with a negative node id (e.g. FindCoordinator's "no coordinator"
 answer, node -1 with an empty host) is left alone.  Everything else in the
 response, unknown tagged fields included, is preserved byte for byte (see
 ``protocol/walk.py``); when no endpoint is present the very same bytes object is returned.
+
+One rule (:func:`advertised`), two carriers: relayed responses are rewritten in
+their bytes (``rewrite_response``); a Fetch response the proxy encodes itself
+is rewritten as a decoded value before encoding (``rewrite_node_endpoints``),
+since its encoded form is a gather list whose records are views of the
+upstream frame, which a byte rewrite would have to copy.
 """
 
 from __future__ import annotations
@@ -74,6 +80,14 @@ def needs_rewrite(api_key: int, api_version: int) -> bool:
     return minimum is not None and api_version >= minimum
 
 
+def advertised(resolve: Resolver, node_id: int, host: str, port: int) -> tuple[str, int] | None:
+    """The address a client is told for a broker endpoint, or None to keep it as it is."""
+    if node_id < 0:
+        return None
+    address = resolve(node_id, host, port)
+    return None if address is None or address == (host, port) else address
+
+
 def is_endpoint(cls: type) -> bool:
     """Is *cls* an entity the proxy rewrites (a host and port that name a node)?"""
     names = {f.name for f in fields(cls)}
@@ -98,10 +112,10 @@ class _EndpointHook:
             return None
         host = walk.decode_string(buf, spans["host"], flexible) or ""
         port = walk.read_i32(buf, spans["port"])
-        advertised = self.resolve(node_id, host, port)
-        if advertised is None or advertised == (host, port):
+        address = advertised(self.resolve, node_id, host, port)
+        if address is None:
             return None
-        new_host, new_port = advertised
+        new_host, new_port = address
         h0, h1 = spans["host"]
         p0, p1 = spans["port"]
         if not h1 <= p0:  # every Kafka schema lists host before port
@@ -146,10 +160,9 @@ def rewrite_node_endpoints(response: Any, resolve: Resolver) -> Any:
     out = []
     changed = False
     for endpoint in endpoints:
-        node_id, host, port = int(endpoint.node_id), endpoint.host, int(endpoint.port)
-        advertised = resolve(node_id, host, port) if node_id >= 0 else None
-        if advertised is not None and advertised != (host, port):
-            endpoint = replace(endpoint, host=advertised[0], port=i32(advertised[1]))
+        address = advertised(resolve, int(endpoint.node_id), endpoint.host, int(endpoint.port))
+        if address is not None:
+            endpoint = replace(endpoint, host=address[0], port=i32(address[1]))
             changed = True
         out.append(endpoint)
     return replace(response, node_endpoints=tuple(out)) if changed else response

@@ -14,8 +14,8 @@ import structlog
 import trio
 
 from .. import config, logs
-from ..fetchpath import BUDGET_FLOOR, FetchPathConfig, InvalidFetchConfig, max_fetch_bytes
-from ..shaping.budget import MemoryBudget
+from ..config import FetchPathConfig, InvalidFetchConfig
+from ..shaping.budget import BUDGET_FLOOR, MemoryBudget, max_fetch_bytes
 from ..shaping.policy import overridden
 from .allocator import LARGE_BUFFER_BYTES, fix_mmap_threshold
 from .proxy import ListenError, Proxy

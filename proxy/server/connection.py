@@ -35,14 +35,14 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 import trio
 
 from ..protocol.errors import FrameTooLarge, ProtocolError
 from ..protocol.framing import FrameDecoder, Payload, frame_chunks
-from ..relay.pipeline import Relay
+from ..relay.relay import Relay
 
 if TYPE_CHECKING:
     from ..observe.traffic import TrafficMeter
@@ -58,10 +58,10 @@ DEFAULT_MAX_CLIENT_BUFFER_BYTES = 1024 * 1024
 log = structlog.get_logger("proxy.server")
 
 
-@runtime_checkable
-class BudgetedFetch(Protocol):
-    """A fetch handler that holds memory budget until its responses are written
-    (``proxy.fetchpath.FetchPathHandler``): the edge wakes it and says when it wrote."""
+class FetchEdge(Protocol):
+    """What the connection's Fetch path (``proxy.fetchpath.FetchPathHandler``) needs from the
+    edge: a fetch that waited for memory budget resumes in this connection's task, and the
+    grants of answered fetches are released once their responses are written."""
 
     def bind_waker(self, wake: Callable[[], None]) -> None: ...
 
@@ -92,6 +92,7 @@ class Connection:
         idle_timeout: float = 0.0,
         on_request: Callable[[int, int, int], None] | None = None,
         meter: TrafficMeter | None = None,
+        fetch_path: FetchEdge | None = None,
     ) -> None:
         self.client = client
         self.upstream = upstream
@@ -104,8 +105,8 @@ class Connection:
         self.meter = meter
         """Counts and times every frame on both legs (proxy.observe.traffic)."""
         self.outcome = _Outcome()
-        handler = relay.fetch_handler
-        self._budgeted = handler if isinstance(handler, BudgetedFetch) else None
+        self.fetch_path = fetch_path
+        """The relay's fetch handler, when it holds memory budget (None: it holds none)."""
         self._upstream_lock = trio.Lock()
         self._changed = trio.Event()
         self._out: list[Payload] = []
@@ -138,7 +139,7 @@ class Connection:
             nursery.start_soon(self._guard, self._client_loop, scope)
             nursery.start_soon(self._guard, self._upstream_loop, scope)
             nursery.start_soon(self._guard, self._writer_loop, scope)
-            if self._budgeted is not None:
+            if self.fetch_path is not None:
                 nursery.start_soon(self._guard, self._wake_loop, scope)
             if self.idle_timeout > 0:
                 nursery.start_soon(self._guard, self._idle_loop, scope)
@@ -152,8 +153,10 @@ class Connection:
             fields["buffered_bytes"] = self.buffered
         if self.outcome.error:
             fields["error"] = self.outcome.error
-        level = "warning" if reason in ("protocol_error", "internal_error") else "info"
-        getattr(log, level)("connection_closed", **fields)
+        if reason in ("protocol_error", "internal_error"):
+            log.warning("connection_closed", **fields)
+        else:
+            log.info("connection_closed", **fields)
         return reason
 
     def _finish(self, reason: str, error: str | None = None) -> None:
@@ -280,9 +283,9 @@ class Connection:
                 self._notify()
             if done is not None and self.meter is not None:
                 self.meter.client_written(done, trio.current_time())
-            if not self._out and self._budgeted is not None:
+            if not self._out and self.fetch_path is not None:
                 # Every response answered so far is written: its memory budget is free.
-                self._budgeted.written()
+                self.fetch_path.written()
 
     async def _wake_loop(self) -> None:
         """Fetches that waited outside this connection (the memory budget) resume here.
@@ -290,18 +293,18 @@ class Connection:
         The fetch handler (``proxy.fetchpath``) calls the waker from whichever task
         freed budget; the fetch itself continues in this connection's own task.
         """
-        handler = self._budgeted
-        assert handler is not None
+        fetch_path = self.fetch_path
+        assert fetch_path is not None
         wakeup = trio.Event()
 
         def wake() -> None:
             wakeup.set()
 
-        handler.bind_waker(wake)
+        fetch_path.bind_waker(wake)
         while True:
             await wakeup.wait()
             wakeup = trio.Event()
-            handler.resume()
+            fetch_path.resume()
             self._take_replies()
             await self._send_upstream()
 

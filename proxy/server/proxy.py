@@ -30,8 +30,8 @@ import trio
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 
-from ..config import ENV_PREFIX, HostPort, Settings
-from ..fetchpath import FetchPath, FetchPathConfig
+from ..config import ENV_PREFIX, FetchPathConfig, HostPort, Settings
+from ..fetchpath import FetchPath, FetchPathHandler
 from ..protocol import codec
 from ..protocol.apis import API_VERSIONS, METADATA
 from ..protocol.errors import ProtocolError
@@ -40,7 +40,7 @@ from ..protocol.messages import make, request_module
 from ..relay import rewrite
 from ..relay.addresses import AddressBook
 from ..relay.apiversions import kio_range
-from ..relay.pipeline import FetchHandler, FetchHandlerFactory, Relay
+from ..relay.relay import FetchHandler, FetchHandlerFactory, Relay
 from ..sessions.downstream import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
 from .upstream import client_ssl_context, open_upstream, server_ssl_context
@@ -224,7 +224,7 @@ class Proxy:
             )
             self.metrics_refreshers.append(self.fetch_path.refresh_gauges)
         if metrics is not None:
-            from ..observe.sessions import SessionGauges
+            from ..observe.session_snapshot import SessionGauges
 
             gauges = SessionGauges(metrics)
             self.metrics_refreshers.append(
@@ -383,6 +383,7 @@ class Proxy:
         client: trio.abc.Stream = stream
         upstream: trio.abc.Stream | None = None
         fetch_handler: FetchHandler | None = None
+        path_handler: FetchPathHandler | None = None
         conn: Connection | None = None
         try:
             if self.downstream_ssl is not None:
@@ -401,7 +402,7 @@ class Proxy:
                     self.fetch_path.sessions_for(node_id),
                     self.settings.max_fetch_session_partitions,
                 )
-                fetch_handler = self.fetch_path.handler(node_id)
+                fetch_handler = path_handler = self.fetch_path.handler(node_id)
             elif self.fetch_handler_factory is not None:
                 fetch_handler = self.fetch_handler_factory()
             relay = Relay(
@@ -418,6 +419,7 @@ class Proxy:
                 max_client_buffer_bytes=self.settings.max_client_buffer_bytes,
                 idle_timeout=self.settings.idle_timeout_seconds,
                 meter=self._meter(node_id),
+                fetch_path=path_handler,
             )
             self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
             drainable.quiet = _answered(relay, conn)
@@ -447,9 +449,8 @@ class Proxy:
                 if upstream is not None:
                     self.metrics.broker_connection_closed(node_id, cause)
                 self.metrics.connection_closed(cause)
-            close = getattr(fetch_handler, "close", None)
-            if close is not None:
-                close()  # gives back the memory budget this connection held
+            if path_handler is not None:
+                path_handler.close()  # gives back the memory budget this connection held
             if upstream is not None:
                 await trio.aclose_forcefully(upstream)
             await trio.aclose_forcefully(client)
@@ -465,7 +466,7 @@ class Proxy:
 
     def debug_sessions(self) -> dict[str, Any]:
         """The JSON of /debug/sessions: the live connections' upstream fetch sessions."""
-        from ..observe.sessions import SessionEntry, sessions_snapshot, upstream_session
+        from ..observe.session_snapshot import SessionEntry, sessions_snapshot, upstream_session
 
         entries = []
         for live in list(self.live.values()):

@@ -22,7 +22,8 @@ import structlog
 import trio
 
 from .. import config
-from ..fetchpath import FetchPath, FetchPathConfig, InvalidFetchConfig
+from ..config import FetchPathConfig, InvalidFetchConfig
+from ..fetchpath import FetchPath
 
 log = structlog.get_logger("proxy.server")
 

@@ -1,1 +1,10 @@
-"""KIP-227 incremental fetch sessions (broker side in ``broker.py``)."""
+"""KIP-227 incremental fetch sessions, in two halves.
+
+Downstream, the proxy as the broker toward its clients: ``downstream_cache``
+(the session cache, shared with the dev broker) and ``downstream`` (a client's
+fetch in, one sessionless full fetch out; the full response in, what the
+client gets out).  Upstream, the proxy as a session client toward its broker:
+``upstream_session`` (the session) and ``upstream`` (full fetches served
+through it, complete full responses synthesised).  ``proxy.fetchpath`` calls
+them in order.
+"""

@@ -1,32 +1,30 @@
-"""Serve any consumer's Fetch, with or without a fetch session, through the upstream session.
+"""The downstream side of fetch sessions: the proxy as the KIP-227 broker toward its clients.
 
-Toward the client the proxy is the broker: ``FetchSessionCache`` (the broker side
-of KIP-227, :mod:`proxy.sessions.broker`) checks the client's (session id,
-epoch), updates its session and says which partitions this fetch covers.
-Those partitions, as one sessionless full fetch, go to the ``FetchTranslator``
-of the upstream connection, whose complete answer is handed back to the
-session context, which picks what the client gets (all of it for a full fetch;
-for an incremental one, only partitions with records, a new high watermark or
-log start offset, an error, a preferred replica or a diverging epoch, with
-move-to-end rotation).  A client's session therefore never depends on the
-upstream session: an upstream reset is invisible to it.
+``FetchSessionCache`` (the broker side of KIP-227,
+:mod:`proxy.sessions.downstream_cache`) checks the client's (session id, epoch),
+updates its session and says which partitions this fetch covers.
+:meth:`DownstreamSessions.open` turns a client's fetch (with or without a
+session) into those partitions as one sessionless full fetch at the client's
+version; :meth:`DownstreamSessions.answer` turns the complete full response to
+it into what the client gets (all of it for a full fetch; for an incremental
+one, only partitions with records, a new high watermark or log start offset,
+an error, a preferred replica or a diverging epoch, with move-to-end
+rotation).  A client's session therefore never depends on the upstream
+session: an upstream reset is invisible to it.
 
 Session errors (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH,
 FETCH_SESSION_TOPIC_ID_ERROR) are answered at once without going upstream,
 as a broker answers them.  Sessionless fetches (epoch -1, or Fetch v4-v6) go
 through the same path and come back unchanged.
 
-Usage mirrors the translator::
+Values in, values out::
 
-    step = server.begin(request)           # -> UpstreamFetch | ClientReply
-    while isinstance(step, UpstreamFetch):
-        step = server.complete(upstream_response_to(step.request))
-    reply with step.response
+    opened = downstream.open(client_request)   # -> DownstreamFetch | ClientReply
+    full = (the complete full response to opened.request, from upstream)
+    reply with downstream.answer(opened, full)
 
-A ``FetchStage`` given to ``begin`` sits between the two sides (fetch shaping,
-:mod:`proxy.fetchpath`): it sees the sessionless full fetch before the
-translator does and the complete full response before the client's session
-picks from it, so it always works on full fetches whatever the client speaks.
+Whatever sits between the two calls (fetch shaping, the upstream session:
+:mod:`proxy.fetchpath`) always works on full fetches, whatever the client speaks.
 """
 
 from __future__ import annotations
@@ -35,13 +33,13 @@ import uuid
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from ..protocol.apis import FETCH
 from ..protocol.messages import make, request_module, response_module
-from .broker import (
+from .downstream_cache import (
     FetchContext,
     FetchSessionCache,
     FullFetchContext,
@@ -53,15 +51,14 @@ from .broker import (
     TopicIdPartition,
     outcome_of_kio_partition,
 )
-from .translate import (
+from .topic_ids import TopicIdMap
+from .upstream import (
     FIRST_TOPIC_ID_VERSION,
     MIN_CLIENT_VERSION,
     ClientReply,
-    FetchTranslator,
     TranslationError,
-    UpstreamFetch,
-    _group,
-    _replica_id,
+    group_runs,
+    replica_id,
 )
 
 DEFAULT_MAX_SESSION_PARTITIONS = 10_000
@@ -71,7 +68,7 @@ _partition_limits: weakref.WeakKeyDictionary[FetchSessionCache, int] = weakref.W
 
 
 def limit_session_partitions(cache: FetchSessionCache, limit: int) -> None:
-    """Sessions of *cache* hold at most *limit* partitions (see ``SessionFetchServer``).
+    """Sessions of *cache* hold at most *limit* partitions (see ``DownstreamSessions``).
 
     Kept beside the cache rather than in it: ``FetchSessionCache`` models Kafka's,
     which the dev broker shares and which has no such limit.
@@ -85,44 +82,35 @@ def session_partition_limit(cache: FetchSessionCache) -> int:
     return _partition_limits.get(cache, DEFAULT_MAX_SESSION_PARTITIONS)
 
 
-class FetchStage(Protocol):
-    """Transforms one client fetch on its way up and its full response on the way down."""
+@dataclass(frozen=True, slots=True)
+class DownstreamFetch:
+    """A client's fetch opened against its session (see :meth:`DownstreamSessions.open`)."""
 
-    def prepare(self, request: Any) -> Any:
-        """The sessionless full fetch (client's version) -> the one to serve upstream."""
-
-    def finish(self, response: Any) -> Any:
-        """The complete full response to ``prepare``'s request -> what the client gets."""
-
-
-@dataclass(slots=True)
-class _Pending:
     request: Any
+    """The partitions this fetch covers, as one sessionless full fetch at the client's version."""
+    version: int
     context: FetchContext
     by_ref: dict[tuple[str | uuid.UUID | None, int], TopicIdPartition]
-    stage: FetchStage | None = None
 
 
-class SessionFetchServer:
-    """The broker side of fetch sessions toward one client connection, fed by a translator."""
+class DownstreamSessions:
+    """The broker side of fetch sessions toward one client connection."""
 
-    def __init__(self, sessions: FetchSessionCache, translator: FetchTranslator) -> None:
+    def __init__(self, sessions: FetchSessionCache, topic_ids: TopicIdMap) -> None:
         self.sessions = sessions
-        self.translator = translator
-        self._pending: _Pending | None = None
+        self.topic_ids = topic_ids
         self.refused_sessions = 0
         """Sessions refused or closed for holding more partitions than the limit."""
 
-    def begin(self, request: Any, stage: FetchStage | None = None) -> UpstreamFetch | ClientReply:
-        if self._pending is not None:
-            raise TranslationError("a client fetch is already being served on this connection")
+    def open(self, request: Any) -> DownstreamFetch | ClientReply:
+        """The client's fetch as a sessionless full fetch, or the session error to answer."""
         version = int(request.__version__)
         if int(request.__api_key__) != FETCH or version < MIN_CLIENT_VERSION:
             raise TranslationError("not a Fetch v4+ request")
-        if _replica_id(request) >= 0:
+        if replica_id(request) >= 0:
             raise TranslationError("follower fetches are not served by the proxy")
         on_ids = version >= FIRST_TOPIC_ID_VERSION
-        names = self.translator.topic_ids.names_by_id()
+        names = self.topic_ids.names_by_id()
 
         def tp(topic: Any, partition: int) -> TopicIdPartition:
             if on_ids:
@@ -161,15 +149,9 @@ class SessionFetchServer:
             return ClientReply(_response(version, result, None))
         effective = context.partitions()
         by_ref = {(_ref(t, on_ids), t.partition): t for t, _ in effective}
-        self._pending = _Pending(request, context, by_ref, stage)
-        try:
-            sessionless = _sessionless_request(request, effective, on_ids)
-            if stage is not None:
-                sessionless = stage.prepare(sessionless)
-            return self.translator.begin(sessionless)
-        except BaseException:
-            self._pending = None
-            raise
+        return DownstreamFetch(
+            _sessionless_request(request, effective, on_ids), version, context, by_ref
+        )
 
     def _within_limit(
         self, context: FetchContext, fetch_data: dict[TopicIdPartition, PartitionRequest]
@@ -194,41 +176,25 @@ class SessionFetchServer:
             return SessionlessFetchContext(dict(context.partitions()))
         return context
 
-    def complete(self, response: Any) -> UpstreamFetch | ClientReply:
-        pending = self._pending
-        if pending is None:
-            raise TranslationError("no client fetch is being served")
-        step = self.translator.complete(response)
-        if isinstance(step, UpstreamFetch):
-            return step
-        self._pending = None
-        full = step.response
-        version = int(pending.request.__version__)
+    def answer(self, fetch: DownstreamFetch, full: Any) -> Any:
+        """What the client gets, from the complete full response to ``fetch.request``."""
         if int(getattr(full, "error_code", 0)) != 0:
             # The upstream kept failing: the client's session moved on, so it must reset.
-            return ClientReply(full)
-        if pending.stage is not None:
-            full = pending.stage.finish(full)
+            return full
         updates: dict[TopicIdPartition, Any] = {}
-        on_ids = version >= FIRST_TOPIC_ID_VERSION
+        on_ids = fetch.version >= FIRST_TOPIC_ID_VERSION
         for topic in full.responses:
             ref = topic.topic_id if on_ids else topic.topic
             for pd in topic.partitions:
-                updates[pending.by_ref[(ref, int(pd.partition_index))]] = pd
-        if not updates and pending.by_ref:
-            # Throttled (KIP-219): the translator answered with no partitions.
-            result: SessionResponse[Any] = pending.context.throttled_response()
+                updates[fetch.by_ref[(ref, int(pd.partition_index))]] = pd
+        if not updates and fetch.by_ref:
+            # Throttled (KIP-219): the upstream side answered with no partitions.
+            result: SessionResponse[Any] = fetch.context.throttled_response()
         else:
-            result = pending.context.update_and_generate_response_data(
+            result = fetch.context.update_and_generate_response_data(
                 updates, outcome_of_kio_partition
             )
-        return ClientReply(_response(version, result, full))
-
-    def abort(self) -> None:
-        """The upstream request failed; the client gets no answer on this connection."""
-        if self._pending is not None:
-            self._pending = None
-            self.translator.abort()
+        return _response(fetch.version, result, full)
 
 
 def _epoch_or_none(value: Any) -> int | None:
@@ -267,7 +233,7 @@ def _sessionless_request(
                 for t, req in items
             ),
         )
-        for ref, items in _group(effective, lambda item: _ref(item[0], on_ids))
+        for ref, items in group_runs(effective, lambda item: _ref(item[0], on_ids))
     )
     return make(
         mod.FetchRequest,
@@ -295,7 +261,7 @@ def _response(version: int, result: SessionResponse[Any], full: Any | None) -> A
             topic_id=ref,
             partitions=tuple(pd for _, pd in items),
         )
-        for ref, items in _group(result.partitions, lambda item: _ref(item[0], on_ids))
+        for ref, items in group_runs(result.partitions, lambda item: _ref(item[0], on_ids))
     )
     return make(
         mod.FetchResponse,

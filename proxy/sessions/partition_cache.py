@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .client import PartitionKey
+from .upstream_session import PartitionKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,11 @@ when a name has no id yet, ``missing_ids`` tells the relay which topics to ask
 the upstream broker about.
 
 Bounded: at most ``max_topics`` entries; the least recently learnt go first.
+
+:class:`TopicIdRequests` decides when a connection asks upstream Metadata
+(v10+) for the ids of names a client fetches: at most one request in flight
+and each name at most once per ``retry_fetches`` fetches (a topic that does
+not exist never gets an id).
 """
 
 from __future__ import annotations
@@ -16,7 +21,14 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from ..protocol import codec
+from ..protocol.apis import METADATA
+from ..protocol.errors import DecodeError
+from ..protocol.messages import request_module
+
 ZERO_UUID = uuid.UUID(int=0)
+MIN_METADATA_WITH_IDS = 10
+MAX_METADATA_VERSION = 12
 
 
 class TopicIdMap:
@@ -85,3 +97,61 @@ class TopicIdMap:
             if name not in self._by_name:
                 out[name] = None
         return list(out)
+
+
+def learn_from_frame(topic_ids: TopicIdMap, api_version: int, frame: bytes) -> None:
+    """Learn from a Metadata response frame (v10+; one that does not decode teaches nothing)."""
+    if api_version < MIN_METADATA_WITH_IDS:
+        return
+    try:
+        _, response = codec.decode_response(METADATA, api_version, frame)
+    except DecodeError:
+        return  # not ours to judge: the client gets the frame as it came
+    topic_ids.learn_metadata(response)
+
+
+class TopicIdRequests:
+    """The Metadata requests one connection sends upstream to learn topic ids."""
+
+    def __init__(
+        self, topic_ids: TopicIdMap, *, retry_fetches: int = 100, max_names: int = 10_000
+    ) -> None:
+        self.topic_ids = topic_ids
+        self.retry_fetches = retry_fetches
+        self.max_names = max_names
+        self.in_flight = False
+        self._asked: dict[str, int] = {}
+
+    def request(
+        self, names: tuple[str, ...], *, fetch_number: int, upstream_max_version: int | None
+    ) -> Any | None:
+        """A MetadataRequest for the *names* that are due, or None (nothing to ask now)."""
+        if not names or self.in_flight:
+            return None
+        due = [
+            n
+            for n in names
+            if fetch_number - self._asked.get(n, -self.retry_fetches) >= self.retry_fetches
+        ]
+        if not due:
+            return None
+        version = min(upstream_max_version or MAX_METADATA_VERSION, MAX_METADATA_VERSION)
+        if version < MIN_METADATA_WITH_IDS:
+            return None  # this upstream cannot tell us topic ids
+        for n in due:
+            self._asked.pop(n, None)
+            self._asked[n] = fetch_number
+        while len(self._asked) > self.max_names:
+            del self._asked[next(iter(self._asked))]
+        mod = request_module(METADATA, version)
+        self.in_flight = True
+        return mod.MetadataRequest(
+            topics=tuple(mod.MetadataRequestTopic(topic_id=None, name=n) for n in due),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
+
+    def answered(self, api_version: int, frame: bytes) -> None:
+        """The response to the last ``request`` arrived."""
+        self.in_flight = False
+        learn_from_frame(self.topic_ids, api_version, frame)

@@ -15,7 +15,7 @@ Modules, one per feature:
 - :mod:`.rotation`: upstream round-robin order and serve-order rotation with a
   starvation measure.
 - :mod:`.buffer`: the per-connection reuse buffer of trimmed-away batches.
-- :mod:`.budget`: the proxy-wide memory budget (KIP-81's buffer.memory).
+- :mod:`.budget`: the proxy-wide memory budget (KIP-81's buffer.memory) and admission to it.
 - :mod:`.decision`: the per-response decision record for logs and metrics.
-- :mod:`.shaper`: the per-connection composition the relay calls.
+- :mod:`.shaper`: the per-connection composition the fetch path calls.
 """

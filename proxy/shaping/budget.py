@@ -31,11 +31,30 @@ single-threaded, so one at a time): a large frame is joined from the pieces
 it arrived in, and kio copies its records before they are pointed back into
 the frame.  ``set_working(nbytes)`` keeps that much of the capacity back from
 every reservation (set it to the largest fetch grant); it counts as used.
+
+Admission: :class:`FetchAdmission` decides whether a client fetch may start
+(its grant, sized by the fetch's max_bytes, the policy's response cap and the
+per-fetch share of the budget) and keeps the FIFO of connections whose fetch
+had to wait.  Each release of budget wakes the oldest waiters, as many as the
+headroom could serve; a woken fetch that still finds no room goes back to the
+front (``wait(..., retry=True)``).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections import deque
 from collections.abc import Callable
+from typing import Protocol
+
+UNLIMITED_BUDGET = 2**62
+"""The budget's capacity when none is configured (accounting only)."""
+BUDGET_FLOOR = 1_048_588
+"""Least bytes a fetch is granted (Kafka's default message.max.bytes, so the broker's
+one-batch progress exemption stays inside a grant)."""
+FETCH_SHARE = 16
+"""With a budget, one fetch is granted at most 1/FETCH_SHARE of it (never below the floor),
+so a few long polls waiting upstream cannot hold the whole budget while other fetches wait."""
 
 
 class Reservation:
@@ -204,3 +223,85 @@ class MemoryBudget:
     def _notify(self) -> None:
         for callback in list(self._listeners):
             callback()
+
+
+def max_fetch_bytes(budget: MemoryBudget) -> int:
+    """The most one fetch is granted under a configured budget."""
+    return max(budget.floor, budget.capacity // FETCH_SHARE)
+
+
+class Waiter(Protocol):
+    """A connection whose fetch waits for budget; ``wake()`` (sync, no I/O) lets it retry."""
+
+    def wake(self) -> None: ...
+
+
+class FetchAdmission:
+    """Admits client fetches to a :class:`MemoryBudget`, first come first served."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.budget = MemoryBudget(UNLIMITED_BUDGET)
+        self.limited = False
+        """A budget is configured (else the budget only accounts)."""
+        self.waits = 0
+        """Fetches that had to wait for budget (each counted once)."""
+        self._waiters: deque[Waiter] = deque()
+        self.configure(capacity)
+        self.budget.add_listener(self._released)
+
+    def configure(self, capacity: int | None) -> None:
+        """Set the budget's capacity (None: unlimited), its floor and its working copy."""
+        budget = self.budget
+        self.limited = capacity is not None
+        budget.capacity = capacity or UNLIMITED_BUDGET
+        budget.floor = min(BUDGET_FLOOR, budget.capacity)
+        # The working copy of one response (see the module docstring) is at most one
+        # fetch's grant; it is kept back only when there is a budget to keep it from.
+        working = max_fetch_bytes(budget) if self.limited else 0
+        budget.set_working(min(working, budget.capacity - budget.floor))
+
+    def fetch_bytes(self, max_bytes: int, max_response_bytes: int | None) -> int:
+        """What a fetch asking for *max_bytes* under a policy cap asks the budget for."""
+        requested = max_bytes
+        if max_response_bytes is not None:
+            requested = min(requested, max_response_bytes)
+        if self.limited:
+            requested = min(requested, max_fetch_bytes(self.budget))
+        return max(requested, 0)
+
+    def try_admit(self, nbytes: int) -> Reservation | None:
+        """The grant for a fetch of *nbytes* (``fetch_bytes``), or None: it must wait."""
+        return self.budget.acquire_fetch(nbytes)
+
+    def wait(self, waiter: Waiter, *, retry: bool) -> None:
+        """Queue *waiter* to be woken when budget is released (once, however often asked).
+
+        *retry*: a woken fetch that still found no room: it goes back to the front,
+        and is not counted again in ``waits``.
+        """
+        if waiter in self._waiters:
+            return
+        if not retry:
+            self.waits += 1
+        if retry:
+            self._waiters.appendleft(waiter)
+        else:
+            self._waiters.append(waiter)
+
+    def leave(self, waiter: Waiter) -> None:
+        """*waiter* no longer waits (it was admitted, or its connection closed)."""
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+
+    def waiting(self, waiter: Waiter) -> bool:
+        return waiter in self._waiters
+
+    def wake_waiters(self) -> None:
+        """Room may have appeared (e.g. a reload): let waiting fetches try again."""
+        self._released()
+
+    def _released(self) -> None:
+        wake = max(1, self.budget.headroom // self.budget.floor)
+        while self._waiters and wake > 0:
+            self._waiters.popleft().wake()
+            wake -= 1

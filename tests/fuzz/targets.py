@@ -34,14 +34,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from proxy.fetchpath import FetchPath, FetchPathConfig
+from proxy.config import FetchPathConfig
+from proxy.fetchpath import FetchPath
 from proxy.protocol import codec, records
 from proxy.protocol.apis import API_VERSIONS, PRODUCE
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import FrameDecoder
-from proxy.relay import apiversions, pipeline, rewrite
+from proxy.relay import apiversions, rewrite
 from proxy.relay.addresses import AddressBook
-from proxy.sessions import broker, client
+from proxy.relay.relay import Relay, _sasl_v0_mechanism, produce_acks
+from proxy.sessions import downstream_cache, upstream_session
 
 from . import corpus
 
@@ -237,8 +239,8 @@ def request(data: bytes) -> None:
     header = codec.parse_request_header(data)
     if header.body_offset is not None:
         assert 8 <= header.body_offset <= len(data), "body offset outside the frame"
-    acks = pipeline.produce_acks(header, data) if header.api_key == PRODUCE else None
-    pipeline._sasl_v0_mechanism(header, data)
+    acks = produce_acks(header, data) if header.api_key == PRODUCE else None
+    _sasl_v0_mechanism(header, data)
     if (
         header.body_offset is None
         or codec.request_schema(header.api_key, header.api_version) is None
@@ -346,7 +348,7 @@ def relay(data: bytes) -> None:
     path = FetchPath(config)
     handler = path.handler(1)
     book = AddressBook("proxy.local", lambda node: 9093 + node % 1000, lambda node, port: port)
-    relay = pipeline.Relay(book.resolve, fetch_handler=handler, max_in_flight=8)
+    relay = Relay(book.resolve, fetch_handler=handler, max_in_flight=8)
     pos = 1
     try:
         while pos + 3 <= len(data):
@@ -379,13 +381,13 @@ def relay(data: bytes) -> None:
 
 _IDS = [uuid.UUID(int=i + 1) for i in range(3)]
 _UNIVERSE = [
-    broker.TopicIdPartition(topic_id, name, p)
+    downstream_cache.TopicIdPartition(topic_id, name, p)
     for topic_id, name in ((None, "a"), (None, "b"), (_IDS[0], "a"), (_IDS[1], None))
     for p in range(3)
 ]
 
 
-def _tps(r: Reader, on_ids: bool) -> list[broker.TopicIdPartition]:
+def _tps(r: Reader, on_ids: bool) -> list[downstream_cache.TopicIdPartition]:
     mask = r.u16()
     return [
         tp
@@ -394,8 +396,8 @@ def _tps(r: Reader, on_ids: bool) -> list[broker.TopicIdPartition]:
     ]
 
 
-def _outcome(r: Reader) -> broker.PartitionOutcome:
-    return broker.PartitionOutcome(
+def _outcome(r: Reader) -> downstream_cache.PartitionOutcome:
+    return downstream_cache.PartitionOutcome(
         error_code=r.pick([0, 0, 0, 1, 6]),
         high_watermark=r.pick([-1, 0, 10, 11, 2**63 - 1]),
         log_start_offset=r.pick([-1, 0, 5]),
@@ -405,7 +407,7 @@ def _outcome(r: Reader) -> broker.PartitionOutcome:
     )
 
 
-def _check_cache(cache: broker.FetchSessionCache) -> None:
+def _check_cache(cache: downstream_cache.FetchSessionCache) -> None:
     sessions = cache.sessions()
     assert len(sessions) <= cache.max_slots, "more sessions than slots"
     assert cache.num_partitions == sum(s.cached_size for s in sessions), "partition count drifted"
@@ -419,14 +421,14 @@ def session_broker(data: bytes) -> None:
     """FetchSessionCache (the proxy toward session-using clients) under any request sequence."""
     r = Reader(data)
     now = [0.0]
-    cache = broker.FetchSessionCache(
+    cache = downstream_cache.FetchSessionCache(
         max_slots=1 + r.u8() % 3,
         eviction_ms=r.pick([0, 1000, 120_000]),
         clock=lambda: now[0],
         rng=random.Random(r.u8()),
     )
     names = {_IDS[0]: "a", _IDS[2]: "c"}
-    open_contexts: list[broker.FetchContext] = []
+    open_contexts: list[downstream_cache.FetchContext] = []
     while r.left:
         op = r.u8() % 4
         if op == 0:
@@ -443,7 +445,7 @@ def session_broker(data: bytes) -> None:
                 session_id,
                 epoch,
                 bool(r.u8() & 1),
-                {tp: broker.PartitionRequest(r.u8(), 1000) for tp in _tps(r, on_ids)},
+                {tp: downstream_cache.PartitionRequest(r.u8(), 1000) for tp in _tps(r, on_ids)},
                 _tps(r, on_ids),
                 names,
             )
@@ -455,7 +457,7 @@ def session_broker(data: bytes) -> None:
             parts = context.partitions()
             for tp, _ in parts:
                 assert context.get_fetch_offset(tp) is not None or isinstance(
-                    context, broker.SessionErrorContext
+                    context, downstream_cache.SessionErrorContext
                 )
             if r.u8() % 5 == 0:
                 context.throttled_response()
@@ -468,14 +470,14 @@ def session_broker(data: bytes) -> None:
 
 # -- the proxy as a session client upstream ------------------------------------------------------
 
-_KEYS_BY_NAME = [client.PartitionKey(t, p) for t in ("a", "b") for p in range(3)]
-_KEYS_BY_ID = [client.PartitionKey(t, p) for t in _IDS[:2] for p in range(3)]
+_KEYS_BY_NAME = [upstream_session.PartitionKey(t, p) for t in ("a", "b") for p in range(3)]
+_KEYS_BY_ID = [upstream_session.PartitionKey(t, p) for t in _IDS[:2] for p in range(3)]
 
 
 def session_client(data: bytes) -> None:
     """FetchSessionClient under any sequence of wanted partitions and upstream responses."""
     r = Reader(data)
-    session = client.FetchSessionClient(sessionless_backoff=r.u8() % 3)
+    session = upstream_session.FetchSessionClient(sessionless_backoff=r.u8() % 3)
     while r.left:
         op = r.u8() % 4
         if session.in_flight is None and op < 2:
@@ -483,7 +485,9 @@ def session_client(data: bytes) -> None:
             keys = _KEYS_BY_ID if on_ids else _KEYS_BY_NAME
             mask = r.u8()
             wanted = {
-                k: client.FetchParams(r.u8() % 3, 1000) for i, k in enumerate(keys) if mask >> i & 1
+                k: upstream_session.FetchParams(r.u8() % 3, 1000)
+                for i, k in enumerate(keys)
+                if mask >> i & 1
             }
             req = session.build(wanted, uses_topic_ids=on_ids, supports_sessions=bool(r.u8() % 4))
             assert set(req.session_partitions) == set(wanted), "session differs from wanted"
@@ -507,7 +511,9 @@ def session_client(data: bytes) -> None:
             )
             nxt = session.next_metadata
             if error == 70:
-                assert nxt == client.INITIAL, "session not found must restart from scratch"
+                assert nxt == upstream_session.INITIAL, (
+                    "session not found must restart from scratch"
+                )
             elif error:
                 assert nxt.epoch == 0 and not outcome.ok, "an error must force a full fetch"
         elif session.in_flight is not None:

@@ -41,7 +41,8 @@ from typing import Any
 
 import pytest
 from support import verifier
-from support.kafka import KafkaCluster, free_port
+from support.kafka import KafkaCluster
+from support.loopback import free_port
 from support.procs import CLI, REPO, read_lines
 from support.rawclient import PeerClosed, RawClient, make_request
 from support.stack import ProxyStack

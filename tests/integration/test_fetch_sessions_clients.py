@@ -1,5 +1,5 @@
-"""Real clients through the proxy's default Fetch path (issue 4), on the dev cluster and on
-real Apache Kafka.
+"""Real clients through the proxy's default Fetch path, on the dev cluster and on real
+Apache Kafka.
 
 The proxy runs exactly as ``kafka-fetch-proxy run`` builds it (``Proxy(settings)``:
 upstream fetch sessions and shaping on every connection).  librdkafka
@@ -23,11 +23,12 @@ it; 1 or 2 slots would mean no sessions at all), and each must still get every
 record once, while the proxy falls back to sessionless upstream fetches for those
 refused.
 
-Also the issue's measurement, on both backends: an idle librdkafka consumer of
-1,000 partitions moves at least 20x fewer upstream bytes per fetch round through
-the proxy than connected directly (every byte on the proxy's upstream sockets,
-and for the direct case every byte librdkafka itself counts on its broker
-sockets, each divided by the Fetch requests sent in the same window).
+Also the saving upstream fetch sessions are for, on both backends: an idle
+librdkafka consumer of 1,000 partitions moves at least 20x fewer upstream bytes
+per fetch round through the proxy than connected directly (every byte on the
+proxy's upstream sockets, and for the direct case every byte librdkafka itself
+counts on its broker sockets, each divided by the Fetch requests sent in the
+same window).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fleet report over decision logs captured from real proxy runs (issue 7).
+"""The fleet report over decision logs captured from real proxy runs.
 
 Two proxy processes (two "pods") shape the fetches of real confluent-kafka
 consumers under tight limits and write decision logs; the Spark job reads both

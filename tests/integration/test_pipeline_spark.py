@@ -1,4 +1,4 @@
-"""Spark reads real Kafka through a running proxy with tight record limits (issue 11).
+"""Spark reads real Kafka through a running proxy with tight record limits.
 
 Real processes: Apache Kafka (the session ``kafka`` fixture) and ``kafka-fetch-proxy run
 --max-records 40 --max-partition-records 15`` in front of it.  A known data set (3000

@@ -1,9 +1,9 @@
 """Real Prometheus scrapes the proxy's real /metrics endpoint (observe.http) on loopback.
 
-This checks the test helper in tests/support_prometheus.py and that the
+This checks the test helper in tests/support/prometheus.py and that the
 exposition is something Prometheus ingests: names, labels, histograms, values
-that change between scrapes.  The full proxy-under-load scrape test (issue 6's
-"done when") builds on the same helper once the relay runs.
+that change between scrapes.  The scrape of a running proxy under client load
+(test_prometheus_proxy.py) builds on the same helper.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 from prometheus_client import CollectorRegistry
-from support_prometheus import PrometheusServer, run_prometheus
+from support.prometheus import PrometheusServer, run_prometheus
 
 from proxy.observe.http import ObserveApp, Readiness, serve_http
 from proxy.observe.labels import CloseCause, Direction

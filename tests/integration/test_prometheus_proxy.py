@@ -5,7 +5,7 @@ run`` with ``--metrics-listen``), with a record limit, the decision log and
 /debug/sessions on, in front of ``kafka-devbroker`` or of real Kafka
 (``upstream`` is parametrised over ``BACKENDS``); confluent-kafka
 produces and consumes through it; Prometheus (Debian's binary,
-tests/support_prometheus.py) scrapes it every second, and the assertions go
+tests/support/prometheus.py) scrapes it every second, and the assertions go
 through Prometheus's HTTP query API:
 
 - connections, upstream reachability, build info;
@@ -36,8 +36,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 from support.backends import BACKENDS, upstream_for
+from support.loopback import free_port
 from support.procs import devbroker
-from support_prometheus import PrometheusServer, free_port, run_prometheus
+from support.prometheus import PrometheusServer, run_prometheus
 
 from proxy.observe import healthcheck
 

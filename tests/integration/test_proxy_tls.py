@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import trio
+from support import loopback
 from support.backends import BACKENDS, upstream_for
 from support.kafka import KafkaCluster
 
@@ -61,17 +62,13 @@ def make_certs(tmp: Path) -> dict[str, str]:
 
 
 def settings(upstream: str, **extra: Any) -> config.Settings:
-    return config.validate(
-        {
-            "upstream": [upstream],
-            "listen": "127.0.0.1:0",
-            "broker_port_base": 0,
-            "connect_timeout_seconds": 5,
-            "retry_backoff_initial_seconds": 0.05,
-            "retry_backoff_max_seconds": 0.2,
-            **extra,
-        }
-    )
+    """Loopback settings with more time to connect (TLS handshakes, real Kafka)."""
+    timeouts = {
+        "connect_timeout_seconds": 5,
+        "retry_backoff_initial_seconds": 0.05,
+        "retry_backoff_max_seconds": 0.2,
+    }
+    return loopback.settings(upstream, **{**timeouts, **extra})
 
 
 async def kcat(*args: str, stdin: bytes | None = None) -> str:

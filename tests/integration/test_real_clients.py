@@ -1,4 +1,4 @@
-"""Real Java, franz-go and sarama clients through the proxy against real Kafka (issue 11).
+"""Real Java, franz-go and sarama clients through the proxy against real Kafka.
 
 The programs in tests/clients/ (built by ``tests/clients/build``) produce through the proxy
 (acks=all, idempotent) to a fresh topic, then consume with ``assign`` and in a group
@@ -34,7 +34,7 @@ from support.kafka import KafkaCluster
 from support.stack import ProxyStack
 
 from proxy.protocol import codec
-from proxy.relay.pipeline import ClientRequest, Upstream
+from proxy.relay.relay import ClientRequest, Upstream
 from proxy.server.proxy import Proxy
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Fair partition rotation with real clients (issue 5): the proxy vs the same clients directly.
+"""Fair partition rotation with real clients: the proxy vs the same clients directly.
 
 Eight partitions on one broker: two are produced 50x faster than the other
 six.  Each client (confluent-kafka, aiokafka, kafka-python) consumes every

@@ -11,7 +11,7 @@ from devbroker.node import NodeDispatcher
 from devbroker.outcome import Close, NoReply, Outcome, Reply, Wait
 from devbroker.state import ClusterState
 from proxy.protocol import codec
-from proxy.sessions.broker import FetchSessionCache
+from proxy.sessions.downstream_cache import FetchSessionCache
 
 
 class Harness:

@@ -40,7 +40,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -48,6 +47,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .loopback import free_port
 
 VERSIONS = {"4": "kafka-4", "3.9": "kafka-3.9"}
 """Broker lines the tests can run: key -> artifact set in tests/jvm/."""
@@ -104,12 +105,6 @@ def jar_version(lib: Path, artifact: str) -> str:
         if m:
             return m.group(1)
     raise SetupError(f"no {artifact} jar in {lib}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _log_config(lib: Path, node_dir: Path) -> list[str]:
@@ -405,7 +400,6 @@ class KafkaCluster:
             request_timeout=timeout,
         )
         futures[name].result(timeout=timeout)
-        self._wait_leaders(name, partitions, timeout)
         self._wait_served(name, partitions, timeout)
         return name
 
@@ -457,46 +451,38 @@ class KafkaCluster:
         for future in futures.values():
             future.result(timeout=timeout)
 
-    def _wait_leaders(self, topic: str, partitions: int, timeout: float) -> None:
+    def _wait_served(self, topic: str, partitions: int, timeout: float) -> None:
+        """Until Metadata lists a leader for every partition and that leader answers for it.
+
+        Kafka lists a new topic's leaders in Metadata a moment before the leader's
+        replica manager has made the partition: a Produce then fails with
+        NOT_LEADER_OR_FOLLOWER and a non-idempotent producer's retry reorders its
+        batches.  So the leaders must also answer ListOffsets for every partition.
+        (The dev cluster serves a topic as soon as it exists.)
+        """
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        admin = self._admin()
+        latest = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
         deadline = time.monotonic() + timeout
+        last: Exception | None = None
         while time.monotonic() < deadline:
-            meta = self._admin().list_topics(topic, timeout=5).topics.get(topic)
+            meta = admin.list_topics(topic, timeout=5).topics.get(topic)
             if (
                 meta is not None
                 and meta.error is None
                 and len(meta.partitions) == partitions
                 and all(p.leader >= 0 for p in meta.partitions.values())
             ):
-                return
+                try:
+                    for future in admin.list_offsets(latest, request_timeout=10).values():
+                        future.result(timeout=10)
+                    return
+                except Exception as exc:  # a leader that does not serve the partition yet
+                    last = exc
             time.sleep(0.1)
-        raise TimeoutError(f"topic {topic} has no leaders after {timeout:.0f} s")
-
-    def _wait_served(self, topic: str, partitions: int, timeout: float) -> None:
-        """Until every partition's leader answers for it (ListOffsets).
-
-        Kafka lists a new topic's leaders in Metadata a moment before the leader's
-        replica manager has made the partition: a Produce then fails with
-        NOT_LEADER_OR_FOLLOWER and a non-idempotent producer's retry reorders its
-        batches.  (The dev cluster serves a topic as soon as it exists.)
-        """
-        from confluent_kafka import TopicPartition
-        from confluent_kafka.admin import OffsetSpec
-
-        admin = self._admin()
-        deadline = time.monotonic() + timeout
-        while True:
-            futures = admin.list_offsets(
-                {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
-                request_timeout=10,
-            )
-            try:
-                for future in futures.values():
-                    future.result(timeout=timeout)
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        raise TimeoutError(f"topic {topic} not served after {timeout:.0f} s ({last})")
 
     def _admin(self, timeout: float = 10.0) -> Any:
         from confluent_kafka.admin import AdminClient

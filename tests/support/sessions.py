@@ -139,8 +139,8 @@ class SessionStack(ProxyStack):
         def collect() -> dict[str, int]:
             total: dict[str, int] = defaultdict(int)
             for h in self.handlers:
-                if h.server is not None:
-                    s = h.server.translator.stats
+                if h.translator is not None:
+                    s = h.translator.stats
                     total["full"] += s.full_requests
                     total["incremental"] += s.incremental_requests
                     total["resends"] += s.resends

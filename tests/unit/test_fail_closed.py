@@ -28,7 +28,8 @@ from kio.static.constants import EntityType
 
 from proxy.protocol import codec
 from proxy.protocol.errors import ProtocolError
-from proxy.relay import apiversions, endpoints, pipeline, rewrite
+from proxy.relay import apiversions, endpoints, rewrite
+from proxy.relay.relay import Relay
 
 PROXY = ("proxy.test", 4321)
 UPSTREAM = ("broker.internal", 19092)
@@ -194,7 +195,7 @@ def test_every_address_bearing_version_is_rewritten_or_never_offered(
         assert offered, "rewritten, so it should be offered"
         return
     assert not offered, f"api_key={api_key} v{version} leaks broker addresses"
-    relay = pipeline.Relay(_to_proxy)
+    relay = Relay(_to_proxy)
     with pytest.raises(ProtocolError):
         relay.client_frame(codec.encode_request(_instance(_request(api_key, version)), 1, "c"))
     assert relay.take_upstream() == []

@@ -11,8 +11,8 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from proxy.protocol import codec
+from proxy.protocol.fetch_views import decode_fetch_response, records_as_views
 from proxy.protocol.messages import make
-from proxy.sessions.handler import _records_as_views
 
 
 def _response(version: int) -> Any:
@@ -55,7 +55,7 @@ def _response(version: int) -> Any:
 def test_records_become_views_of_the_frame(version: int) -> None:
     frame = codec.encode_response(_response(version), 7)
     _, decoded = codec.decode_response(1, version, frame)
-    viewed = _records_as_views(decoded, version, frame)
+    viewed = records_as_views(decoded, version, frame)
     assert viewed == decoded  # same message
     for topic in viewed.responses:
         for pd in topic.partitions:
@@ -64,10 +64,22 @@ def test_records_become_views_of_the_frame(version: int) -> None:
     assert codec.encode_response(viewed, 7) == frame
 
 
+@pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17, 18])
+def test_decoding_points_records_into_the_frame_from_the_check_walk(version: int) -> None:
+    frame = codec.encode_response(_response(version), 7)
+    decoded = decode_fetch_response(version, frame)
+    assert decoded == codec.decode_response(1, version, frame)[1]
+    for topic in decoded.responses:
+        for pd in topic.partitions:
+            if pd.records:
+                assert isinstance(pd.records, memoryview) and pd.records.obj is frame
+    assert codec.encode_response(decoded, 7) == frame
+
+
 def test_a_frame_the_walk_cannot_follow_keeps_kio_copies() -> None:
     frame = codec.encode_response(_response(12), 7)
     _, decoded = codec.decode_response(1, 12, frame + b"\x00")  # trailing byte: kio ignores it
-    assert _records_as_views(decoded, 12, frame + b"\x00") is decoded
+    assert records_as_views(decoded, 12, frame + b"\x00") is decoded
 
 
 @pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17, 18])
@@ -75,7 +87,7 @@ def test_a_frame_the_walk_cannot_follow_keeps_kio_copies() -> None:
 def test_gathered_reply_references_the_upstream_records(version: int, copy_below: int) -> None:
     upstream = codec.encode_response(_response(version), 7)
     _, decoded = codec.decode_response(1, version, upstream)
-    viewed = _records_as_views(decoded, version, upstream)
+    viewed = records_as_views(decoded, version, upstream)
     reply = codec.encode_response_gathered(viewed, 99, copy_below=copy_below)
     assert reply.join() == codec.encode_response(viewed, 99)
     assert len(reply) == len(reply.join())

@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 import pytest
-from test_session_translate_devbroker import batch, client_fetch
+from support.dev_upstream import batch, client_fetch
 
 from devbroker.fetch import NodeFetcher
 from devbroker.membership import GroupCoordinator
@@ -19,13 +19,14 @@ from devbroker.node import NodeDispatcher
 from devbroker.outcome import Reply, Wait
 from devbroker.state import ClusterState
 from proxy import config
-from proxy.fetchpath import FetchPath, FetchPathConfig, FetchPathHandler, InvalidFetchConfig
+from proxy.config import FetchPathConfig, InvalidFetchConfig
+from proxy.fetchpath import FetchPath, FetchPathHandler
 from proxy.observe.metrics import PREFIX, Metrics
 from proxy.protocol import codec
 from proxy.protocol.framing import payload_bytes
 from proxy.protocol.records import iter_batches
-from proxy.relay.pipeline import Relay
-from proxy.sessions.broker import FetchSessionCache
+from proxy.relay.relay import Relay
+from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.shaping.limits import Limits
 from proxy.shaping.policy import Policy
 

@@ -24,7 +24,8 @@ from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from proxy.protocol import codec
 from proxy.protocol.errors import DecodeError, ProtocolError
-from proxy.relay import apiversions, endpoints, pipeline, rewrite
+from proxy.relay import apiversions, endpoints, rewrite
+from proxy.relay.relay import PassThroughFetch, Relay, produce_acks
 from proxy.sessions.topic_ids import TopicIdMap
 
 ZERO = i32Timedelta.parse(datetime.timedelta(0))
@@ -236,7 +237,7 @@ def upstream_cid(frame: bytes) -> int:
 @pytest.mark.parametrize("version", kio_versions(78))
 def test_share_session_passes_through_the_relay_intact(version: int) -> None:
     """Share session epochs and member ids are broker state: the relay forwards them as sent."""
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     requests = [
         codec.encode_request(share_fetch_request(version, epoch), cid, "share-consumer")
         for cid, epoch in ((10, 0), (11, 1), (12, -1))
@@ -301,8 +302,8 @@ def test_produce_v13_acks_read_by_the_relay() -> None:
         req = mod.ProduceRequest(transactional_id=None, acks=i16(acks), timeout=ZERO, topic_data=())
         frame = codec.encode_request(req, 4, "p")
         header = codec.parse_request_header(frame)
-        assert pipeline.produce_acks(header, frame) == acks
-        relay = pipeline.Relay(resolve)
+        assert produce_acks(header, frame) == acks
+        relay = Relay(resolve)
         relay.client_frame(frame)
         assert (relay.in_flight == 1) is expects
 
@@ -382,11 +383,11 @@ def test_rebootstrap_required_reaches_the_client_unchanged_except_addresses() ->
 def test_rebootstrap_required_through_the_relay_and_the_topic_id_learner() -> None:
     learnt = TopicIdMap()
 
-    class Observer(pipeline.PassThroughFetch):
+    class Observer(PassThroughFetch):
         def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
             learnt.learn_metadata(codec.decode_response(api_key, api_version, frame)[1])
 
-    relay = pipeline.Relay(resolve, fetch_handler=Observer())
+    relay = Relay(resolve, fetch_handler=Observer())
     request = md12req.MetadataRequest(
         topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
     )
@@ -453,7 +454,7 @@ def test_group_protocol_apis_carry_no_broker_address_and_are_advertised_in_full(
 @pytest.mark.parametrize("api_key", sorted(GROUP_APIS))
 def test_group_protocol_requests_and_responses_relayed_byte_for_byte(api_key: int) -> None:
     version = kio_versions(api_key)[-1]
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     # Opaque to the relay: any body is forwarded, any answer returned, unknown tags and all.
     request = struct.pack(">hhi", api_key, version, 77) + b"\x00\x03app\x00" + b"\x05\x01\x07\x01q"
     relay.client_frame(request)
@@ -481,24 +482,22 @@ def test_streams_application_endpoints_are_not_broker_addresses() -> None:
 def test_requests_whose_answers_would_leak_addresses_close_the_connection(
     api_key: int, version: int
 ) -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     with pytest.raises(ProtocolError, match="broker addresses"):
         relay.client_frame(struct.pack(">hhi", api_key, version, 1) + b"\x00\x00\x00")
     assert relay.take_upstream() == []
 
 
 def test_describe_quorum_v1_is_still_relayed() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     relay.client_frame(struct.pack(">hhi", 55, 1, 1) + b"\x00\x00\x00\x00")
     assert len(relay.take_upstream()) == 1
 
 
 def test_a_follower_fetch_v18_passes_through_with_its_high_watermark() -> None:
     """KIP-1166's HighWatermark (tag 1 of FetchPartition) is a follower's: relayed as sent."""
-    import random
-
-    from proxy.sessions.broker import FetchSessionCache
-    from proxy.sessions.handler import SessionFetchHandler
+    from proxy.config import FetchPathConfig
+    from proxy.fetchpath import FetchPath
 
     mod = request_module(1, 18)
     request = mod.FetchRequest(
@@ -524,8 +523,8 @@ def test_a_follower_fetch_v18_passes_through_with_its_high_watermark() -> None:
         forgotten_topics_data=(),
     )
     frame = codec.encode_request(request, 9, "broker-2")
-    handler = SessionFetchHandler(FetchSessionCache(rng=random.Random(1)), TopicIdMap())
-    relay = pipeline.Relay(resolve, fetch_handler=handler)
+    handler = FetchPath(FetchPathConfig(), shaping=False).handler()
+    relay = Relay(resolve, fetch_handler=handler)
     relay.client_frame(frame)
     [sent] = relay.take_upstream()
     assert sent[:4] + sent[8:] == frame[:4] + frame[8:]

@@ -2,6 +2,9 @@
 
 ``proxy`` is what runs in a sidecar; ``devbroker`` is the in-memory Kafka cluster of
 the demo and the tests, a top-level package of its own with its own command.
+
+In ``tests/``, a test module takes shared code from the harnesses in ``tests/support/``
+(``support.…``) or the fuzzing package (``fuzz.…``), never from another test module.
 """
 
 from __future__ import annotations
@@ -56,3 +59,25 @@ def test_devbroker_is_installed_with_its_own_command() -> None:
     assert "devbroker" in project["tool"]["mypy"]["packages"]
     args = cli.build_parser().parse_args(["--nodes", "1", "--port", "0", "--topic", "t:2"])
     assert (args.nodes, args.port, args.topic) == (1, 0, [("t", 2)])
+
+
+def test_test_modules_import_harnesses_not_each_other() -> None:
+    tests = ROOT / "tests"
+    local = {p.stem for d in (tests, tests / "unit", tests / "integration") for p in d.glob("*.py")}
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                names = [module, *(f"{module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(ROOT)}: {name}"
+                for name in names
+                if name.split(".")[0] in local
+                or any(part.startswith("test_") for part in name.split("."))
+            ]
+    assert not found

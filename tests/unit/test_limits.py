@@ -1,4 +1,4 @@
-"""Hard limits against resource exhaustion (issue 12): each one against a hostile peer.
+"""Hard limits against resource exhaustion: each one against a hostile peer.
 
 Two levels: a ``Connection`` over in-memory streams (trio's lockstep streams model a
 client that does not read; the autojump clock runs idle timeouts of minutes in
@@ -28,7 +28,7 @@ from proxy import config
 from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame
-from proxy.relay.pipeline import Relay
+from proxy.relay.relay import Relay
 from proxy.server.connection import UPSTREAM_RECEIVE_BYTES, Connection
 from proxy.server.proxy import Proxy
 

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 import trio.testing
 from kio.schema.metadata.v12.request import MetadataRequest
-from test_relay_server import API_VERSIONS, request, settings
+from support.loopback import API_VERSIONS, request, settings
 
 from devbroker.cluster import DevCluster
 from proxy.observe.decisionlog import DecisionLog, FractionSampler

@@ -22,7 +22,7 @@ from proxy.observe.metrics import Metrics
 from proxy.observe.traffic import TrafficMeter, fetch_error_code
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame
-from proxy.relay.pipeline import Relay
+from proxy.relay.relay import Relay
 from proxy.server.connection import Connection
 
 P = "kafka_fetch_proxy_"

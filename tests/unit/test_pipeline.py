@@ -17,7 +17,7 @@ from kio.static.primitive import i16, i32, i32Timedelta
 from proxy.protocol import codec
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import Gathered
-from proxy.relay import pipeline
+from proxy.relay.relay import ClientRequest, Relay, Upstream, produce_acks
 
 ZERO = i32Timedelta.parse(datetime.timedelta(0))
 EMPTY_MD = md1.MetadataResponse(brokers=(), controller_id=BrokerId(1), topics=())
@@ -53,7 +53,7 @@ def opaque_response(cid: int, payload: bytes) -> bytes:
 
 
 def test_own_correlation_ids_and_client_ids_restored_in_order() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     # OffsetCommit-like opaque requests (api key 8): pass-through, never decoded
     requests = [struct.pack(">hhi", 8, 2, cid) + b"\xff\xffbody" for cid in (1000, 7, -5)]
     for r in requests:
@@ -70,7 +70,7 @@ def test_own_correlation_ids_and_client_ids_restored_in_order() -> None:
 
 
 def test_acks_zero_produce_has_no_response_and_does_not_stall() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     relay.client_frame(produce_request(1, acks=1))
     relay.client_frame(produce_request(2, acks=0))
     relay.client_frame(metadata_request(3))
@@ -92,17 +92,17 @@ def test_acks_zero_produce_has_no_response_and_does_not_stall() -> None:
 
 def test_produce_acks_parsed_for_legacy_and_flexible_versions() -> None:
     flexible = codec.parse_request_header(produce_request(1, acks=0))
-    assert pipeline.produce_acks(flexible, produce_request(1, acks=0)) == 0
+    assert produce_acks(flexible, produce_request(1, acks=0)) == 0
     from kio.schema.produce.v3 import request as p3
 
     legacy = codec.encode_request(
         p3.ProduceRequest(transactional_id=None, acks=i16(-1), timeout=ZERO, topic_data=()), 1, None
     )
-    assert pipeline.produce_acks(codec.parse_request_header(legacy), legacy) == -1
+    assert produce_acks(codec.parse_request_header(legacy), legacy) == -1
 
 
 def test_out_of_order_upstream_response_is_a_protocol_error() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     relay.client_frame(metadata_request(1))
     relay.client_frame(metadata_request(2))
     sent = relay.take_upstream()
@@ -111,13 +111,13 @@ def test_out_of_order_upstream_response_is_a_protocol_error() -> None:
 
 
 def test_unsolicited_upstream_response_is_a_protocol_error() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     with pytest.raises(ProtocolError):
         relay.upstream_frame(opaque_response(0, b""))
 
 
 def test_in_flight_bound() -> None:
-    relay = pipeline.Relay(resolve, max_in_flight=2)
+    relay = Relay(resolve, max_in_flight=2)
     relay.client_frame(metadata_request(1))
     relay.client_frame(produce_request(2, acks=0))  # takes no slot
     relay.client_frame(metadata_request(3))
@@ -130,13 +130,13 @@ def test_in_flight_bound() -> None:
 
 
 def test_short_or_garbage_client_frame_is_a_protocol_error() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     with pytest.raises(ProtocolError):
         relay.client_frame(b"\x00\x01")
 
 
 def test_too_new_api_versions_answered_by_the_proxy() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     relay.client_frame(struct.pack(">hhi", 18, 99, 42) + b"\x00\x00")
     assert relay.take_upstream() == []
     (resp,) = relay.take_client()
@@ -150,9 +150,9 @@ class ReorderingFetch:
     def __init__(self) -> None:
         self.internal: list[bytes] = []
         self.observed: list[int] = []
-        self.requests: list[pipeline.ClientRequest] = []
+        self.requests: list[ClientRequest] = []
 
-    def handle_fetch(self, request: pipeline.ClientRequest, upstream: pipeline.Upstream) -> None:
+    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
         self.requests.append(request)
         upstream.send(
             metadata_request(0), api_key=3, api_version=1, on_response=self.internal.append
@@ -170,7 +170,7 @@ class ReorderingFetch:
 
 def test_fetch_handler_plug_in_internal_requests_and_ordering() -> None:
     handler = ReorderingFetch()
-    relay = pipeline.Relay(resolve, fetch_handler=handler)
+    relay = Relay(resolve, fetch_handler=handler)
     relay.client_frame(fetch_request(10))
     relay.client_frame(struct.pack(">hhi", 8, 2, 11) + b"\xff\xff")  # opaque, after the fetch
     sent = relay.take_upstream()
@@ -190,9 +190,9 @@ class Holding:
     """A FetchHandler that keeps each Fetch for the test to answer."""
 
     def __init__(self) -> None:
-        self.held: list[pipeline.ClientRequest] = []
+        self.held: list[ClientRequest] = []
 
-    def handle_fetch(self, request: pipeline.ClientRequest, upstream: pipeline.Upstream) -> None:
+    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
         self.held.append(request)
 
     def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
@@ -201,7 +201,7 @@ class Holding:
 
 def test_late_reply_holds_back_later_responses() -> None:
     handler = Holding()
-    relay = pipeline.Relay(resolve, fetch_handler=handler)
+    relay = Relay(resolve, fetch_handler=handler)
     relay.client_frame(fetch_request(1))
     relay.client_frame(metadata_request(2))
     (sent,) = relay.take_upstream()
@@ -216,7 +216,7 @@ def test_late_reply_holds_back_later_responses() -> None:
 
 def test_gathered_reply_keeps_its_parts_and_gets_the_client_correlation_id() -> None:
     handler = Holding()
-    relay = pipeline.Relay(resolve, fetch_handler=handler)
+    relay = Relay(resolve, fetch_handler=handler)
     relay.client_frame(fetch_request(41))
     relay.client_frame(fetch_request(42))
     records = memoryview(b"R" * 100_000)
@@ -236,7 +236,7 @@ def test_gathered_reply_keeps_its_parts_and_gets_the_client_correlation_id() -> 
 
 
 def test_upstream_correlation_ids_wrap() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     relay._next_cid = 2**31 - 1
     relay.client_frame(metadata_request(1))
     relay.client_frame(metadata_request(2))
@@ -249,7 +249,7 @@ def sasl_handshake_v0(cid: int, mechanism: str) -> bytes:
 
 
 def test_sasl_v0_raw_tokens_pass_untouched_then_normal_relaying_resumes() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     relay.client_frame(sasl_handshake_v0(1, "SCRAM-SHA-256"))
     (hs,) = relay.take_upstream()
     relay.upstream_frame(struct.pack(">i", upstream_cid(hs)) + b"\x00\x00" + b"\x00\x00\x00\x00")
@@ -270,7 +270,7 @@ def test_sasl_v0_raw_tokens_pass_untouched_then_normal_relaying_resumes() -> Non
 
 
 def test_sasl_v0_failed_handshake_stays_in_normal_mode() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     relay.client_frame(sasl_handshake_v0(1, "PLAIN"))
     (hs,) = relay.take_upstream()
     relay.upstream_frame(struct.pack(">i", upstream_cid(hs)) + b"\x00\x21" + b"\x00\x00\x00\x00")
@@ -281,7 +281,7 @@ def test_sasl_v0_failed_handshake_stays_in_normal_mode() -> None:
 
 
 def test_sasl_v0_unknown_mechanism_closes() -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     relay.client_frame(sasl_handshake_v0(1, "GSSAPI"))
     (hs,) = relay.take_upstream()
     with pytest.raises(ProtocolError):

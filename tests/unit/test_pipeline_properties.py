@@ -13,7 +13,8 @@ from kio.static.primitive import Records, i16, i32Timedelta
 
 from proxy.protocol import codec
 from proxy.protocol.errors import ProtocolError
-from proxy.relay import pipeline, rewrite
+from proxy.relay import rewrite
+from proxy.relay.relay import Relay
 
 ZERO = i32Timedelta.parse(datetime.timedelta(0))
 st.register_type_strategy(Records, st.binary(max_size=40).map(Records.parse))
@@ -41,7 +42,7 @@ def opaque(cid: int) -> bytes:
 def test_responses_leave_in_request_order_with_client_ids(
     kinds: list[str], cids: list[int], answer_after: list[int]
 ) -> None:
-    relay = pipeline.Relay(resolve, max_in_flight=1000)
+    relay = Relay(resolve, max_in_flight=1000)
     upstream_queue: list[bytes] = []
     expected: list[int] = []
     received: list[bytes] = []
@@ -72,7 +73,7 @@ def test_responses_leave_in_request_order_with_client_ids(
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=200))
 def test_only_protocol_error_escapes_from_client_frames(data: bytes) -> None:
-    relay = pipeline.Relay(resolve)
+    relay = Relay(resolve)
     try:
         relay.client_frame(data)
     except ProtocolError:

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from proxy.protocol.framing import FrameDecoder, encode_frame
-from proxy.relay.pipeline import Relay
+from proxy.relay.relay import Relay
 from proxy.server.connection import Connection
 
 

@@ -7,7 +7,6 @@ connection closes that connection only; an upstream drop closes the client.
 from __future__ import annotations
 
 import datetime
-import socket
 import struct
 from typing import Any
 
@@ -15,53 +14,19 @@ import trio
 import trio.testing
 from kio.schema.api_versions.v0 import request as av0req
 from kio.schema.api_versions.v0 import response as av0
-from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import response as md12
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.metadata.v13 import response as md13
 from kio.schema.types import BrokerId
 from kio.static.primitive import i16, i32, i32Timedelta
+from support.loopback import API_VERSIONS, free_port, request, settings
 
 from devbroker.cluster import DevCluster
 from proxy import config
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame
 from proxy.server.proxy import Proxy
-
-
-def settings(upstream: str, **extra: Any) -> config.Settings:
-    return config.validate(
-        {
-            "upstream": [upstream],
-            "listen": "127.0.0.1:0",
-            "broker_port_base": 0,
-            "connect_timeout_seconds": 2,
-            "retry_backoff_initial_seconds": 0.02,
-            "retry_backoff_max_seconds": 0.1,
-            **extra,
-        }
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def request(stream: trio.SocketStream, decoder: FrameDecoder, frame: bytes) -> bytes:
-    await stream.send_all(encode_frame(frame))
-    while (got := decoder.next_frame()) is None:
-        data = await stream.receive_some(65536)
-        assert data, "proxy closed the connection"
-        decoder.feed(data)
-    return got
-
-
-API_VERSIONS = codec.encode_request(
-    ApiVersionsRequest(client_software_name="t", client_software_version="1"), 7, "t"
-)
 
 
 async def test_unreachable_upstream_is_retried_until_it_appears() -> None:

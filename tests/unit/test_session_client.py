@@ -13,7 +13,7 @@ from proxy.protocol.error_codes import (
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
 )
-from proxy.sessions.client import (
+from proxy.sessions.upstream_session import (
     MAX_EPOCH,
     FetchParams,
     FetchSessionClient,

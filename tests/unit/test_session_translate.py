@@ -12,19 +12,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
-from session_support import ModelBroker
+from support.session_broker_model import ModelBroker
 
 from proxy.protocol.codec import request_schema
-from proxy.sessions.client import PartitionKey, SessionMetadata
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
-from proxy.sessions.translate import (
+from proxy.sessions.upstream import (
     ClientReply,
     FetchTranslator,
     TranslationError,
     UpstreamFetch,
     is_sessionless_consumer_fetch,
 )
+from proxy.sessions.upstream_session import PartitionKey, SessionMetadata
 
 TOPICS = {"a": 3, "b": 2, "c": 1}
 

@@ -1,6 +1,6 @@
 """The translator against the dev broker's own sans-I/O Fetch path and session cache.
 
-A second, independent broker model (devbroker.fetch + proxy.sessions.broker,
+A second, independent broker model (devbroker.fetch + proxy.sessions.downstream_cache,
 written from Kafka's broker) with real RecordBatch v2 bytes: for any sequence of
 appends, session evictions and client fetches, the full response the translator
 synthesizes from the upstream session equals what the same broker answers the
@@ -9,105 +9,15 @@ client's sessionless fetch directly.
 
 from __future__ import annotations
 
-import dataclasses
-import random
-import struct
-import sys
-from datetime import timedelta
 from typing import Any
 
-from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.dev_upstream import PARTITIONS, Upstream, client_fetch
 
-from devbroker.fetch import NodeFetcher
-from devbroker.state import ClusterState
 from proxy.protocol import records
-from proxy.protocol.codec import (
-    decode_request,
-    decode_response,
-    encode_request,
-    encode_response,
-    request_schema,
-)
-from proxy.sessions.broker import FetchSessionCache
-from proxy.sessions.topic_ids import TopicIdMap
-from proxy.sessions.translate import ClientReply, FetchTranslator, UpstreamFetch
-
-TOPICS = {"orders": 4, "events": 3}
-
-
-def batch(count: int) -> bytes:
-    after_crc = (
-        struct.pack(">hiqqqhii", 0, count - 1, 1000, 1000 + count, -1, -1, -1, count) + b"v" * 20
-    )
-    body = struct.pack(">ibI", 0, 2, crc32c(after_crc)) + after_crc
-    return struct.pack(">qi", 0, len(body)) + body
-
-
-class Upstream:
-    def __init__(self, *, max_slots: int = 1000) -> None:
-        self.state = ClusterState("dev", [1])
-        for name, n in TOPICS.items():
-            self.state.create_topic(name, n)
-        self.sessions = FetchSessionCache(max_slots=max_slots, rng=random.Random(7))
-        self.fetcher = NodeFetcher(1, self.state, self.sessions)
-        self.direct = NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(8)))
-        self.requests = 0
-
-    def append(self, topic: str, p: int, count: int) -> None:
-        part = self.state.partition(topic, p)
-        assert part is not None
-        part.log.append(batch(count), part.leader_epoch)
-
-    def answer(self, fetcher: NodeFetcher, request: Any) -> Any:
-        version = int(request.__version__)
-        header, decoded = decode_request(encode_request(request, 9, "t"))
-        pending = fetcher.begin(decoded, header.api_version)
-        assert pending.poll()  # max_wait is 0: answered at once
-        response = pending.complete()
-        _, back = decode_response(1, version, encode_response(response, 9))
-        return back
-
-    def ids(self) -> TopicIdMap:
-        ids = TopicIdMap()
-        for name, t in self.state.topics.items():
-            ids.learn(name, t.topic_id)
-        return ids
-
-
-def client_fetch(up: Upstream, version: int, parts: list[tuple[str, int, int]]) -> Any:
-    mod = sys.modules[request_schema(1, version).__module__]
-    topics: list[tuple[Any, list[Any]]] = []
-    for name, p, offset in parts:
-        ref: Any = up.state.topics[name].topic_id if version >= 13 else name
-        fp = _make(
-            mod.FetchPartition, partition=p, fetch_offset=offset, partition_max_bytes=1 << 20
-        )
-        if topics and topics[-1][0] == ref:
-            topics[-1][1].append(fp)
-        else:
-            topics.append((ref, [fp]))
-    return _make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=timedelta(0),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=tuple(
-            _make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(ps))
-            for ref, ps in topics
-        ),
-        forgotten_topics_data=(),
-    )
-
-
-def _make(cls: Any, **kwargs: Any) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in kwargs.items() if k in names})
+from proxy.protocol.codec import encode_request, encode_response
+from proxy.sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch
 
 
 def serve(tr: FetchTranslator, up: Upstream, request: Any) -> tuple[Any, list[Any]]:
@@ -118,8 +28,6 @@ def serve(tr: FetchTranslator, up: Upstream, request: Any) -> tuple[Any, list[An
         step = tr.complete(up.answer(up.fetcher, step.request))
     return step.response, sent
 
-
-PARTITIONS = [(t, p) for t, n in TOPICS.items() for p in range(n)]
 
 other_steps = st.one_of(
     st.tuples(st.just("append"), st.sampled_from(PARTITIONS), st.integers(1, 4)),

@@ -19,15 +19,20 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_session_translate_devbroker import PARTITIONS, Upstream
+from support.dev_upstream import PARTITIONS, Upstream
 
 from devbroker.fetch import NodeFetcher
 from proxy.protocol import records
 from proxy.protocol.codec import request_schema
-from proxy.sessions.broker import FetchSessionCache
-from proxy.sessions.client import FetchParams, FetchSessionClient, PartitionKey, SessionRequest
-from proxy.sessions.downstream import SessionFetchServer
-from proxy.sessions.translate import ClientReply, FetchTranslator, UpstreamFetch
+from proxy.sessions.downstream import DownstreamSessions
+from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch
+from proxy.sessions.upstream_session import (
+    FetchParams,
+    FetchSessionClient,
+    PartitionKey,
+    SessionRequest,
+)
 
 
 def _make(cls: Any, **kwargs: Any) -> Any:
@@ -90,17 +95,20 @@ class Setup:
         self.up = Upstream()
         self.translator = FetchTranslator(self.up.ids(), upstream_max_version=upstream_version)
         self.proxy_sessions = FetchSessionCache(rng=random.Random(seed))
-        self.server = SessionFetchServer(self.proxy_sessions, self.translator)
+        self.downstream = DownstreamSessions(self.proxy_sessions, self.translator.topic_ids)
         self.direct_sessions = FetchSessionCache(rng=random.Random(seed))
         self.direct = NodeFetcher(1, self.up.state, self.direct_sessions)
 
     def through_proxy(self, request: Any) -> tuple[Any, int]:
         upstream_requests = 0
-        step: UpstreamFetch | ClientReply = self.server.begin(request)
+        opened = self.downstream.open(request)
+        if isinstance(opened, ClientReply):  # a session error: not sent upstream
+            return opened.response, upstream_requests
+        step: UpstreamFetch | ClientReply = self.translator.begin(opened.request)
         while isinstance(step, UpstreamFetch):
             upstream_requests += 1
-            step = self.server.complete(self.up.answer(self.up.fetcher, step.request))
-        return step.response, upstream_requests
+            step = self.translator.complete(self.up.answer(self.up.fetcher, step.request))
+        return self.downstream.answer(opened, step.response), upstream_requests
 
     def key(self, version: int, topic: str, p: int) -> PartitionKey:
         return PartitionKey(self.up.state.topics[topic].topic_id if version >= 13 else topic, p)

@@ -1,4 +1,4 @@
-"""SessionFetchHandler in the real relay (proxy.relay.pipeline), the dev broker's dispatcher upstream.
+"""The Fetch path handler in the real relay (proxy.relay.relay), the dev broker's dispatcher upstream.
 
 Bytes in, bytes out: client frames into the Relay, upstream frames answered by
 the dev broker's sans-I/O NodeDispatcher, client frames out.  The reference
@@ -13,18 +13,19 @@ from typing import Any
 
 from kio.schema.api_versions.v3 import request as av3
 from kio.schema.metadata.v12 import request as md12
-from test_session_translate_devbroker import batch, client_fetch
+from support.dev_upstream import batch, client_fetch
 
 from devbroker.fetch import NodeFetcher
 from devbroker.membership import GroupCoordinator
 from devbroker.node import NodeDispatcher
 from devbroker.outcome import Reply, Wait
 from devbroker.state import ClusterState
+from proxy.config import FetchPathConfig
+from proxy.fetchpath import FetchPath
 from proxy.protocol import codec
 from proxy.protocol.framing import payload_bytes
-from proxy.relay.pipeline import Relay
-from proxy.sessions.broker import FetchSessionCache
-from proxy.sessions.handler import SessionFetchHandler
+from proxy.relay.relay import Relay
+from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.topic_ids import TopicIdMap
 
 
@@ -50,8 +51,9 @@ class Harness:
             GroupCoordinator(self.state),
             fetcher=NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(2))),
         )
-        self.topic_ids = TopicIdMap()
-        self.handler = SessionFetchHandler(FetchSessionCache(rng=random.Random(3)), self.topic_ids)
+        self.path = FetchPath(FetchPathConfig(), shaping=False)  # the session stages alone
+        self.topic_ids: TopicIdMap = self.path.topic_ids
+        self.handler = self.path.handler()
         self.relay = Relay(resolve, fetch_handler=self.handler)
         self.upstream_frames: list[bytes] = []
 

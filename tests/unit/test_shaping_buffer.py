@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from shaping_support import batch
+from support.fetch_model import batch
 
 from proxy.shaping.budget import MemoryBudget
 from proxy.shaping.buffer import ReuseBuffer

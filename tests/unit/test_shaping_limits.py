@@ -2,7 +2,7 @@ import dataclasses
 import types
 
 import pytest
-from shaping_support import make_request, schema, topic_name_or_id
+from support.fetch_model import make_request, schema, topic_name_or_id
 
 from proxy.protocol import codec
 from proxy.shaping.limits import (

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shaping_support import batch, make_partition, make_response, topic_name_or_id
+from support.fetch_model import batch, make_partition, make_response, topic_name_or_id
 
 from proxy.shaping.limits import ResponseLimits
 from proxy.shaping.rotation import ServeRotation, UpstreamRotation

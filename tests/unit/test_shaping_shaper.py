@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shaping_support import (
+from support.fetch_model import (
     ModelBroker,
     batch,
     delivered,

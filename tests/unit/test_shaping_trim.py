@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shaping_support import (
+from support.fetch_model import (
     batch,
     control,
     delivered,

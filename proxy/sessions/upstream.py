@@ -1,4 +1,4 @@
-"""Serve a sessionless client's full fetches through one incremental upstream session.
+"""The upstream half: full fetches served through one incremental session with the broker.
 
 librdkafka, aiokafka and sarama list every partition in every Fetch and get
 every partition back.  ``FetchTranslator`` (one per upstream connection) turns
@@ -16,7 +16,7 @@ Versions: the client may speak Fetch v4-v18; the upstream request uses the
 highest version the upstream supports (``upstream_max_version``), except that a
 client on topic names whose topics have no known id yet makes the request use
 v12 (names) and reports the names in ``UpstreamFetch.missing_topic_ids`` so the
-relay can ask upstream Metadata for them (rate-limit that: a topic that does not
+fetch path can ask upstream Metadata for them (rate-limit that: a topic that does not
 exist never gets an id).
 
 Two differences from a sessionless broker remain, both shared with Kafka's own
@@ -63,7 +63,9 @@ from ..protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from ..protocol.messages import convert, make, request_module, response_module
-from .client import (
+from .partition_cache import PartitionStateCache
+from .topic_ids import TopicIdMap
+from .upstream_session import (
     MIN_SESSION_VERSION,
     FetchParams,
     FetchSessionClient,
@@ -71,8 +73,6 @@ from .client import (
     SessionRequest,
     Verdict,
 )
-from .partition_cache import PartitionStateCache
-from .topic_ids import TopicIdMap
 
 MIN_CLIENT_VERSION = 4
 MAX_VERSION = 18
@@ -95,14 +95,15 @@ def is_sessionless_consumer_fetch(request: Any) -> bool:
     version = int(request.__version__)
     if int(request.__api_key__) != FETCH or version < MIN_CLIENT_VERSION:
         return False
-    if _replica_id(request) >= 0:
+    if replica_id(request) >= 0:
         return False
     if version >= MIN_SESSION_VERSION:
         return int(request.session_id) == 0 and int(request.session_epoch) == -1
     return True
 
 
-def _replica_id(request: Any) -> int:
+def replica_id(request: Any) -> int:
+    """The replica id of a Fetch request (-1: a consumer; >= 0: a follower broker)."""
     state = getattr(request, "replica_state", None)
     if state is not None:
         return int(state.replica_id)
@@ -277,7 +278,7 @@ class FetchTranslator:
                     for key, params in items
                 ),
             )
-            for topic, items in _group(sreq.to_send.items(), lambda kv: kv[0].topic)
+            for topic, items in group_runs(sreq.to_send.items(), lambda kv: kv[0].topic)
         ]
         forgotten = [
             make(
@@ -286,7 +287,7 @@ class FetchTranslator:
                 topic_id=topic,
                 partitions=tuple(key.partition for key in keys),
             )
-            for topic, keys in _group(sreq.to_forget, lambda k: k.topic)
+            for topic, keys in group_runs(sreq.to_forget, lambda k: k.topic)
         ]
         return make(
             mod.FetchRequest,
@@ -455,7 +456,7 @@ class FetchTranslator:
                 topic_id=ref,
                 partitions=tuple(pd for _, pd in items),
             )
-            for ref, items in _group(answered, lambda item: item[0])
+            for ref, items in group_runs(answered, lambda item: item[0])
         ]
         endpoints = ()
         if hasattr(mod, "NodeEndpoint"):
@@ -487,7 +488,7 @@ class FetchTranslator:
                     topic_id=ref,
                     partitions=tuple(_error_partition(mod, cp.partition, code) for cp in cps),
                 )
-                for ref, cps in _group(_dedupe(pending.partitions), _client_topic)
+                for ref, cps in group_runs(_dedupe(pending.partitions), _client_topic)
             )
         return make(
             mod.FetchResponse,
@@ -535,7 +536,7 @@ def _dedupe(partitions: list[_ClientPartition]) -> list[_ClientPartition]:
     return out
 
 
-def _group(items: Any, key: Any) -> Iterator[tuple[Any, list[Any]]]:
+def group_runs(items: Any, key: Any) -> Iterator[tuple[Any, list[Any]]]:
     """Consecutive runs of *items* with equal ``key(item)`` (how a broker groups topics)."""
     run: list[Any] = []
     current: Any = None

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from proxy.observe.http import ObserveApp, Readiness
-from proxy.observe.sessions import SessionEntry, sessions_snapshot
-from proxy.sessions.client import FetchSessionClient, PartitionKey, SessionMetadata
+from proxy.observe.session_snapshot import SessionEntry, sessions_snapshot
+from proxy.sessions.upstream_session import FetchSessionClient, PartitionKey, SessionMetadata
 
 
 @dataclass
@@ -103,7 +103,7 @@ def handler(session_id: int, partitions: int, cache: FakeCache) -> FakeHandler:
 
 def test_session_gauges_read_live_handlers_at_scrape_time() -> None:
     from proxy.observe.metrics import Metrics
-    from proxy.observe.sessions import SessionGauges, session_cache, upstream_session
+    from proxy.observe.session_snapshot import SessionGauges, session_cache, upstream_session
 
     metrics = Metrics(process_metrics=False)
     value = metrics.registry.get_sample_value

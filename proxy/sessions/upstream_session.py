@@ -1,4 +1,4 @@
-"""The client side of a KIP-227 incremental fetch session, one per upstream connection.
+"""The upstream half: the client side of a KIP-227 fetch session, one per upstream connection.
 
 Modelled on Kafka's ``FetchSessionHandler`` (Java client): it decides what each
 Fetch request sent upstream must carry and which session metadata (session id,

@@ -138,7 +138,8 @@ class ClientRequest:
 
     header: codec.RequestHeader
     frame: bytes
-    _relay: Relay = field(repr=False)
+    _flush: Callable[[], None] = field(repr=False)
+    """The relay's: move answered slots, in order, to what the client is sent."""
     _slot: _Slot | None = field(repr=False)
 
     @property
@@ -169,7 +170,7 @@ class ClientRequest:
                 slot.response = frame
             else:
                 slot.response = frame if frame.startswith(cid) else cid + frame[4:]
-        self._relay._flush_slots()
+        self._flush()
 
 
 @dataclass(slots=True)
@@ -239,6 +240,7 @@ class Relay:
         self._raw_tokens = 0  # SASL v0 token frames still expected from the client
         self.last_header: codec.RequestHeader | None = None
         """The header of the latest client request (for log context)."""
+        self._upstream_port: Upstream = _Port(self._send, resolve)
 
     # --- state the edge reads ------------------------------------------------------------
 
@@ -278,7 +280,7 @@ class Relay:
             raw_slot = _Slot(0, raw=True)
             self._slots.append(raw_slot)
             self._to_upstream.append(frame)
-            token = ClientRequest(_RAW_HEADER, frame, self, raw_slot)
+            token = ClientRequest(_RAW_HEADER, frame, self._flush_slots, raw_slot)
             self._pending.append(_Pending(None, -1, 0, token.reply))
             return None
         header = codec.parse_request_header(frame)
@@ -294,10 +296,10 @@ class Relay:
         slot = _Slot(header.correlation_id) if expects else None
         if slot is not None:
             self._slots.append(slot)
-        request = ClientRequest(header, frame, self, slot)
+        request = ClientRequest(header, frame, self._flush_slots, slot)
         key = header.api_key
         if key == FETCH:
-            self.fetch_handler.handle_fetch(request, self._port)
+            self.fetch_handler.handle_fetch(request, self._upstream_port)
         elif key == API_VERSIONS and not apiversions.supports_request_version(header.api_version):
             request.reply(apiversions.unsupported_version_response(header.correlation_id))
         else:
@@ -364,16 +366,19 @@ class Relay:
             assert response is not None
             self._to_client.append(response)
 
-    @property
-    def _port(self) -> Upstream:
-        return _Port(self)
-
 
 class _Port:
-    __slots__ = ("_relay",)
+    """The ``Upstream`` a FetchHandler gets: the relay's send and its address rule."""
 
-    def __init__(self, relay: Relay) -> None:
-        self._relay = relay
+    __slots__ = ("_resolve", "_send")
+
+    def __init__(
+        self,
+        send: Callable[[bytes, int, int, ResponseCallback | None], None],
+        resolve: rewrite.Resolver,
+    ) -> None:
+        self._send = send
+        self._resolve = resolve
 
     def send(
         self,
@@ -383,10 +388,10 @@ class _Port:
         api_version: int,
         on_response: ResponseCallback | None,
     ) -> None:
-        self._relay._send(frame, api_key, api_version, on_response)
+        self._send(frame, api_key, api_version, on_response)
 
     def rewrite_addresses(self, api_key: int, api_version: int, frame: bytes) -> bytes:
-        return rewrite.rewrite_response(api_key, api_version, frame, self._relay._resolve)
+        return rewrite.rewrite_response(api_key, api_version, frame, self._resolve)
 
     def rewrite_decoded(self, response: Any) -> Any:
-        return rewrite.rewrite_node_endpoints(response, self._relay._resolve)
+        return rewrite.rewrite_node_endpoints(response, self._resolve)

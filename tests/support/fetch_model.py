@@ -1,4 +1,11 @@
-"""Helpers for the shaping tests: batches, Fetch requests/responses, a model broker."""
+"""Fetch requests and responses as kio objects, v2 batches, and a one-topic model broker.
+
+Used by the shaping tests: :func:`make_request`, :func:`make_partition` and
+:func:`make_response` build Fetch messages of any version (topic ids from v13),
+:func:`delivered` lists the whole batches a response carries, and
+:class:`ModelBroker` answers a Fetch the way Kafka's readFromLog does, over the
+dev broker's partition logs (``devbroker.log.PartitionLog``).
+"""
 
 from __future__ import annotations
 

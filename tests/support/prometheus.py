@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .loopback import free_port
 
 JOB = "kafka-fetch-proxy"
 POLL_SECONDS = 0.1
@@ -50,13 +51,6 @@ def prometheus_binary() -> str:
             "(or apt-get install prometheus)"
         )
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def scrape_config(

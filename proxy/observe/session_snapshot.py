@@ -1,7 +1,7 @@
 """The JSON behind ``/debug/sessions``: the proxy's fetch sessions, bounded.
 
 The relay keeps, per client connection, an upstream fetch-session client
-(``proxy.sessions.client.FetchSessionClient``).  :func:`sessions_snapshot` turns
+(``proxy.sessions.upstream_session.FetchSessionClient``).  :func:`sessions_snapshot` turns
 them into a JSON-ready dict: one entry per session with its connection, client
 id, broker node, session id, the epoch its next request will carry and its
 partition count (partition names only on request).  At most ``limit`` sessions
@@ -137,7 +137,7 @@ def upstream_session(handler: object) -> SessionView | None:
 
 
 class SessionCacheView(Protocol):
-    """What a downstream session cache exposes (``proxy.sessions.broker.FetchSessionCache``)."""
+    """What a downstream session cache exposes (``proxy.sessions.downstream_cache.FetchSessionCache``)."""
 
     @property
     def num_sessions(self) -> int: ...

@@ -1,4 +1,4 @@
-"""The broker side of KIP-227 incremental fetch sessions, sans-I/O.
+"""The downstream half: the broker side of KIP-227 incremental fetch sessions, sans-I/O.
 
 Modelled on Apache Kafka's ``FetchSession.scala`` (``CachedPartition``,
 ``FetchSession``, the four ``FetchContext`` kinds, ``FetchSessionCacheShard``

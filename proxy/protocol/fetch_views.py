@@ -1,0 +1,65 @@
+"""Decode a Fetch response with its records left as views into the received frame.
+
+kio copies every records field out of the frame, and the frame stays alive
+until the response is answered anyway: pointing into it frees the copies at
+once (a Fetch response's data is then held once, not twice).  The shaping
+layer copies what it keeps (``Run.split_view``), so no view outlives the
+exchange.  Anything unexpected keeps kio's copies.
+
+:func:`decode_fetch_response` learns where the records are from the walk that
+checks the frame before kio decodes it (``codec.decode_response(hook=...)``),
+so a response is walked once and decoded once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from . import codec, walk
+from .apis import FETCH
+from .errors import DecodeError
+
+
+def _is_partition_data(cls: type) -> bool:
+    return cls.__name__ == "PartitionData"
+
+
+def decode_fetch_response(version: int, frame: bytes) -> Any:
+    """The kio FetchResponse in *frame*, its records views of *frame*."""
+    records = walk.SpanHook(_is_partition_data, "records")
+    _, response = codec.decode_response(FETCH, version, frame, hook=records)
+    return _point_into(response, frame, records.spans)
+
+
+def records_as_views(response: Any, version: int, frame: bytes) -> Any:
+    """*response* (decoded from *frame*) with each partition's records a view of *frame*."""
+    schema = codec.response_schema(FETCH, version)
+    hv = codec.response_header_version(FETCH, version)
+    if schema is None or hv is None:
+        return response
+    try:
+        spans = walk.field_spans(
+            schema, frame, codec.response_body_offset(frame, hv), _is_partition_data, "records"
+        )
+    except DecodeError:
+        return response
+    return _point_into(response, frame, spans)
+
+
+def _point_into(response: Any, frame: bytes, spans: list[walk.Span]) -> Any:
+    if len(spans) != sum(len(t.partitions) for t in response.responses):
+        return response
+    view = memoryview(frame)
+    ends = iter(end for _, end in spans)
+    topics = []
+    for topic in response.responses:
+        parts = []
+        for pd in topic.partitions:
+            end = next(ends)
+            records = pd.records
+            if records:
+                pd = dataclasses.replace(pd, records=view[end - len(records) : end])
+            parts.append(pd)
+        topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
+    return dataclasses.replace(response, responses=tuple(topics))
