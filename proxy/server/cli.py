@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -17,7 +17,7 @@ from .. import config, logs
 from ..config import FetchPathConfig, InvalidFetchConfig
 from ..shaping.budget import BUDGET_FLOOR, MemoryBudget, max_fetch_bytes
 from ..shaping.policy import overridden
-from .allocator import LARGE_BUFFER_BYTES, fix_mmap_threshold
+from .allocator import HEAP_TRIM_SECONDS, LARGE_BUFFER_BYTES, fix_mmap_threshold, heap_trimmer
 from .proxy import ListenError, Proxy
 from .reload import Reloader, watch_file
 
@@ -185,6 +185,9 @@ async def _serve(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve)
+            trim = heap_trimmer()
+            if trim is not None:
+                nursery.start_soon(_trim_heap, trim)
             config_file = getattr(args, "config", None)
             if reloader is not None and config_file:  # watching before anyone is told we run
                 await nursery.start(watch_file, config_file, lambda: reloader.reload("file"))
@@ -217,6 +220,13 @@ async def _serve(
                 proxy.fetch_path.fetch_waits,
             ),
         )
+
+
+async def _trim_heap(trim: Callable[[], None]) -> None:
+    """Give the heap's free pages back to the system every ``HEAP_TRIM_SECONDS``."""
+    while True:
+        await trio.sleep(HEAP_TRIM_SECONDS)
+        trim()
 
 
 async def _drain(proxy: Proxy, grace: float, stop: trio.CancelScope) -> None:
