@@ -107,6 +107,9 @@ class BatchHeader:
         return 0 if self.is_control else self.records_count
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def read_batch_header(buf: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
     """Parse the header of the batch starting at *position*; raise if it is not whole.
 
@@ -121,6 +124,11 @@ def read_batch_header(buf: bytes | bytearray | memoryview, position: int = 0) ->
         raise InvalidRecordBatch(f"unsupported record batch magic {header.magic}")
     if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
         raise InvalidRecordBatch(f"record batch length {header.batch_length} is too small")
+    if header.next_offset > _INT64_MAX:
+        # The offset after the batch is where the next fetch starts: it must be an int64.
+        raise InvalidRecordBatch(
+            f"record batch offsets {header.base_offset}+{header.last_offset_delta} overflow int64"
+        )
     return header
 
 

@@ -53,3 +53,14 @@ def test_base_offset_rewrite_keeps_crc_valid() -> None:
     h = records.read_batch_header(b)
     assert h.base_offset == 1000 and h.partition_leader_epoch == 7
     assert records.verify_crc(b, h)
+
+
+def test_a_batch_whose_next_offset_overflows_int64_is_rejected() -> None:
+    """Found by the long fuzz run: a broker's batch at offset 2**63 - 1 made the next
+    upstream fetch offset 2**63, which no Fetch request can carry (struct.error)."""
+    last_fitting = make_batch(2**63 - 3, 2)  # offsets 2**63-3 and 2**63-2: next is the max
+    assert records.read_batch_header(last_fitting).next_offset == 2**63 - 1
+    with pytest.raises(records.InvalidRecordBatch, match="overflow"):
+        records.read_batch_header(make_batch(2**63 - 1, 2))
+    with pytest.raises(records.InvalidRecordBatch):
+        list(records.iter_batches(make_batch(0, 1) + make_batch(2**63 - 2, 2)))
