@@ -9,11 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from support.backends import BACKENDS, upstream_for
 from support.cluster import ThreadedCluster
 from support.kafka import KafkaCluster
 
 __all__ = ["BACKENDS", "upstream_for"]  # defined in tests/support/backends.py
+
+# Property tests are deterministic: the same examples on every run and machine, and no
+# example database replaying what an earlier run on this machine happened to find.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.load_profile("deterministic")
 
 
 @pytest.fixture

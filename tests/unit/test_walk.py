@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from kio.schema.broker_heartbeat.v1.request import BrokerHeartbeatRequest
 from kio.schema.errors import ErrorCode
@@ -40,9 +40,21 @@ def _body(obj: Any) -> bytes:
     return codec.encode_body(obj)
 
 
+def _kio_round_trip(decode: Any) -> Any:
+    """kio encodes any int64 millisecond duration but decodes only what a
+    ``datetime.timedelta`` holds: such an example says nothing about the walker."""
+    try:
+        return decode()
+    except DecodeError as exc:
+        if "timedelta milliseconds overflow" in str(exc):
+            reject()
+        raise
+
+
 @settings(
     max_examples=600,
     deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(st.data())
@@ -53,10 +65,13 @@ def test_every_valid_message_passes_and_decodes(data: st.DataObject) -> None:
     assert walk.check(schema, body, 0) == len(body)
     if schema in RESPONSES and codec.response_schema(obj.__api_key__, obj.__version__) is schema:
         frame = codec.encode_response(obj, 7)
-        assert codec.decode_response(obj.__api_key__, obj.__version__, frame, strict=True)[1] == obj
+        decoded = _kio_round_trip(
+            lambda: codec.decode_response(obj.__api_key__, obj.__version__, frame, strict=True)
+        )
+        assert decoded[1] == obj
     else:
-        frame = codec.encode_request(obj, 7, "c")
-        assert codec.decode_request(frame, strict=True)[1] == obj
+        request = codec.encode_request(obj, 7, "c")
+        assert _kio_round_trip(lambda: codec.decode_request(request, strict=True))[1] == obj
 
 
 # Fetch v4 request: replica, max_wait, min_bytes, max_bytes, isolation, topics count
