@@ -297,8 +297,16 @@ class Verifier:
         self._wait("progress after the fault", lambda: self._reached(target), timeout)
 
     def finish(self, timeout: float = 120.0) -> dict[str, Any]:
-        """Produce up to ``records`` in all, flush, let the consumers receive all acked."""
-        self._wait("records produced", lambda: sum(self.sent) >= self.records, timeout)
+        """Produce up to ``records`` in all, flush, let the consumers receive all acked.
+
+        The wait for production is *timeout* plus what the records still to send take at
+        ``rate``, so the long run (``KAFKA_FETCH_PROXY_FAULT_RECORDS``) gets the time it needs.
+        """
+        with self._cond:
+            left = max(0, self.records - sum(self.sent))
+        self._wait(
+            "records produced", lambda: sum(self.sent) >= self.records, timeout + left / self.rate
+        )
         self._stop_producing.set()
         self.mark("production stopped")
         producer = self._threads[-1]
