@@ -852,7 +852,9 @@ def run(opts: argparse.Namespace) -> int:
         )
         began = time.monotonic()
         for spec in specs:
-            clients.append(Client(spec, client_command(spec, opts, proxy.bootstrap, out), out))
+            direct = opts.producers_direct and spec.producers > 0
+            bootstrap = upstream if direct else proxy.bootstrap
+            clients.append(Client(spec, client_command(spec, opts, bootstrap, out), out))
         prev: dict[str, Any] | None = None
         tick = 0
         while True:
@@ -928,6 +930,11 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup", type=float, help="seconds before steady state (default: min(60, 1/4 run))"
     )
     parser.add_argument("--rss-slope-limit", type=float, default=1.0, help="MiB/min")
+    parser.add_argument(
+        "--producers-direct",
+        action="store_true",
+        help="a control: producers connect to Kafka directly, only consumers use the proxy",
+    )
     parser.add_argument("--proxy-args", default=DEFAULT_PROXY_ARGS, help="more proxy flags")
     parser.add_argument("--upstream", help="an existing Kafka (HOST:PORT) instead of a new one")
     parser.add_argument("--topic", help="topic to create (default: load-<random>)")
