@@ -54,6 +54,8 @@ so the pieces a large Fetch response arrives in are mapped, each given back to t
 the frame is joined, rather than left as holes in the heap that keep the RSS above the budget
 (bench/fetch_memory.py: RSS growth +51..59 MiB against +56..72 with 64 KiB reads, once +176)."""
 DEFAULT_MAX_CLIENT_BUFFER_BYTES = 1024 * 1024
+UPSTREAM_CLOSE_FLUSH_SECONDS = 5.0
+"""When the broker closes, how long the responses it sent before may take to reach the client."""
 
 log = structlog.get_logger("proxy.server")
 
@@ -256,6 +258,10 @@ class Connection:
             await self._until(lambda: not self.client_full)
             data = await self.upstream.receive_some(UPSTREAM_RECEIVE_BYTES)
             if not data:
+                # Kafka answers and then closes (a failed SASL authentication, for one):
+                # what it answered reaches the client before the client's connection closes.
+                with trio.move_on_after(UPSTREAM_CLOSE_FLUSH_SECONDS):
+                    await self._until(lambda: not self._out and not self.buffered)
                 self._finish("upstream_closed")
                 return
             decoder.feed(data)

@@ -129,6 +129,42 @@ async def test_requests_read_together_go_upstream_in_one_write() -> None:
     assert h.reason == "client_closed"
 
 
+async def test_a_response_sent_just_before_the_broker_closes_reaches_the_client() -> None:
+    """Kafka answers a failed SaslAuthenticate and closes at once: the client must get the
+    answer (then the close), not a bare close."""
+
+    async def answer_once_and_close(stream: trio.abc.Stream) -> None:
+        decoder = FrameDecoder(1 << 20)
+        while not (frames := decoder.frames()):
+            decoder.feed(await stream.receive_some(4096))
+        await stream.send_all(encode_frame(frames[0][4:8] + b"bye"))
+        await stream.aclose()
+
+    class SlowClientSide(CountingStream):
+        """Writes to the client take a few scheduler turns, as a TLS socket's do."""
+
+        async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+            for _ in range(3):
+                await trio.lowlevel.checkpoint()
+            await super().send_all(data)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            h = Harness()
+            h.conn.client = SlowClientSide(h.conn.client)
+
+            async def run_conn() -> None:
+                h.reason = await h.conn.run()
+                await trio.aclose_forcefully(h.conn.client)
+
+            nursery.start_soon(run_conn)
+            nursery.start_soon(answer_once_and_close, h.broker)
+            await h.client.send_all(encode_frame(opaque_request(77)))
+            got = await h.read_until_closed()
+    assert got == encode_frame(struct.pack(">i", 77) + b"bye")
+    assert h.reason == "upstream_closed"
+
+
 async def test_split_at_every_byte_boundary() -> None:
     wire = encode_frame(opaque_request(42, b"payload")) + encode_frame(opaque_request(43))
     with trio.fail_after(20):
