@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+from support import verifier
 from support.backends import BACKENDS, upstream_for
 from support.cluster import ThreadedCluster
 from support.kafka import KafkaCluster
@@ -133,6 +134,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if verifier.REPORTS:
+        terminalreporter.write_line("faults (tests/integration/test_faults_kafka.py):")
+        for line in verifier.summary_table(verifier.REPORTS):
+            terminalreporter.write_line(f"  {line}")
     for line in _kafka_started:
         terminalreporter.write_line(f"real Kafka: {line}")
     if _kafka_outcomes:

@@ -18,7 +18,8 @@ faults change it, configured so that each fault does what it says:
 The clients' request timeout is 3 s (``verifier.CLIENT_TIMEOUT_MS``).  Each
 fault's report (produced, acknowledged, received, lost, duplicated, what the
 proxy counted) is printed and written to ``var/faults/<fault>.json``;
-``var/faults/summary.json`` collects them for RELIABILITY.md.  The long run:
+``var/faults/summary.json`` collects them for RELIABILITY.md, and the run ends with
+a table of them (``verifier.summary_table``, printed by ``tests/conftest.py``).  The long run:
 ``KAFKA_FETCH_PROXY_FAULT_RECORDS=50000`` (records per fault, default 1500) and
 ``KAFKA_FETCH_PROXY_FAULT_RATE`` (records a second, default 150).
 
@@ -62,7 +63,8 @@ SHORT_PAUSE_S = 4.0
 FENCE_TIMEOUT_S = 30.0
 OUT = REPO / "var" / "faults"
 PROXY_SETTINGS: dict[str, Any] = {"connect_timeout_seconds": 10}
-RESULTS: dict[str, dict[str, Any]] = {}
+RESULTS = verifier.REPORTS
+"""This run's reports (the closing table of the test run prints them)."""
 
 
 @pytest.fixture(scope="module")

@@ -431,3 +431,44 @@ def check(report: dict[str, Any]) -> None:
     if group is not None and group["gaps"]:
         problems.append(f"group: {group['gaps']} acknowledged records never received")
     assert not problems, "; ".join(problems)
+
+
+REPORTS: dict[str, dict[str, Any]] = {}
+"""The fault reports recorded in this process, by fault (the run's closing table)."""
+
+
+def summary_table(reports: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per fault: what was produced, acknowledged and received, and what was lost,
+    duplicated or out of order (assigning consumers exactly once; the group at least once)."""
+    head = ("fault", "produced", "acked", "assign rcvd", "lost", "dup", "disorder")
+    head += ("group distinct", "group dup", "gaps")
+    rows = [head]
+    for fault, r in reports.items():
+        assign = [c for c in r["consumers"].values() if c["kind"] == "assign"]
+        group = r.get("group") or {}
+        rows.append(
+            (
+                fault,
+                str(r["produced"]),
+                str(r["acknowledged"]),
+                _received(assign),
+                str(sum(c["lost"] or 0 for c in assign)),
+                str(sum(c["duplicated"] for c in assign)),
+                str(sum(c["out_of_order"] for c in assign)),
+                str(group.get("distinct", "-")),
+                str(group.get("duplicates", "-")),
+                str(group.get("gaps", "-")),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _received(consumers: list[dict[str, Any]]) -> str:
+    counts = {c["received"] for c in consumers}
+    if len(counts) == 1 and len(consumers) > 1:
+        return f"{len(consumers)} x {counts.pop()}"
+    return "/".join(str(c["received"]) for c in consumers) or "-"
