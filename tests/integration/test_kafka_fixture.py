@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+import support.kafka as support_kafka
 from confluent_kafka import Consumer, Producer, TopicPartition
 from support.kafka import KafkaCluster
 
@@ -49,3 +51,15 @@ def test_older_broker(kafka39: KafkaCluster) -> None:
     assert kafka39.version.startswith("3.9.")
     topic = kafka39.new_topic(1)
     assert kafka39.leader_of(topic, 0) == 1
+
+
+def test_a_topic_larger_than_one_request_is_created_in_steps(
+    kafka: KafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KRaft refuses to create 10,000 partitions in one request (more than 10,000 metadata
+    records): create_topic creates, then grows, a larger topic in steps.  Checked here with
+    steps of 3, so the test stays small."""
+    monkeypatch.setattr(support_kafka, "MAX_PARTITIONS_PER_REQUEST", 3)
+    topic = kafka.new_topic(8, prefix="steps")
+    meta = kafka._admin().list_topics(topic, timeout=10)
+    assert sorted(meta.topics[topic].partitions) == list(range(8))

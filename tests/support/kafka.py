@@ -240,6 +240,11 @@ class Security:
         return args
 
 
+MAX_PARTITIONS_PER_REQUEST = 5000
+"""Partitions created (or added) by one Admin request: KRaft refuses a batch of more than
+10,000 metadata records, and a partition is one record per replica set."""
+
+
 class KafkaCluster:
     """A KRaft cluster of ``brokers`` combined broker+controller nodes on 127.0.0.1."""
 
@@ -390,16 +395,25 @@ class KafkaCluster:
         config: Mapping[str, str] | None = None,
         timeout: float = 30.0,
     ) -> str:
-        from confluent_kafka.admin import NewTopic
+        from confluent_kafka.admin import NewPartitions, NewTopic
 
         rf = replication_factor or len(self.nodes)
         admin = self._admin(timeout=timeout)
+        # KRaft writes a topic's creation as one batch of records, at most 10,000 of them
+        # (POLICY_VIOLATION beyond): a larger topic is created, then grown, in steps.
+        created = min(partitions, MAX_PARTITIONS_PER_REQUEST)
         futures = admin.create_topics(
-            [NewTopic(name, partitions, rf, config=dict(config or {}))],
+            [NewTopic(name, created, rf, config=dict(config or {}))],
             operation_timeout=timeout,
             request_timeout=timeout,
         )
         futures[name].result(timeout=timeout)
+        while created < partitions:
+            created = min(partitions, created + MAX_PARTITIONS_PER_REQUEST)
+            grown = admin.create_partitions(
+                [NewPartitions(name, created)], operation_timeout=timeout, request_timeout=timeout
+            )
+            grown[name].result(timeout=timeout)
         self._wait_served(name, partitions, timeout)
         return name
 
