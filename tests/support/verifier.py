@@ -443,7 +443,12 @@ def summary_table(reports: dict[str, dict[str, Any]]) -> list[str]:
     head = ("fault", "produced", "acked", "assign rcvd", "lost", "dup", "disorder")
     head += ("group distinct", "group dup", "gaps")
     rows = [head]
+    others = []
     for fault, r in reports.items():
+        if "consumers" not in r:  # no records (the SIGTERM tests): its own line below
+            facts = ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("fault", "staged"))
+            others.append(f"{fault}: {facts}")
+            continue
         assign = [c for c in r["consumers"].values() if c["kind"] == "assign"]
         group = r.get("group") or {}
         rows.append(
@@ -461,10 +466,11 @@ def summary_table(reports: dict[str, dict[str, Any]]) -> list[str]:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    return [
+    table = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
+    return table + others
 
 
 def _received(consumers: list[dict[str, Any]]) -> str:
