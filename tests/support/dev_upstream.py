@@ -15,7 +15,6 @@ would carry.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import sys
 from datetime import timedelta
@@ -30,6 +29,7 @@ from proxy.protocol.codec import (
     encode_response,
     request_schema,
 )
+from proxy.protocol.messages import make
 from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.topic_ids import TopicIdMap
 
@@ -82,14 +82,12 @@ def client_fetch(up: Upstream, version: int, parts: list[tuple[str, int, int]]) 
     topics: list[tuple[Any, list[Any]]] = []
     for name, p, offset in parts:
         ref: Any = up.state.topics[name].topic_id if version >= 13 else name
-        fp = _make(
-            mod.FetchPartition, partition=p, fetch_offset=offset, partition_max_bytes=1 << 20
-        )
+        fp = make(mod.FetchPartition, partition=p, fetch_offset=offset, partition_max_bytes=1 << 20)
         if topics and topics[-1][0] == ref:
             topics[-1][1].append(fp)
         else:
             topics.append((ref, [fp]))
-    return _make(
+    return make(
         mod.FetchRequest,
         replica_id=-1,
         max_wait=timedelta(0),
@@ -99,13 +97,8 @@ def client_fetch(up: Upstream, version: int, parts: list[tuple[str, int, int]]) 
         session_id=0,
         session_epoch=-1,
         topics=tuple(
-            _make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(ps))
+            make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(ps))
             for ref, ps in topics
         ),
         forgotten_topics_data=(),
     )
-
-
-def _make(cls: Any, **kwargs: Any) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in kwargs.items() if k in names})

@@ -48,7 +48,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def request(stream: trio.SocketStream, decoder: FrameDecoder, frame: bytes) -> bytes:
+async def request(stream: trio.abc.Stream, decoder: FrameDecoder, frame: bytes) -> bytes:
     await stream.send_all(encode_frame(frame))
     while (got := decoder.next_frame()) is None:
         data = await stream.receive_some(65536)

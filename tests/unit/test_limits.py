@@ -17,14 +17,13 @@ from typing import Any
 import structlog
 import trio
 import trio.testing
-from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
+from support.loopback import API_VERSIONS, request, settings
 
 from devbroker.cluster import DevCluster
-from proxy import config
 from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame
@@ -38,20 +37,6 @@ P = "kafka_fetch_proxy_"
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def settings(upstream: str, **extra: Any) -> config.Settings:
-    return config.validate(
-        {
-            "upstream": [upstream],
-            "listen": "127.0.0.1:0",
-            "broker_port_base": 0,
-            "connect_timeout_seconds": 2,
-            "retry_backoff_initial_seconds": 0.02,
-            "retry_backoff_max_seconds": 0.1,
-            **extra,
-        }
-    )
-
-
 def resolve(node_id: int, host: str, port: int) -> tuple[str, int]:
     return ("proxy", 9000 + node_id)
 
@@ -61,9 +46,6 @@ def opaque_request(cid: int, body: bytes = b"") -> bytes:
     return struct.pack(">hhi", 8, 2, cid) + b"\x00\x03app" + body
 
 
-API_VERSIONS = codec.encode_request(
-    ApiVersionsRequest(client_software_name="t", client_software_version="1"), 7, "t"
-)
 METADATA = codec.encode_request(
     MetadataRequest(
         topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
@@ -122,15 +104,6 @@ def fetch_v12(
         rack_id="",
     )
     return codec.encode_request(request, cid, "t")
-
-
-async def exchange(stream: trio.abc.Stream, decoder: FrameDecoder, frame: bytes) -> bytes:
-    await stream.send_all(encode_frame(frame))
-    while (got := decoder.next_frame()) is None:
-        data = await stream.receive_some(65536)
-        assert data, "the proxy closed the connection"
-        decoder.feed(data)
-    return got
 
 
 async def closed_by_peer(stream: trio.abc.Stream) -> bool:
@@ -245,7 +218,7 @@ async def test_a_client_announcing_a_huge_frame_is_closed_before_sending_the_bod
             await hostile.aclose()
             good = await trio.open_tcp_stream("127.0.0.1", port)
             cid, _ = codec.decode_response(
-                18, 3, await exchange(good, FrameDecoder(1 << 20), API_VERSIONS)
+                18, 3, await request(good, FrameDecoder(1 << 20), API_VERSIONS)
             )
             assert cid == 7  # everyone else is served as before
             await good.aclose()
@@ -314,7 +287,7 @@ async def test_connections_beyond_max_connections_are_refused_with_a_log_line_an
             served = []
             for _ in range(2):
                 stream = await trio.open_tcp_stream("127.0.0.1", port)
-                await exchange(stream, FrameDecoder(1 << 20), API_VERSIONS)
+                await request(stream, FrameDecoder(1 << 20), API_VERSIONS)
                 served.append(stream)
             for _ in range(3):
                 excess = await trio.open_tcp_stream("127.0.0.1", port)
@@ -322,7 +295,7 @@ async def test_connections_beyond_max_connections_are_refused_with_a_log_line_an
                 await excess.aclose()
             assert proxy.open_connections == 2
             for stream in served:  # the two served connections still work
-                await exchange(stream, FrameDecoder(1 << 20), METADATA)
+                await request(stream, FrameDecoder(1 << 20), METADATA)
                 await stream.aclose()
             nursery.cancel_scope.cancel()
     refused = [e for e in logs if e["event"] == "connection_refused"]
@@ -387,7 +360,7 @@ async def test_idle_timeout_through_the_proxy_closes_and_counts() -> None:
             )
             await proxy.discovered.wait()
             stream = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap.port)
-            await exchange(stream, FrameDecoder(1 << 20), API_VERSIONS)
+            await request(stream, FrameDecoder(1 << 20), API_VERSIONS)
             assert await closed_by_peer(stream)  # nothing more sent: closed by the proxy
             await stream.aclose()
             nursery.cancel_scope.cancel()
@@ -484,7 +457,7 @@ async def test_a_client_that_stops_reading_does_not_slow_the_others() -> None:
             stuck = socket.create_connection(("127.0.0.1", port))
             stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             stuck_stream = trio.SocketStream(trio.socket.from_stdlib_socket(stuck))
-            await exchange(stuck_stream, FrameDecoder(1 << 20), API_VERSIONS)
+            await request(stuck_stream, FrameDecoder(1 << 20), API_VERSIONS)
             (live,) = proxy.live.values()
             conn = live.connection
 
@@ -500,7 +473,7 @@ async def test_a_client_that_stops_reading_does_not_slow_the_others() -> None:
             decoder = FrameDecoder(1 << 20)
             with trio.fail_after(5):
                 for c in range(200):
-                    await exchange(other, decoder, fetch_v12(c, [0, 1, 2]))
+                    await request(other, decoder, fetch_v12(c, [0, 1, 2]))
             # the stuck client's responses held by the proxy stayed bounded
             assert conn.client_full
             assert conn.peak_buffered <= limit + 2 * UPSTREAM_RECEIVE_BYTES
@@ -522,7 +495,7 @@ async def test_a_client_session_larger_than_the_limit_is_served_without_a_sessio
             decoder = FrameDecoder(1 << 20)
 
             async def fetch(frame: bytes) -> Any:
-                _, response = codec.decode_response(1, 12, await exchange(stream, decoder, frame))
+                _, response = codec.decode_response(1, 12, await request(stream, decoder, frame))
                 return response
 
             def served(response: Any) -> list[int]:

@@ -15,6 +15,7 @@ from kio.schema.errors import ErrorCode
 from support.session_broker_model import ModelBroker
 
 from proxy.protocol.codec import request_schema
+from proxy.protocol.messages import make
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
 from proxy.sessions.upstream import (
@@ -49,14 +50,14 @@ def client_request(
         if version >= 13:
             t = broker.topics.get(name)
             ref = t.topic_id if t is not None else uuid.UUID(int=hash(name) & (2**128 - 1))
-        fp = _make(
+        fp = make(
             mod.FetchPartition, partition=p, fetch_offset=offset, partition_max_bytes=max_bytes
         )
         if topics and (topics[-1][0] == ref):
             topics[-1][1].append(fp)
         else:
             topics.append((ref, [fp]))
-    return _make(
+    return make(
         mod.FetchRequest,
         replica_id=-1,
         max_wait=timedelta(milliseconds=500),
@@ -66,16 +67,12 @@ def client_request(
         session_id=0,
         session_epoch=-1,
         topics=tuple(
-            _make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(ps))
+            make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(ps))
             for ref, ps in topics
         ),
         forgotten_topics_data=(),
         rack_id=rack,
     )
-
-
-def _make(cls: Any, **kwargs: Any) -> Any:
-    return cls(**{k: v for k, v in kwargs.items() if k in cls.__dataclass_fields__})
 
 
 def serve(translator: FetchTranslator, broker: ModelBroker, request: Any) -> tuple[Any, list[Any]]:
@@ -295,7 +292,7 @@ def test_id_client_through_name_upstream() -> None:
     unknown = uuid.uuid4()
     req = client_request(13, broker, [("a", 0, 0, 100)])
     mod = _mod(13)
-    req = _make(
+    req = make(
         mod.FetchRequest,
         max_wait=req.max_wait,
         min_bytes=1,
@@ -352,9 +349,9 @@ def test_translator_refuses_session_clients_and_overlapping_fetches() -> None:
         tr.begin(req)
     tr.abort()
     assert tr.session.next_metadata.epoch == 0
-    session_req = _make(_mod(12).FetchRequest, **{**_fields(req), "session_epoch": 0})
+    session_req = make(_mod(12).FetchRequest, **{**_fields(req), "session_epoch": 0})
     assert not is_sessionless_consumer_fetch(session_req)
-    follower = _make(_mod(12).FetchRequest, **{**_fields(req), "replica_id": 1})
+    follower = make(_mod(12).FetchRequest, **{**_fields(req), "replica_id": 1})
     assert not is_sessionless_consumer_fetch(follower)
     with pytest.raises(TranslationError):
         tr.begin(session_req)

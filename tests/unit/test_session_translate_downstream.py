@@ -10,7 +10,6 @@ an incremental response includes.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import sys
 import uuid
@@ -24,6 +23,7 @@ from support.dev_upstream import PARTITIONS, Upstream
 from devbroker.fetch import NodeFetcher
 from proxy.protocol import records
 from proxy.protocol.codec import request_schema
+from proxy.protocol.messages import make
 from proxy.sessions.downstream import DownstreamSessions
 from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch
@@ -33,11 +33,6 @@ from proxy.sessions.upstream_session import (
     PartitionKey,
     SessionRequest,
 )
-
-
-def _make(cls: Any, **kwargs: Any) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in kwargs.items() if k in names})
 
 
 def session_request(version: int, sreq: SessionRequest) -> Any:
@@ -54,12 +49,12 @@ def session_request(version: int, sreq: SessionRequest) -> Any:
         return out
 
     topics = tuple(
-        _make(
+        make(
             mod.FetchTopic,
             topic=ref,
             topic_id=ref,
             partitions=tuple(
-                _make(
+                make(
                     mod.FetchPartition,
                     partition=k.partition,
                     fetch_offset=sreq.to_send[k].fetch_offset,
@@ -71,12 +66,12 @@ def session_request(version: int, sreq: SessionRequest) -> Any:
         for ref, keys in grouped(list(sreq.to_send))
     )
     forgotten = tuple(
-        _make(
+        make(
             mod.ForgottenTopic, topic=ref, topic_id=ref, partitions=tuple(k.partition for k in keys)
         )
         for ref, keys in grouped(list(sreq.to_forget))
     )
-    return _make(
+    return make(
         mod.FetchRequest,
         replica_id=-1,
         max_wait=timedelta(0),
@@ -148,7 +143,7 @@ def test_session_client_full_then_incremental_through_the_proxy() -> None:
 def test_session_errors_are_answered_without_going_upstream() -> None:
     s = Setup(17, seed=4)
     mod = sys.modules[request_schema(1, 12).__module__]
-    req = _make(
+    req = make(
         mod.FetchRequest,
         max_wait=timedelta(0),
         min_bytes=1,
