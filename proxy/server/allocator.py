@@ -31,12 +31,26 @@ import ctypes
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 LARGE_BUFFER_BYTES = 128 * 1024
 """glibc's initial threshold, kept fixed: response data is mapped, everything else is not."""
 HEAP_TRIM_SECONDS = 10.0
 """How often the server gives the heap's free pages back (``heap_trimmer``)."""
+
+
+def _glibc_function(name: str) -> Any | None:
+    """The C library's function *name* when the C library is glibc; None elsewhere
+    (not Linux, musl, whose mallopt does nothing, or no such function)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018  glibc only
+        return getattr(libc, name)
+    except (OSError, AttributeError):
+        return None
 
 
 def fix_mmap_threshold(threshold: int = LARGE_BUFFER_BYTES) -> str:
@@ -47,13 +61,8 @@ def fix_mmap_threshold(threshold: int = LARGE_BUFFER_BYTES) -> str:
     """
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return "environment"
-    if not sys.platform.startswith("linux"):
-        return "unsupported"
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # noqa: B018  glibc only: musl's mallopt does nothing
-    except (OSError, AttributeError):
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
         return "unsupported"
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
@@ -62,13 +71,8 @@ def fix_mmap_threshold(threshold: int = LARGE_BUFFER_BYTES) -> str:
 
 def heap_trimmer() -> Callable[[], None] | None:
     """glibc's ``malloc_trim(0)`` as a function of no arguments; None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-        libc.gnu_get_libc_version  # noqa: B018  glibc only
-    except (OSError, AttributeError):
+    trim = _glibc_function("malloc_trim")
+    if trim is None:
         return None
     trim.argtypes = (ctypes.c_size_t,)
     trim.restype = ctypes.c_int
