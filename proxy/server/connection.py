@@ -261,7 +261,7 @@ class Connection:
                 # Kafka answers and then closes (a failed SASL authentication, for one):
                 # what it answered reaches the client before the client's connection closes.
                 with trio.move_on_after(UPSTREAM_CLOSE_FLUSH_SECONDS):
-                    await self._until(lambda: not self._out and not self.buffered)
+                    await self._until(lambda: not self.buffered)
                 self._finish("upstream_closed")
                 return
             decoder.feed(data)
