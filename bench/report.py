@@ -225,7 +225,7 @@ def _fmt(s: dict[str, float] | None) -> str:
 
 
 def markdown(results: dict[str, Any], plot_dir: str, plotted: set[str]) -> str:
-    """BENCHMARKS.md; plots are referenced as ``{plot_dir}/<scenario>.png``."""
+    """BENCHMARKS.md; plots and flame graphs are referenced under ``{plot_dir}/``."""
     meta = results["meta"]
     lines = [
         "# Benchmarks: the proxy's price",
@@ -255,7 +255,8 @@ def markdown(results: dict[str, Any], plot_dir: str, plotted: set[str]) -> str:
         lines.append(f"| {key} | {value} |")
     lines += ["", "## Targets", "", "| target | case | status | numbers |", "|---|---|---|---|"]
     for t in results["targets"]:
-        flame = f" ([flame graph]({t['flamegraph']}))" if t.get("flamegraph") else ""
+        graph = t.get("flamegraph")
+        flame = f" ([flame graph]({plot_dir}/{graph}))" if graph else ""
         lines.append(
             f"| {t['target']} | {t['case'] or '-'} | **{t['status']}** | {t['numbers']}{flame} |"
         )

@@ -12,8 +12,8 @@ alternating order (direct, haproxy, proxy, direct, ...) ``--repetitions`` times.
 Output: ``bench/results/<timestamp>/`` (``--out`` elsewhere) gets ``results.json``,
 one PNG per scenario, ``BENCHMARKS.md``, the processes' logs and, for each missed
 target, a py-spy flame graph of the proxy (``--no-flamegraphs``: none).  A complete
-non-smoke run also publishes: ``BENCHMARKS.md`` at the repository root and its plots
-in ``bench/plots/`` (``--no-publish``: it does not).  ``--smoke`` never publishes.
+non-smoke run also publishes: ``BENCHMARKS.md`` at the repository root, and its plots,
+flame graphs and ``results.json`` in ``bench/plots/`` (``--no-publish``: it does not).  ``--smoke`` never publishes.
 
 Not a test: it asserts nothing about speed.  Run it on a quiet machine.
 """
@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         PLOTS.mkdir(exist_ok=True)
         for name in plotted:
             shutil.copy(out / f"{name}.png", PLOTS / f"{name}.png")
+        for t in results["targets"]:  # the flame graph of each missed target, beside its plot
+            if t.get("flamegraph"):
+                shutil.copy(out / t["flamegraph"], PLOTS / t["flamegraph"])
+        shutil.copy(json_path, PLOTS / "results.json")
         (REPO / "BENCHMARKS.md").write_text(
             report.markdown(results, PLOTS.relative_to(REPO).as_posix(), plotted)
         )
