@@ -38,7 +38,8 @@ against current_leader_epoch), OFFSET_OUT_OF_RANGE, and a diverging epoch
 when last_fetched_epoch disagrees with the leader epoch cache (rebuilt from
 batch headers, so only requests carrying last_fetched_epoch pay for a scan).
 From v16, NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH carry CurrentLeader
-and the response lists the live leaders' NodeEndpoints.
+and the response lists the live leaders' NodeEndpoints (not to a follower, replica
+id >= 0: Kafka sends followers no NodeEndpoints).
 
 read_committed (isolation_level 1) reads up to the last stable offset and
 returns the aborted transactions (producer id, first offset) that overlap the
@@ -580,6 +581,10 @@ class PendingFetch:
                     result.current_leader = leader
                     if endpoint is not None:
                         endpoints[endpoint[0]] = (endpoint[1], endpoint[2])
+        if self._params.is_from_follower:
+            # KafkaApis answers a follower with updateAndGenerateResponseData(partitions,
+            # Seq.empty): CurrentLeader is set, NodeEndpoints stay empty.
+            endpoints = {}
         session = self.context.update_and_generate_response_data(partitions, _partition_outcome)
         return self._build(session.error_code, session.session_id, session.partitions, endpoints)
 

@@ -618,6 +618,25 @@ def test_follower_fetch_is_refused_by_a_single_replica_partition() -> None:
     assert int(only(fetch(c, 15, [P("t")], replica_id=2)).error_code) == 6
 
 
+@pytest.mark.parametrize("v", [16, 18])
+def test_follower_fetch_names_the_leader_but_lists_no_node_endpoints(v: int) -> None:
+    # KafkaApis.handleFetchRequest answers followers with
+    # updateAndGenerateResponseData(partitions, Seq.empty): CurrentLeader, no NodeEndpoints.
+    c = Cluster(t=2)
+    part = c.state.partition("t", 1)
+    assert part is not None
+    part.leader, part.leader_epoch = 2, 4
+    resp = fetch(c, v, [P("t", 0), P("t", 1)], replica_id=2)
+    got = [
+        (int(pd.error_code), pd.current_leader.leader_id, pd.current_leader.leader_epoch)
+        for _k, pd in partitions(resp)
+    ]
+    assert got == [(6, 1, 0), (6, 2, 4)]
+    assert resp.node_endpoints == ()
+    consumer = fetch(c, v, [P("t", 1)])
+    assert [e.node_id for e in consumer.node_endpoints] == [2]
+
+
 # -- diverging epochs (KIP-320 / KIP-595) -----------------------------------------------
 
 

@@ -73,6 +73,101 @@ def test_attempts_that_create_nothing_still_take_their_turn() -> None:
     assert shard_index(open_session(cache)) == 1
 
 
+# -- eviction (FetchSessionCacheShard.tryEvict), per shard ---------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.seconds = 1000.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+
+def parts(n: int) -> dict[TopicIdPartition, PartitionRequest]:
+    return {
+        TopicIdPartition(TID, "t", i): PartitionRequest(fetch_offset=0, max_bytes=1024)
+        for i in range(n)
+    }
+
+
+def full_fetch(cache: ShardedSessionCache, n: int = 1, *, privileged: bool = False) -> int:
+    """A full fetch (epoch 0) of *n* partitions; the new session's id, or 0."""
+    data = parts(n)
+    context = cache.new_context(13, 0, 0, privileged, data, [], {TID: "t"})
+    return context.update_and_generate_response_data({k: None for k in data}, outcome).session_id
+
+
+def incremental_error(cache: ShardedSessionCache, session_id: int, epoch: int) -> int:
+    context = cache.new_context(13, session_id, epoch, False, {}, [], {TID: "t"})
+    return context.update_and_generate_response_data({}, outcome).error_code
+
+
+def two_slot_shards(clock: Clock) -> tuple[ShardedSessionCache, list[int], list[int]]:
+    """16 slots (2 a shard), filled: shard k holds small[k] (1 partition), large[k] (2)."""
+    cache = ShardedSessionCache(2 * NUM_SHARDS, clock=clock, rng=random.Random(5))
+    small = [full_fetch(cache, 1) for _ in range(NUM_SHARDS)]
+    clock.seconds += 0.01
+    large = [full_fetch(cache, 2) for _ in range(NUM_SHARDS)]
+    assert 0 not in small + large and cache.num_sessions == 2 * NUM_SHARDS
+    return cache, small, large
+
+
+def test_a_follower_evicts_the_consumer_session_with_fewest_partitions_not_the_lru() -> None:
+    clock = Clock()
+    cache, small, large = two_slot_shards(clock)
+    clock.seconds += 0.01
+    assert incremental_error(cache, small[0], 1) == 0  # small[0] is now the most recently used
+    follower = full_fetch(cache, 1, privileged=True)  # shard 0 again
+    assert shard_index(follower) == 0
+    assert cache.get(small[0]) is None and cache.get(large[0]) is not None
+    assert incremental_error(cache, small[0], 2) == 70
+    assert cache.evictions == 1
+
+
+def test_young_sessions_are_kept_from_consumers_whatever_their_size() -> None:
+    clock = Clock()
+    cache, _small, _large = two_slot_shards(clock)
+    assert [full_fetch(cache, 5) for _ in range(NUM_SHARDS)] == [0] * NUM_SHARDS
+    assert cache.evictions == 0
+
+
+def test_a_follower_evicts_a_consumer_before_a_smaller_follower_session() -> None:
+    clock = Clock()
+    cache, small, large = two_slot_shards(clock)
+    first = full_fetch(cache, 1, privileged=True)  # evicts small[0]
+    for _ in range(NUM_SHARDS - 1):
+        full_fetch(cache, 1)
+    second = full_fetch(cache, 1, privileged=True)  # shard 0: privileged ranks above size
+    assert 0 not in (first, second)
+    assert cache.get(small[0]) is None and cache.get(large[0]) is None
+    for _ in range(NUM_SHARDS - 1):
+        full_fetch(cache, 1)
+    assert full_fetch(cache, 3, privileged=True) == 0  # shard 0 holds two young followers
+    assert cache.get(first) is not None and cache.get(second) is not None
+    assert cache.evictions == 2
+
+
+def test_old_sessions_become_evictable_by_size_and_stale_ones_by_anyone() -> None:
+    clock = Clock()
+    cache, small, large = two_slot_shards(clock)
+    clock.seconds += 120.5  # shard 0's sessions: older than evictionMs, but used just now
+    assert incremental_error(cache, small[0], 1) == 0
+    assert incremental_error(cache, large[0], 1) == 0
+    assert full_fetch(cache, 1) == 0  # shard 0: (False, 1, 0) is below (False, 1, id)
+    # Shards 1..7 were last used 120 s ago: their least recently used session is stale.
+    others = [full_fetch(cache, 1) for _ in range(NUM_SHARDS - 1)]
+    assert 0 not in others and all(cache.get(i) is None for i in small[1:])
+    clock.seconds += 0.01
+    bigger = full_fetch(cache, 2)  # shard 0: 2 partitions beat small[0]'s 1
+    assert bigger != 0 and cache.get(small[0]) is None and cache.get(large[0]) is not None
+    clock.seconds += 120.5  # every session is stale now: the least recently used goes
+    for _ in range(NUM_SHARDS - 1):
+        full_fetch(cache, 1)
+    assert full_fetch(cache, 1) != 0  # shard 0 again
+    assert cache.get(large[0]) is None and cache.get(bigger) is not None
+
+
 @pytest.mark.parametrize(
     ("session_id", "index"),
     [
