@@ -50,7 +50,9 @@ from support.stack import ProxyStack
 
 from proxy.observe.metrics import Metrics
 
-pytestmark = [pytest.mark.kafka, pytest.mark.integration, pytest.mark.slow]
+# ``kafka`` comes from tests/conftest.py for the tests that use ``cluster`` (the dev cluster
+# test below runs no Kafka).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 6
 BROKER_CONFIG = {

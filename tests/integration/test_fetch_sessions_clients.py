@@ -41,6 +41,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aiokafka
+import confluent_kafka
+import kafka
 import pytest
 from support.backends import BACKENDS, running, upstream_for
 from support.delivery import assert_exactly_once_in_order
@@ -92,11 +95,6 @@ def make_records(partitions: int, per_partition: int, tag: str) -> list[Record]:
         for i in range(per_partition)
         for p in range(partitions)
     ]
-
-
-confluent_kafka = pytest.importorskip("confluent_kafka")
-kafka = pytest.importorskip("kafka")
-aiokafka = pytest.importorskip("aiokafka")
 
 
 class Producing:

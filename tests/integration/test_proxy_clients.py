@@ -22,7 +22,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aiokafka
+import confluent_kafka
+import kafka
 import pytest
+from confluent_kafka import admin as confluent_admin
 from support.backends import BACKENDS, BACKENDS_3, running, upstream_for
 from support.delivery import assert_exactly_once_in_order
 from support.stack import ProxyStack
@@ -78,9 +82,14 @@ def assert_only_proxy_addresses(stack: ProxyStack, seen: set[tuple[str, int]]) -
 
 
 def kcat(*args: str, stdin: bytes | None = None) -> str:
-    done = subprocess.run(
-        ["kcat", *args], input=stdin, capture_output=True, timeout=DEADLINE, check=False
-    )
+    """Run kcat to completion within DEADLINE (killed by its pid if it overruns)."""
+    try:
+        done = subprocess.run(
+            ["kcat", *args], input=stdin, capture_output=True, timeout=DEADLINE, check=False
+        )
+    except subprocess.TimeoutExpired as overrun:  # subprocess.run has killed it
+        stderr = (overrun.stderr or b"").decode(errors="replace")
+        raise AssertionError(f"kcat {' '.join(args)} overran {DEADLINE:.0f} s\n{stderr}") from None
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return done.stdout.decode()
 
@@ -110,9 +119,61 @@ def test_kcat_metadata_produce_consume(stack: ProxyStack) -> None:
         assert out.splitlines() == [f"{i} {line}" for i, line in enumerate(lines)]
 
 
-# --- confluent-kafka ----------------------------------------------------------------------
+KcatRecord = tuple[int, bytes, bytes]  # partition, key, value
 
-confluent_kafka = pytest.importorskip("confluent_kafka")
+
+def kcat_records(partitions: int, per_partition: int, tag: str) -> list[KcatRecord]:
+    """Records kcat can read and print as lines: no space, colon or newline in them."""
+    return [
+        (p, f"k{p}-{i}".encode(), f"{tag}|p{p}|{i}|{'x' * (i % 7)}".encode())
+        for i in range(per_partition)
+        for p in range(partitions)
+    ]
+
+
+def kcat_produce(stack: ProxyStack, topic: str, records: list[KcatRecord]) -> None:
+    """Produce (partition, key, value) records with kcat, one run per partition, in order."""
+    for p in sorted({r[0] for r in records}):
+        lines = b"".join(k + b":" + v + b"\n" for q, k, v in records if q == p)
+        kcat("-b", stack.bootstrap, "-P", "-t", topic, "-p", str(p), "-K", ":", stdin=lines)
+
+
+def kcat_group_consume(
+    stack: ProxyStack, topic: str, group: str
+) -> list[tuple[int, int, bytes, bytes]]:
+    """Consume *topic* with kcat in a balanced consumer group (``-G``) to the end of every
+    partition (``-e``); (partition, offset, key, value) in arrival order.  Leaving, kcat
+    commits the group's offsets (librdkafka's auto-commit on close)."""
+    args = ["-G", group, "-X", "auto.offset.reset=earliest", "-e", "-q", "-f", "%p %o %k %s\n"]
+    out = kcat("-b", stack.bootstrap, *args, topic)
+    got = []
+    for line in out.splitlines():
+        p, o, k, v = line.split(" ", 3)
+        got.append((int(p), int(o), k.encode(), v.encode()))
+    return got
+
+
+def test_kcat_group_consume_resumes_from_committed_offsets(stack: ProxyStack) -> None:
+    """kcat as a balanced group consumer: the first member reads everything once, in
+    order per partition; a second one of the same group, after more records, reads only
+    the new ones (the offsets committed through the proxy)."""
+    topic = stack.create_topic(4)
+    group = f"kcatg-{uuid.uuid4().hex[:6]}"
+    first = kcat_records(4, 60, "kcat-g1")
+    kcat_produce(stack, topic, first)
+    got = kcat_group_consume(stack, topic, group)
+    assert_exactly_once_in_order(first, [(p, k, v) for p, _, k, v in got])
+    for p in range(4):
+        assert [o for q, o, _, _ in got if q == p] == list(range(60))
+    second = kcat_records(4, 25, "kcat-g2")
+    kcat_produce(stack, topic, second)
+    got = kcat_group_consume(stack, topic, group)
+    assert_exactly_once_in_order(second, [(p, k, v) for p, _, k, v in got])
+    for p in range(4):
+        assert [o for q, o, _, _ in got if q == p] == list(range(60, 85))
+
+
+# --- confluent-kafka ----------------------------------------------------------------------
 
 
 def confluent_produce(stack: ProxyStack, topic: str, records: list[Record], **conf: Any) -> None:
@@ -197,11 +258,10 @@ def test_confluent_group_subscribe(stack: ProxyStack) -> None:
 
 
 def test_confluent_admin_creates_topics(stack: ProxyStack) -> None:
-    admin_module = pytest.importorskip("confluent_kafka.admin")
-    admin = admin_module.AdminClient({"bootstrap.servers": stack.bootstrap})
+    admin = confluent_admin.AdminClient({"bootstrap.servers": stack.bootstrap})
     name = f"admin-{uuid.uuid4().hex[:8]}"
     futures = admin.create_topics(
-        [admin_module.NewTopic(name, num_partitions=5, replication_factor=1)]
+        [confluent_admin.NewTopic(name, num_partitions=5, replication_factor=1)]
     )
     futures[name].result(timeout=DEADLINE)
     assert name in stack.topic_names()
@@ -214,8 +274,6 @@ def test_confluent_admin_creates_topics(stack: ProxyStack) -> None:
 
 
 # --- kafka-python -------------------------------------------------------------------------
-
-kafka = pytest.importorskip("kafka")
 
 
 @pytest.mark.parametrize(
@@ -285,8 +343,6 @@ def test_kafka_python_group_subscribe(stack: ProxyStack) -> None:
 
 
 # --- aiokafka -----------------------------------------------------------------------------
-
-aiokafka = pytest.importorskip("aiokafka")
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import datetime
 from dataclasses import fields
 from typing import Any
 
+import kafka
 import pytest
 import trio
 from kio.schema.errors import ErrorCode
@@ -183,9 +184,6 @@ async def test_sasl_plain_passes_through_per_connection() -> None:
             assert rc != 0 and "uthentication" in err
             assert b"\x00alice\x00wrong" in broker.tokens
             nursery.cancel_scope.cancel()
-
-
-kafka = pytest.importorskip("kafka")
 
 
 async def test_sasl_handshake_v0_raw_tokens_kafka_python() -> None:

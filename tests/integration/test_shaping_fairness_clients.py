@@ -27,6 +27,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aiokafka
+import confluent_kafka
+import kafka
 import pytest
 import trio
 from support.backends import BACKENDS, running, upstream_for
@@ -39,10 +42,6 @@ from proxy.protocol.records import iter_batches
 from proxy.server.proxy import Proxy
 
 pytestmark = pytest.mark.integration
-
-confluent_kafka = pytest.importorskip("confluent_kafka")
-kafka = pytest.importorskip("kafka")
-aiokafka = pytest.importorskip("aiokafka")
 
 DEADLINE = 60.0
 PARTITIONS = 8

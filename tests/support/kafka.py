@@ -16,6 +16,12 @@ one node can be stopped and restarted while the others keep serving.  Ports are 
 at run time, storage is formatted fresh, and every process is stopped by its pid.
 Each node's ``server.log`` stays in ``workdir``.
 
+Every cluster is listed in :func:`running_clusters` from ``start()`` to ``stop()``, so the
+test run can keep the logs of any cluster a failing test used, wherever it was created
+(tests/conftest.py): it sets ``cluster.keep_logs_in``, and ``stop()`` copies each node's
+``server.log``, ``stdout.log`` and ``server.properties`` there (:meth:`KafkaCluster.copy_logs`).
+:func:`clusters_in` finds the clusters among a test's fixture values.
+
 Security is opt-in (``security=Security(...)``): every node then also serves a
 ``SECURE`` listener (SASL_SSL or SASL_PLAINTEXT) with SCRAM-SHA-512 and PLAIN, and the
 cluster runs the StandardAuthorizer with ``allow.everyone.if.no.acl.found=false``::
@@ -42,8 +48,9 @@ import shutil
 import signal
 import subprocess
 import time
+import types
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +77,53 @@ _DEFAULTS = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
     "transaction.remove.expired.transaction.cleanup.interval.ms": "2000",
 }
+
+
+LOG_FILES = ("server.log", "stdout.log", "server.properties")
+"""What :meth:`KafkaCluster.copy_logs` keeps of each node."""
+
+_running: dict[int, KafkaCluster] = {}
+"""id -> every cluster between start() and stop(), in start order."""
+
+
+def running_clusters() -> list[KafkaCluster]:
+    """The clusters started and not stopped yet (wherever they were created)."""
+    return list(_running.values())
+
+
+def clusters_in(values: Iterable[object], depth: int = 2, limit: int = 5000) -> list[KafkaCluster]:
+    """The clusters among *values* or reachable from them within *depth* steps.
+
+    A step goes into a tuple, list, set or dict, an object's attributes, or a bound
+    method's object: it finds the cluster behind a ``ProxyStack`` (``stack.kafka``), a
+    pair of backends whose ``create`` is a cluster's method, and so on.  At most *limit*
+    objects are looked at.
+    """
+    found: dict[int, KafkaCluster] = {}
+    seen: set[int] = set()
+    level = list(values)
+    for step in range(depth + 1):
+        following: list[object] = []
+        for obj in level:
+            if id(obj) in seen or len(seen) >= limit:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, KafkaCluster):
+                found.setdefault(id(obj), obj)
+                continue
+            if step == depth or isinstance(obj, str | bytes | bytearray | int | float | type):
+                continue
+            if isinstance(obj, tuple | list | set | frozenset):
+                following.extend(obj)
+            elif isinstance(obj, dict):
+                following.extend(obj.values())
+            elif isinstance(obj, types.MethodType):
+                following.append(obj.__self__)
+            elif hasattr(obj, "__dict__") and not callable(obj):  # no class, function, module
+                if not isinstance(obj, types.ModuleType):
+                    following.extend(vars(obj).values())
+        level = following
+    return list(found.values())
 
 
 class SetupError(RuntimeError):
@@ -257,12 +311,18 @@ class KafkaCluster:
         config: Mapping[str, str] | None = None,
         listeners: Mapping[str, int] | None = None,
         security: Security | None = None,
+        name: str | None = None,
     ) -> None:
         if version not in VERSIONS:
             raise ValueError(f"unknown Kafka line {version!r}: one of {sorted(VERSIONS)}")
         self.lib = jvm_lib(VERSIONS[version])
         self.version = jar_version(self.lib, "kafka_2.13")
         self.workdir = Path(workdir)
+        self.name = name or self.workdir.name
+        """What the test run calls it (its kept logs' directory starts with it)."""
+        self.keep_logs_in: Path | None = None
+        """If set (tests/conftest.py does when a test that used the cluster failed), ``stop()``
+        copies every node's logs there (:meth:`copy_logs`)."""
         self.config = {**_DEFAULTS, **(config or {})}
         self.extra_listeners = dict(listeners or {})
         """name -> advertised port of a second PLAINTEXT listener on node 1 (e.g. for a relay)."""
@@ -292,6 +352,7 @@ class KafkaCluster:
         return ",".join(f"127.0.0.1:{n.secure_port}" for n in self.nodes.values())
 
     def start(self, timeout: float = START_TIMEOUT) -> KafkaCluster:
+        """Format storage, launch every node, wait until all serve; stopped again on failure."""
         began = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cluster_id = self._storage("random-uuid").strip().splitlines()[-1]
@@ -302,6 +363,7 @@ class KafkaCluster:
             self._storage(
                 "format", "-t", self.cluster_id, "-c", str(node.dir / "server.properties"), *scram
             )
+        _running[id(self)] = self  # until stop()
         try:
             for node in self.nodes.values():
                 self._launch(node)
@@ -313,7 +375,25 @@ class KafkaCluster:
         return self
 
     def stop(self) -> None:
-        """SIGTERM every node at once, SIGKILL what is still running after 10 s."""
+        """SIGTERM every node at once, SIGKILL what is still running after 10 s; then copy
+        the logs to ``keep_logs_in`` if it is set."""
+        try:
+            self._stop_nodes()
+        finally:
+            _running.pop(id(self), None)
+            if self.keep_logs_in is not None:
+                self.copy_logs(self.keep_logs_in)
+
+    def copy_logs(self, dest: Path) -> Path:
+        """Copy each node's :data:`LOG_FILES` to ``dest/node-<id>-<file>``."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes.values():
+            for log in LOG_FILES:
+                if (node.dir / log).exists():
+                    shutil.copy(node.dir / log, dest / f"node-{node.node_id}-{log}")
+        return dest
+
+    def _stop_nodes(self) -> None:
         running = [n for n in self.nodes.values() if n.proc is not None]
         for node in running:
             assert node.proc is not None
