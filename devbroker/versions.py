@@ -6,14 +6,21 @@ v18, Produce v13 and ListOffsets v11 included), capped where a newer version
 needs semantics the dev cluster does not implement (the differential test,
 tests/integration/test_differential.py, lists these gaps against real Kafka):
 
-- OffsetCommit v10 and OffsetFetch v10 address topics by id (Produce v13 does
-  too, and is implemented);
 - InitProducerId v6 (KIP-939 two-phase commit) is left out (Kafka 4.4 advertises v5 too);
 - ApiVersions v5 and Produce v0-v2, which Kafka 4.4 advertises, have no kio
   schema (Kafka refuses Produce v0-v2 anyway; it lists them for old librdkafka);
-- AddPartitionsToTxn v4+ is the brokers' batched verification form, EndTxn v5
-  and TxnOffsetCommit v5 are transactions V2 (KIP-890 part 2, epoch bump per
-  transaction): clients use transactions V1 with the versions advertised here.
+- transactions V2 (KIP-890 part 2) is not implemented: EndTxn v5 (the epoch
+  bumped at the end of every transaction, returned in the response),
+  TxnOffsetCommit v5+ (kio has no v6 schema either) and AddPartitionsToTxn v4+
+  (the brokers' batched verification form).  The dev cluster finalizes no
+  features in ApiVersions, so clients use transactions V1 with the versions
+  advertised here.  Kafka 4.4 finalizes transaction.version 2 on a fresh
+  cluster and then also adds partitions implicitly on transactional Produce
+  v12+; the dev cluster answers those TRANSACTION_ABORTABLE unless
+  AddPartitionsToTxn added the partition (what V1 clients always do first).
+
+OffsetCommit v10 and OffsetFetch v10 (topics by id, KIP-848 era) are implemented
+(:mod:`devbroker.offsets`).
 
 Sans-I/O: no trio here.
 """
@@ -55,8 +62,8 @@ _CAPS: dict[int, int] = {
     FETCH: 18,
     LIST_OFFSETS: 11,
     METADATA: 13,
-    OFFSET_COMMIT: 9,
-    OFFSET_FETCH: 9,
+    OFFSET_COMMIT: 10,
+    OFFSET_FETCH: 10,
     FIND_COORDINATOR: 6,
     JOIN_GROUP: 9,
     HEARTBEAT: 4,

@@ -50,9 +50,13 @@ FETCH_NEW, FETCH_OLD = 18, 12
 LIST_OFFSETS_NEW, LIST_OFFSETS_OLD = 11, 7
 PRODUCE_NEW, PRODUCE_NAMES = 13, 12
 
-EVICTION_SLOTS = 8
-"""max.incremental.fetch.session.cache.slots of the small-cache clusters: one per
-cache shard of Kafka's eight."""
+SHARDS = 8
+"""Kafka's fetch session cache shards (KafkaBroker.NumFetchSessionCacheShards)."""
+EVICTION_SLOTS = 2 * SHARDS
+"""max.incremental.fetch.session.cache.slots of the small-cache clusters: two per
+cache shard of Kafka's eight, so that eviction has a choice of victim."""
+FOLLOWER_ID = 100
+"""A replica id >= 0 that names no broker: its fetches are privileged (follower) fetches."""
 
 BASE_TS = 1_700_000_000_000
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED, EARLIEST_PENDING = (
@@ -387,8 +391,13 @@ def fetch_request(
     epoch: int = -1,
     max_bytes: int = 50 * 1024 * 1024,
     forgotten: list[tuple[str, uuid.UUID | None, list[int]]] | None = None,
+    replica_id: int = -1,
 ) -> dict[str, Any]:
-    """partitions: (topic, topic id, partition, fetch offset, partition max bytes)."""
+    """partitions: (topic, topic id, partition, fetch offset, partition max bytes).
+
+    *replica_id* >= 0 makes it a follower fetch (``replica_id`` before v15,
+    ``replica_state.replica_id`` from v15): its session, if one is created, is privileged.
+    """
     topics: list[dict[str, Any]] = []
     for topic, tid, index, offset, pmax in partitions:
         entry = {
@@ -405,8 +414,8 @@ def fetch_request(
             topics.append({"topic": topic, "topic_id": tid, "partitions": [entry]})
     return {
         "cluster_id": None,
-        "replica_id": -1,
-        "replica_state": {"replica_id": -1, "replica_epoch": -1},
+        "replica_id": replica_id,
+        "replica_state": {"replica_id": replica_id, "replica_epoch": -1},
         "max_wait": 0,
         "min_bytes": 1,
         "max_bytes": max_bytes,
@@ -599,6 +608,106 @@ def test_fetch_session_cache_full(pair_small_cache: tuple[Backend, Backend]) -> 
     assert got["one more: the cache is full"]["session_id"] == 0
     # The freed slot is in another cache shard than the one next in turn.
     assert got["one more after a close"]["session_id"] == 0
+
+
+def test_fetch_session_cache_eviction(pair_small_cache: tuple[Backend, Backend]) -> None:
+    """A privileged (follower) full fetch into a full cache shard evicts a consumer session.
+
+    FetchSessionCacheShard.tryEvict, with no session idle for evictionMs (120 s):
+    the new session's key (privileged, size, 0) is compared with the lowest
+    EvictableKey (privileged, cached size, id) of the shard's sessions that a
+    privileged fetch may evict (every unprivileged session, and privileged ones
+    older than evictionMs); a consumer fetch may evict only sessions older than
+    evictionMs, so within seconds it never evicts, whatever its size.  Kafka
+    creates the follower's session before reading (FetchManager.newContext) and
+    answers its partition NOT_LEADER_OR_FOLLOWER (the replica id is no replica:
+    Partition.followerReplicaOrThrow).
+
+    Each full fetch goes to the next shard in turn; with two slots a shard, the i-th
+    and (i+8)-th full fetch of this script share a shard (the cache starts empty).
+    """
+    topic = topic_name("evict")
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 3)
+        steps: list[Step] = []
+        with b.client() as c:
+            ids = topic_ids(c, topic)
+            tid = next(iter(ids))
+            norm = Normaliser({min(b.addresses): "n0"}, ids)
+            produce(c, topic, 0, batch(2, 10))
+
+            def parts(n: int) -> list[tuple[str, uuid.UUID | None, int, int, int]]:
+                return [(topic, tid, i, 0, 1024) for i in range(n)]
+
+            def fetch(
+                label: str,
+                n: int = 0,
+                session_id: int = 0,
+                epoch: int = 0,
+                replica_id: int = -1,
+            ) -> int:
+                request = fetch_request(
+                    FETCH_NEW, parts(n), session_id=session_id, epoch=epoch, replica_id=replica_id
+                )
+                r = c.call(FETCH, FETCH_NEW, request)
+                steps.append((label, norm(r)))
+                return int(r.session_id)
+
+            # Shard k (in turn from wherever the counter stands) gets small[k], 1 partition,
+            # then large[k], 2 partitions.
+            small = [fetch(f"consumer session {k}, 1 partition", 1) for k in range(SHARDS)]
+            large = [
+                fetch(f"consumer session {k + SHARDS}, 2 partitions", 2) for k in range(SHARDS)
+            ]
+            sessions = small + large
+            steps.append(
+                ("16 sessions", len(set(sessions)) == EVICTION_SLOTS and 0 not in sessions)
+            )
+            # small[0] becomes its shard's most recently used session: the victim is not the LRU.
+            fetch("use consumer session 0", session_id=small[0], epoch=1)
+            p1 = fetch("follower full fetch into shard 0", 1, replica_id=FOLLOWER_ID)
+            fetch("evicted: consumer session 0, the smaller", session_id=small[0], epoch=2)
+            fetch("kept: consumer session 8, the larger", session_id=large[0], epoch=1)
+            for k in range(1, SHARDS):
+                fetch(f"consumer fetch of 3 partitions into full shard {k}", 3)
+            p2 = fetch("second follower full fetch into shard 0", 1, replica_id=FOLLOWER_ID)
+            fetch("evicted: consumer session 8, though larger", session_id=large[0], epoch=2)
+            fetch(
+                "kept: the first follower session", session_id=p1, epoch=1, replica_id=FOLLOWER_ID
+            )
+            for k in range(1, SHARDS):
+                fetch(f"consumer fetch into full shard {k} again", 1)
+            fetch(
+                "third follower full fetch: shard 0 holds two young follower sessions",
+                1,
+                replica_id=FOLLOWER_ID,
+            )
+            for sid in [*small[1:], *large[1:], p1, p2]:
+                fetch("close", session_id=sid, epoch=-1)
+        return steps
+
+    got = assert_same(pair_small_cache, script)
+    assert got["16 sessions"] is True
+    follower = got["follower full fetch into shard 0"]
+    assert follower["session_id"] == "<session>"
+    assert follower["responses"][0]["partitions"][0]["error_code"] == "6 not_leader_or_follower"
+    assert (
+        got["evicted: consumer session 0, the smaller"]["error_code"]
+        == "70 fetch_session_id_not_found"
+    )
+    assert got["kept: consumer session 8, the larger"]["error_code"] == "0 none"
+    assert got["consumer fetch of 3 partitions into full shard 1"]["session_id"] == 0
+    assert got["second follower full fetch into shard 0"]["session_id"] == "<session>"
+    assert (
+        got["evicted: consumer session 8, though larger"]["error_code"]
+        == "70 fetch_session_id_not_found"
+    )
+    assert got["kept: the first follower session"]["error_code"] == "0 none"
+    assert (
+        got["third follower full fetch: shard 0 holds two young follower sessions"]["session_id"]
+        == 0
+    )
 
 
 # -- KIP-74: byte limits ------------------------------------------------------------------
@@ -1047,12 +1156,22 @@ API_VERSION_GAPS: dict[int, tuple[tuple[int, int], str]] = {
         "Kafka 4.x advertises Produce v0-v2 only for old librdkafka (KAFKA-18659) and refuses "
         "them; kio 0.6.5 has no schema for them",
     ),
-    8: ((2, 9), "OffsetCommit v10 names topics by id: not implemented in the dev cluster"),
-    9: ((1, 9), "OffsetFetch v10 names topics by id: not implemented in the dev cluster"),
     API_VERSIONS: ((0, 4), "kio 0.6.5 has no ApiVersions v5 schema"),
-    24: ((0, 3), "AddPartitionsToTxn v4+ is the brokers' batched form / transactions V2"),
-    26: ((0, 4), "EndTxn v5 is transactions V2 (KIP-890 part 2): not implemented"),
-    28: ((0, 4), "TxnOffsetCommit v5+ is transactions V2 (KIP-890 part 2): not implemented"),
+    24: (
+        (0, 3),
+        "AddPartitionsToTxn v4+ is the brokers' batched verification form (transactions V2, "
+        "KIP-890 part 2): not implemented",
+    ),
+    26: (
+        (0, 4),
+        "EndTxn v5 is transactions V2 (KIP-890 part 2: epoch bumped per transaction, "
+        "partitions added by Produce v12+): not implemented",
+    ),
+    28: (
+        (0, 4),
+        "TxnOffsetCommit v5 is transactions V2 (KIP-890 part 2): not implemented; "
+        "kio 0.6.5 has no v6 schema",
+    ),
 }
 """api key -> (the dev cluster's range, why it differs from Kafka 4.4's)."""
 
@@ -1111,3 +1230,347 @@ def test_unsupported_versions(pair: tuple[Backend, Backend]) -> None:
     got = assert_same(pair, script)
     assert got[f"api {FETCH} v99: connection closed"] is True
     assert got["ApiVersions v99"]["error_code"] == "35 unsupported_version"
+
+
+# -- OffsetCommit and OffsetFetch v10: topics by id ------------------------------------------
+
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
+OFFSETS_BY_ID, OFFSETS_BY_NAME = 10, 9
+
+
+def wait_group_coordinator(b: Backend, group: str) -> None:
+    """Until the group's coordinator answers OffsetFetch (Kafka first creates and loads
+    ``__consumer_offsets``: NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS meanwhile)."""
+    with b.client() as c:
+        while True:
+            found = c.call(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]})
+            if found.coordinators[0].error_code == ErrorCode.none:
+                break
+            time.sleep(0.1)
+        while True:
+            r = c.call(
+                OFFSET_FETCH,
+                OFFSETS_BY_NAME,
+                {
+                    "groups": [{"group_id": group, "member_epoch": -1, "topics": []}],
+                    "require_stable": False,
+                },
+            )
+            if r.groups[0].error_code == ErrorCode.none:
+                return
+            time.sleep(0.1)
+
+
+def commit_offsets(
+    c: RawClient, version: int, group: str, topics: list[tuple[str | uuid.UUID, list[int]]]
+) -> Any:
+    """topics: (name or topic id, partitions); partition p commits offset 10 * p + 1."""
+    return c.call(
+        OFFSET_COMMIT,
+        version,
+        {
+            "group_id": group,
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": key if isinstance(key, str) else "",
+                    "topic_id": key if isinstance(key, uuid.UUID) else None,
+                    "partitions": [
+                        {
+                            "partition_index": p,
+                            "committed_offset": 10 * p + 1,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": f"meta-{p}",
+                        }
+                        for p in parts
+                    ],
+                }
+                for key, parts in topics
+            ],
+        },
+    )
+
+
+def fetch_offsets(
+    c: RawClient,
+    version: int,
+    groups: list[tuple[str, list[tuple[str | uuid.UUID, list[int]]] | None]],
+) -> Any:
+    return c.call(
+        OFFSET_FETCH,
+        version,
+        {
+            "groups": [
+                {
+                    "group_id": group,
+                    "member_id": None,
+                    "member_epoch": -1,
+                    "topics": None
+                    if topics is None
+                    else [
+                        {
+                            "name": key if isinstance(key, str) else "",
+                            "topic_id": key if isinstance(key, uuid.UUID) else None,
+                            "partition_indexes": parts,
+                        }
+                        for key, parts in topics
+                    ],
+                }
+                for group, topics in groups
+            ],
+            "require_stable": False,
+        },
+    )
+
+
+def test_offsets_by_topic_id(pair: tuple[Backend, Backend]) -> None:
+    """OffsetCommit / OffsetFetch v10: topic ids, UNKNOWN_TOPIC_ID, and the answers' order
+    (KafkaApis answers unknown ids and partitions itself, then merges the coordinator's)."""
+    topic, other = topic_name("offsets-a"), topic_name("offsets-b")
+    group, lone = f"{topic}-group", f"{topic}-lone"
+    unknown = uuid.uuid4()
+    zero = uuid.UUID(int=0)
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 2)
+        b.create(other, 1)
+        for g in (group, lone):
+            wait_group_coordinator(b, g)
+        steps: list[Step] = []
+        with b.client() as c:
+            ids = topic_ids(c, topic, other)
+            norm = Normaliser({min(b.addresses): "n0"}, ids)
+            tid = {name: i for i, name in ids.items()}
+            a, o = tid[topic], tid[other]
+
+            def commit(label: str, version: int, g: str, topics: Any) -> None:
+                steps.append((label, norm(commit_offsets(c, version, g, topics))))
+
+            def fetch(label: str, version: int, groups: Any) -> None:
+                steps.append((label, norm(fetch_offsets(c, version, groups))))
+
+            commit("commit v10: known ids", OFFSETS_BY_ID, group, [(a, [0, 1]), (o, [0])])
+            commit(
+                "commit v10: unknown id, unknown partition, zero id, an id twice",
+                OFFSETS_BY_ID,
+                group,
+                [(unknown, [0, 2]), (a, [3, 1]), (zero, [0]), (o, [0]), (unknown, [5])],
+            )
+            commit("commit v10: unknown ids only", OFFSETS_BY_ID, lone, [(unknown, [0])])
+            commit("commit v10: no topics", OFFSETS_BY_ID, lone, [])
+            commit(
+                "commit v9: unknown name, unknown partition, a name twice",
+                OFFSETS_BY_NAME,
+                lone,
+                [(topic, [3, 0]), ("no-such-topic", [0]), (topic, [1])],
+            )
+            fetch(
+                "fetch v10: unknown id, known ids twice, zero id",
+                OFFSETS_BY_ID,
+                [(group, [(unknown, [0]), (a, [1, 0, 7]), (zero, [0]), (a, [1]), (o, [0])])],
+            )
+            fetch(
+                "fetch v10: all topics, unknown group",
+                OFFSETS_BY_ID,
+                [(lone, None), (f"{group}-none", [(a, [0])]), (f"{group}-none", None)],
+            )
+            fetch(
+                "fetch v9: by name, all topics",
+                OFFSETS_BY_NAME,
+                [(lone, [(topic, [1, 0]), ("no-such-topic", [0])]), (lone, None)],
+            )
+        return steps
+
+    got = assert_same(pair, script)
+    mixed = got["commit v10: unknown id, unknown partition, zero id, an id twice"]["topics"]
+    assert [p["error_code"] for p in mixed[0]["partitions"]] == ["100 unknown_topic_id"] * 3
+    fetched = got["fetch v10: unknown id, known ids twice, zero id"]["groups"][0]["topics"]
+    assert fetched[0]["topic_id"] == f"id:{topic}"
+    assert [p["committed_offset"] for p in fetched[0]["partitions"]] == [11, 1, -1]
+    assert fetched[-1]["partitions"][0]["error_code"] == "100 unknown_topic_id"
+
+
+INIT_PRODUCER_ID, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 25, 26, 28
+
+
+def init_transaction(c: RawClient, txn_id: str) -> dict[str, Any]:
+    """FindCoordinator and InitProducerId, retried until the coordinator is loaded; the
+    producer fields of the transactional requests."""
+    while True:
+        found = c.call(FIND_COORDINATOR, 4, {"key_type": 1, "coordinator_keys": [txn_id]})
+        if found.coordinators[0].error_code == ErrorCode.none:
+            break
+        time.sleep(0.1)
+    while True:
+        init = c.call(
+            INIT_PRODUCER_ID,
+            5,
+            {
+                "transactional_id": txn_id,
+                "transaction_timeout": 60_000,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            },
+        )
+        if init.error_code == ErrorCode.none:
+            return {
+                "transactional_id": txn_id,
+                "producer_id": init.producer_id,
+                "producer_epoch": init.producer_epoch,
+            }
+        time.sleep(0.1)
+
+
+def test_txn_offset_commit_answer_order(pair: tuple[Backend, Backend]) -> None:
+    """TxnOffsetCommit: KafkaApis answers unknown topics and partitions before the
+    coordinator's topics, and does not ask the coordinator when nothing is left."""
+    topic = topic_name("txn-offsets")
+    group, txn_id = f"{topic}-group", f"{topic}-txn"
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 2)
+        wait_group_coordinator(b, group)
+        steps: list[Step] = []
+        with b.client() as c:
+            norm = Normaliser({min(b.addresses): "n0"})
+            producer = init_transaction(c, txn_id)
+            added = c.call(ADD_OFFSETS_TO_TXN, 4, producer | {"group_id": group})
+            steps.append(("AddOffsetsToTxn", norm(added)))
+
+            def txn_commit(label: str, topics: list[tuple[str, list[int]]]) -> None:
+                r = c.call(
+                    TXN_OFFSET_COMMIT,
+                    4,
+                    producer
+                    | {
+                        "group_id": group,
+                        "generation_id": -1,
+                        "member_id": "",
+                        "group_instance_id": None,
+                        "topics": [
+                            {
+                                "name": name,
+                                "partitions": [
+                                    {
+                                        "partition_index": p,
+                                        "committed_offset": 5,
+                                        "committed_leader_epoch": -1,
+                                        "committed_metadata": None,
+                                    }
+                                    for p in parts
+                                ],
+                            }
+                            for name, parts in topics
+                        ],
+                    },
+                )
+                steps.append((label, norm(r)))
+
+            txn_commit(
+                "unknown partition, unknown topic, a topic twice",
+                [(topic, [0, 7]), ("no-such-topic", [0]), (topic, [1])],
+            )
+            txn_commit("unknown topics only", [("no-such-topic", [0, 1])])
+            ended = c.call(END_TXN, 4, producer | {"committed": False})
+            steps.append(("EndTxn abort", norm(ended)))
+        return steps
+
+    got = assert_same(pair, script)
+    mixed = got["unknown partition, unknown topic, a topic twice"]["topics"]
+    assert [(t["name"], [p["error_code"] for p in t["partitions"]]) for t in mixed] == [
+        (topic, ["3 unknown_topic_or_partition", "0 none", "0 none"]),
+        ("no-such-topic", ["3 unknown_topic_or_partition"]),
+    ]
+    assert got["EndTxn abort"]["error_code"] == "0 none"
+
+
+def test_offset_fetch_all_topics_order(pair: tuple[Backend, Backend]) -> None:
+    """OffsetFetch of all a group's topics answers in the order of the coordinator's
+    hash maps (topics by name hash, partitions by number hash, in first-commit order),
+    for offsets committed directly and by a committed transaction."""
+    prefix = topic_name("offsets-all")
+    sizes = {f"{prefix}-{i}": n for i, n in enumerate([1, 8, 3, 5, 2, 7])}
+    names = list(sizes)
+    group, txn_group, txn_id = f"{prefix}-group", f"{prefix}-txn-group", f"{prefix}-txn"
+    # (topic, partitions) in commit order: partitions and topics out of order, some twice.
+    commits = [
+        [(names[1], [7, 2, 5]), (names[3], [4, 0])],
+        [(names[0], [0]), (names[1], [0, 6, 1, 3, 4]), (names[5], [6, 5, 4, 3, 2, 1, 0])],
+        [(names[2], [2, 1, 0]), (names[4], [1, 0]), (names[1], [2, 7]), (names[3], [3, 1, 2])],
+    ]
+
+    def txn_commit(c: RawClient, producer: dict[str, Any], topics: Any) -> Any:
+        return c.call(
+            TXN_OFFSET_COMMIT,
+            4,
+            producer
+            | {
+                "group_id": txn_group,
+                "generation_id": -1,
+                "member_id": "",
+                "group_instance_id": None,
+                "topics": [
+                    {
+                        "name": name,
+                        "partitions": [
+                            {
+                                "partition_index": p,
+                                "committed_offset": 3,
+                                "committed_leader_epoch": -1,
+                                "committed_metadata": None,
+                            }
+                            for p in parts
+                        ],
+                    }
+                    for name, parts in topics
+                ],
+            },
+        )
+
+    def order(r: Any) -> list[tuple[str, list[int]]]:
+        group_answer = r.groups[0]
+        assert group_answer.error_code == ErrorCode.none, group_answer
+        return [(t.name, [p.partition_index for p in t.partitions]) for t in group_answer.topics]
+
+    def script(b: Backend) -> list[Step]:
+        for name, n in sizes.items():
+            b.create(name, n)
+        for g in (group, txn_group):
+            wait_group_coordinator(b, g)
+        steps: list[Step] = []
+        with b.client() as c:
+            for i, topics in enumerate(commits):
+                r = commit_offsets(c, OFFSETS_BY_NAME, group, topics)
+                assert all(p.error_code == ErrorCode.none for t in r.topics for p in t.partitions)
+                steps.append(
+                    (f"all topics after commit {i}", order(fetch_offsets(c, 9, [(group, None)])))
+                )
+            producer = init_transaction(c, txn_id)
+            added = c.call(ADD_OFFSETS_TO_TXN, 4, producer | {"group_id": txn_group})
+            assert added.error_code == ErrorCode.none, added
+            for topics in commits:
+                r = txn_commit(c, producer, topics)
+                assert all(p.error_code == ErrorCode.none for t in r.topics for p in t.partitions)
+            ended = c.call(END_TXN, 4, producer | {"committed": True})
+            assert ended.error_code == ErrorCode.none, ended
+            while True:  # until the marker reached the group (Kafka writes it asynchronously)
+                stable = c.call(
+                    OFFSET_FETCH,
+                    OFFSETS_BY_NAME,
+                    {
+                        "groups": [{"group_id": txn_group, "member_epoch": -1, "topics": None}],
+                        "require_stable": True,
+                    },
+                )
+                if stable.groups[0].error_code == ErrorCode.none and stable.groups[0].topics:
+                    break
+                time.sleep(0.1)
+            steps.append(("all topics after a committed transaction", order(stable)))
+        return steps
+
+    got = assert_same(pair, script)
+    last = got["all topics after commit 2"]
+    assert sorted(name for name, _ in last) == sorted(names)
+    assert sum(len(parts) for _, parts in last) == sum(sizes.values())
