@@ -16,12 +16,12 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import IO, Any, cast
+from typing import Any
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 
-from . import walk
+from . import walk, writers
 from .apis import API_VERSIONS, CONTROLLED_SHUTDOWN
 from .errors import DecodeError, ProtocolError
 from .framing import COPY_BELOW, Buffer, Gathered
@@ -234,11 +234,12 @@ def decode_response(
 
 
 class _Pieces(list[Any]):
-    """A kio ``Writable`` that keeps the written buffers instead of copying them.
+    """A ``writers.Pieces`` that keeps the written buffers instead of copying them.
 
-    kio writes bytes fields (a Fetch response's records) with one ``write`` of
-    the value itself, so the encoded message is assembled by a single join:
-    no growing buffer, no ``getvalue`` copy, no header concatenation.
+    The writers (kio's bytes, :mod:`.writers`) write bytes fields (a Fetch
+    response's records) with one ``write`` of the value itself, so the encoded
+    message is assembled by a single join: no growing buffer, no ``getvalue``
+    copy, no header concatenation.
     """
 
     __slots__ = ()
@@ -250,7 +251,7 @@ class _Pieces(list[Any]):
 
 def _encode(head: bytes, obj: Any) -> bytes:
     pieces = _Pieces((head,))
-    entity_writer(type(obj))(cast(IO[bytes], pieces), obj)  # kio only calls write()
+    writers.encode(obj, pieces)
     return b"".join(pieces)
 
 
@@ -286,7 +287,7 @@ def encode_response_gathered(
     hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
     assert hv is not None
     pieces = _Pieces((encode_response_header(correlation_id, hv),))
-    entity_writer(type(obj))(cast(IO[bytes], pieces), obj)  # kio only calls write()
+    writers.encode(obj, pieces)
     parts: list[Buffer] = []
     small: list[Buffer] = []
     for piece in pieces:

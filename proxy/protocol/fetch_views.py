@@ -53,6 +53,7 @@ def _point_into(response: Any, frame: bytes, spans: list[walk.Span]) -> Any:
     view = memoryview(frame)
     ends = iter(end for _, end in spans)
     topics = []
+    changed = False
     for topic in response.responses:
         parts = []
         for pd in topic.partitions:
@@ -61,5 +62,9 @@ def _point_into(response: Any, frame: bytes, spans: list[walk.Span]) -> Any:
             if records:
                 pd = dataclasses.replace(pd, records=view[end - len(records) : end])
             parts.append(pd)
-        topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
-    return dataclasses.replace(response, responses=tuple(topics))
+        if all(a is b for a, b in zip(parts, topic.partitions, strict=True)):
+            topics.append(topic)  # no records here: the entry as kio decoded it
+        else:
+            changed = True
+            topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
+    return dataclasses.replace(response, responses=tuple(topics)) if changed else response

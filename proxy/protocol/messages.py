@@ -53,6 +53,8 @@ def field_names(cls: type) -> frozenset[str]:
 def make(cls: Any, **kwargs: Any) -> Any:
     """Instantiate a kio class with the keyword arguments that exist at its version."""
     names = field_names(cls)
+    if names.issuperset(kwargs):
+        return cls(**kwargs)
     return cls(**{k: v for k, v in kwargs.items() if k in names})
 
 

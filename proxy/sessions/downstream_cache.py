@@ -45,7 +45,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..protocol.error_codes import (
     FETCH_SESSION_ID_NOT_FOUND,
@@ -80,13 +80,14 @@ def is_full(epoch: int) -> bool:
     return epoch in (INITIAL_EPOCH, FINAL_EPOCH)
 
 
-@dataclass(frozen=True, slots=True)
-class TopicIdPartition:
+class TopicIdPartition(NamedTuple):
     """A partition as a fetch request names it.
 
     ``topic_id`` is None for requests before v13 (Kafka's zero UUID, as kio
     decodes it); ``topic`` is None when a v13+ topic id did not resolve.
     Equality compares all three fields, like Kafka's ``TopicIdPartition``.
+    A tuple: it is hashed several times per partition and fetch, which a
+    tuple does in C.
     """
 
     topic_id: uuid.UUID | None

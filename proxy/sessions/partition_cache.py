@@ -25,7 +25,8 @@ bounded by the number of partitions a client fetches.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from .upstream_session import PartitionKey
 
@@ -36,11 +37,19 @@ class PartitionState:
     last_stable_offset: int
     log_start_offset: int
     error_code: int = 0
+    answers: dict[Any, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """What a full response said for the partition while this state held (the kio
+    entity, by how it was built): an idle partition's entry is built once, not on
+    every fetch.  Bounded: a state is replaced by the next report, and the
+    translator keys it by (client version, read_committed)."""
 
 
 class PartitionStateCache:
     def __init__(self) -> None:
         self._states: dict[PartitionKey, PartitionState] = {}
+        self._retained: tuple[PartitionKey, ...] | None = None
+        """The keys of the last ``retain``, while every key held is among them."""
+        self._retained_set: frozenset[PartitionKey] = frozenset()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -58,6 +67,8 @@ class PartitionStateCache:
         error_code: int,
     ) -> None:
         """Remember what the upstream broker just reported for *key*."""
+        if self._retained is not None and key not in self._retained_set:
+            self._retained = None
         self._states[key] = PartitionState(
             high_watermark, last_stable_offset, log_start_offset, error_code
         )
@@ -74,9 +85,13 @@ class PartitionStateCache:
 
     def retain(self, keys: Iterable[PartitionKey]) -> None:
         """Forget every partition not in *keys* (the partitions of the session)."""
-        keep = set(keys)
+        keys = tuple(keys)
+        if keys == self._retained:
+            return  # the same session as last time, and nothing was recorded outside it
+        keep = frozenset(keys)
         for key in [k for k in self._states if k not in keep]:
             del self._states[key]
+        self._retained, self._retained_set = keys, keep
 
     def clear(self) -> None:
         self._states.clear()

@@ -62,7 +62,7 @@ from ..protocol.error_codes import (
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
-from ..protocol.messages import convert, make, request_module, response_module
+from ..protocol.messages import convert, field_names, make, request_module, response_module
 from .partition_cache import PartitionStateCache
 from .topic_ids import TopicIdMap
 from .upstream_session import (
@@ -435,17 +435,20 @@ class FetchTranslator:
             else:
                 state = self.cache.lookup(cp.key)
                 assert state is not None  # checked in complete()
-                pd = make(
-                    mod.PartitionData,
-                    partition_index=cp.partition,
-                    error_code=ErrorCode(0),
-                    high_watermark=state.high_watermark,
-                    last_stable_offset=state.last_stable_offset,
-                    log_start_offset=state.log_start_offset,
-                    aborted_transactions=() if read_committed else None,
-                    preferred_read_replica=-1,
-                    records=b"",
-                )
+                # the same entity for as long as the partition's state holds (kio's are frozen)
+                pd = state.answers.get((client_version, read_committed))
+                if pd is None:
+                    pd = state.answers[(client_version, read_committed)] = make(
+                        mod.PartitionData,
+                        partition_index=cp.partition,
+                        error_code=ErrorCode(0),
+                        high_watermark=state.high_watermark,
+                        last_stable_offset=state.last_stable_offset,
+                        log_start_offset=state.log_start_offset,
+                        aborted_transactions=() if read_committed else None,
+                        preferred_read_replica=-1,
+                        records=b"",
+                    )
             answered.append((_client_topic(cp), pd))
         # KafkaApis lists the partitions it refused before reading after the others.
         answered.sort(key=lambda item: int(item[1].error_code) in _PRE_READ_ERRORS)
@@ -569,6 +572,8 @@ def _convert_partition(
     code = _map_error(
         int(pd.error_code), client_on_ids=client_on_ids, upstream_on_ids=upstream_on_ids
     )
+    if type(pd) is mod.PartitionData and code == pd.error_code and _converts_whole(type(pd)):
+        return pd  # the client's version, nothing to map: the rebuild would equal it
     aborted = getattr(pd, "aborted_transactions", None)
     kwargs: dict[str, Any] = {
         "partition_index": pd.partition_index,
@@ -591,6 +596,28 @@ def _convert_partition(
         if value is not None and hasattr(mod, cls_name):
             kwargs[name] = convert(value, getattr(mod, cls_name))
     return make(mod.PartitionData, **kwargs)
+
+
+_CONVERTED = frozenset(
+    {
+        "partition_index",
+        "error_code",
+        "high_watermark",
+        "last_stable_offset",
+        "log_start_offset",
+        "aborted_transactions",
+        "preferred_read_replica",
+        "records",
+        "diverging_epoch",
+        "current_leader",
+        "snapshot_id",
+    }
+)
+
+
+def _converts_whole(cls: type) -> bool:
+    """Does ``_convert_partition`` carry every field of *cls* (none left at a default)?"""
+    return field_names(cls) <= _CONVERTED
 
 
 def _error_partition(mod: ModuleType, partition: int, code: int) -> Any:

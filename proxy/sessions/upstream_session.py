@@ -43,6 +43,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 
@@ -64,8 +65,10 @@ def next_epoch(epoch: int) -> int:
     return epoch + 1
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionKey:
+class PartitionKey(NamedTuple):
+    """A partition of the session.  A tuple, not a dataclass: it is hashed several times
+    per partition and fetch, and a tuple's hash and equality run in C."""
+
     topic: str | uuid.UUID
     """A topic id when the session uses ids, else a topic name."""
     partition: int
@@ -74,9 +77,10 @@ class PartitionKey:
         return f"{self.topic}-{self.partition}"
 
 
-@dataclass(frozen=True, slots=True)
-class FetchParams:
-    """What the broker caches per partition of a session; a change makes the partition 'altered'."""
+class FetchParams(NamedTuple):
+    """What the broker caches per partition of a session; a change makes the partition 'altered'.
+
+    A tuple, as ``PartitionKey``: compared once per session partition on every fetch."""
 
     fetch_offset: int
     partition_max_bytes: int

@@ -170,7 +170,8 @@ class FetchShaper:
             grant.resize(in_memory)
         prefixes = dict(prepared.prefixes)
         discarded: set[PartitionKey] = set()
-        for topic in response.responses:
+        # Upstream's word matters only to held batches: none held, nothing to apply it to.
+        for topic in response.responses if prefixes or len(self.buffer) else ():
             tkey = topic_key(topic)
             for pd in topic.partitions:
                 key = (tkey, int(pd.partition_index))
@@ -204,7 +205,7 @@ class FetchShaper:
         self.upstream_rotation.observe(
             [k for k, o in result.outcomes.items() if o.delivered_batches]
         )
-        metadata = _partition_metadata(result.response)
+        metadata: dict[PartitionKey, tuple[int, int, int]] | None = None
         buffered = 0
         for key, outcome in result.outcomes.items():
             if not outcome.remainder.headers:
@@ -214,6 +215,8 @@ class FetchShaper:
                 offset = prepared.client_offsets.get(key)
             if offset is None:
                 continue
+            if metadata is None:  # only when something is kept (rarely)
+                metadata = _partition_metadata(result.response)
             hw, lso, lso_start = metadata[key]
             buffered += self.buffer.put(
                 key,
@@ -251,22 +254,35 @@ class FetchShaper:
 
     def _rotate(self, request: Any) -> Any:
         items = []
+        # Already in the form a rebuild gives: one entry per run of a topic, none empty.
+        canonical = True
+        previous: Any = _NO_TOPIC
         for topic in request.topics:
+            tkey = topic_key(topic)
+            canonical = canonical and tkey != previous and len(topic.partitions) > 0
+            previous = tkey
             for p in topic.partitions:
-                items.append(((topic_key(topic), int(p.partition)), topic, p))
+                items.append(((tkey, int(p.partition)), topic, p))
         if len(items) < 2:
             return request
-        order = self.upstream_rotation.order([k for k, _, _ in items])
+        keys = [k for k, _, _ in items]
+        order = self.upstream_rotation.order(keys)
         by_key = {k: (t, p) for k, t, p in items}
-        topics: list[Any] = []
+        if canonical and order == keys and len(by_key) == len(keys):
+            return request  # the rebuild would be equal to it
+        # consecutive partitions of one topic share a topic entry (one replace per run)
+        runs: list[tuple[Any, Any, list[Any]]] = []  # (topic key, first topic entry, partitions)
         for key in order:
             topic, p = by_key[key]
-            if topics and topic_key(topics[-1]) == key[0]:
-                last = topics[-1]
-                topics[-1] = dataclasses.replace(last, partitions=(*last.partitions, p))
+            if runs and runs[-1][0] == key[0]:
+                runs[-1][2].append(p)
             else:
-                topics.append(dataclasses.replace(topic, partitions=(p,)))
+                runs.append((key[0], topic, [p]))
+        topics = [dataclasses.replace(topic, partitions=tuple(parts)) for _, topic, parts in runs]
         return dataclasses.replace(request, topics=tuple(topics))
+
+
+_NO_TOPIC = object()
 
 
 def _withhold(response: Any, keys: set[PartitionKey]) -> Any:

@@ -360,12 +360,17 @@ def trim_response(
     upstream: dict[PartitionKey, tuple[int, int, int, int]] = {}
     errors: dict[PartitionKey, int] = {}
     legacy: set[PartitionKey] = set()
+    empty: set[PartitionKey] = set()
+    """Partitions with no records, none held and no aborted list: passed on as they are."""
     for topic in response.responses:
         tkey = topic_key(topic)
         for pd in topic.partitions:
             key = (tkey, int(pd.partition_index))
             if pd.error_code != NONE:
                 errors[key] = int(pd.error_code)
+                continue
+            if not pd.records and not pd.aborted_transactions and key not in prefixes:
+                empty.add(key)
                 continue
             if is_legacy(pd.records):
                 legacy.add(key)
@@ -427,6 +432,10 @@ def trim_response(
                 )
                 new_parts.append(pd)
                 continue
+            if key in empty:
+                outcomes[key] = _nothing_offered(key, _aborted_of(pd))
+                new_parts.append(pd)
+                continue
             run = runs[key]
             up_bytes, up_records, partial, reused = upstream[key]
             count, exempt, held = plan.get(key, (0, False, frozenset()))
@@ -449,9 +458,39 @@ def trim_response(
                 remainder=tail,
             )
             new_parts.append(_rebuild_partition(pd, head))
-        new_topics.append(dataclasses.replace(topic, partitions=tuple(new_parts)))
-    new_response = dataclasses.replace(response, responses=tuple(new_topics))
+        if all(a is b for a, b in zip(new_parts, topic.partitions, strict=True)):
+            new_topics.append(topic)  # nothing trimmed: the entry as it came
+        else:
+            new_topics.append(dataclasses.replace(topic, partitions=tuple(new_parts)))
+    if all(a is b for a, b in zip(new_topics, response.responses, strict=True)):
+        new_response = response
+    else:
+        new_response = dataclasses.replace(response, responses=tuple(new_topics))
     return TrimResult(new_response, outcomes, tuple(serve), frozenset(all_limited))
+
+
+_NO_RUN: dict[Aborted | None, Run] = {None: Run(b"", (), None), (): Run(b"", (), ())}
+"""The remainder of a partition without records (runs are frozen: one serves them all)."""
+
+
+def _nothing_offered(key: PartitionKey, aborted: Aborted | None) -> PartitionOutcome:
+    """The outcome of a partition without records (what the general path gives it, cheaply)."""
+    return PartitionOutcome(
+        key=key,
+        error_code=NONE,
+        upstream_bytes=0,
+        upstream_records=0,
+        offered_bytes=0,
+        reused_bytes=0,
+        delivered_bytes=0,
+        delivered_records=0,
+        delivered_batches=0,
+        dropped_partial_bytes=0,
+        next_offset=None,
+        exempt=False,
+        limited_by=frozenset(),
+        remainder=_NO_RUN[aborted] if aborted in _NO_RUN else Run(b"", (), aborted),
+    )
 
 
 def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
