@@ -82,7 +82,7 @@ from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests, learn_from_frame
 from .sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch, replica_id
 from .sessions.upstream_session import FetchSessionClient
-from .shaping.budget import FetchAdmission, MemoryBudget, Reservation
+from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision
 from .shaping.keys import topic_key
 from .shaping.limits import Limits, limit_kind
@@ -93,6 +93,8 @@ MAX_POLICY_CACHE = 1024
 PROXY_CLIENT_ID = "kafka-fetch-proxy"
 MIN_SESSION_FETCH_VERSION = 4
 """Older Fetch versions (and followers' fetches) pass through untouched."""
+DECODE_MEMO_MAX_BYTES = 1 << 20
+"""The largest request body a connection keeps to skip decoding it again (``_decode``)."""
 
 
 class FetchMetrics(Protocol):
@@ -201,12 +203,12 @@ class FetchPath:
         self.admission.wake_waiters()  # room may have appeared: let waiting fetches try again
 
     def shed_buffers(self) -> bool:
-        """Drop every connection's reuse buffer; True if that freed any budget."""
-        before = self.budget.used
-        for h in list(self.handlers):
-            if len(h.shaper.buffer):
-                h.shaper.buffer.clear()
-        return self.budget.used < before
+        """Drop every connection's reuse buffer; True if that freed any budget.
+
+        Only the buffers that hold bytes are visited (the budget keeps track of
+        them), so a failed admission costs the same with 10 or 10,000 connections.
+        """
+        return self.budget.shed()
 
     def select(self, client_id: str | None, listener: str) -> tuple[str, Limits]:
         """The policy name and limits for a client of *listener* (cached)."""
@@ -287,6 +289,8 @@ class FetchPathHandler:
         self._waiting_for: ClientRequest | None = None
         self._unwritten: list[Reservation] = []
         self._waker: Callable[[], None] | None = None
+        self._last_decoded: tuple[int, bytes, Any] | None = None
+        """(version, body, decoded) of the latest request (see ``_decode``)."""
 
     @property
     def upstream_session(self) -> FetchSessionClient | None:
@@ -305,12 +309,33 @@ class FetchPathHandler:
         if self.closed:
             return
         self._upstream = upstream
-        decoded = codec.decode_request_body(request.header, request.frame)
+        decoded = self._decode(request)
         if int(request.header.api_version) < MIN_SESSION_FETCH_VERSION or replica_id(decoded) >= 0:
             self._passthrough.handle_fetch(request, upstream)
             return
         self._queue.append((request, decoded))
         self._serve(upstream)
+
+    def _decode(self, request: ClientRequest) -> Any:
+        """The request body, decoded; a repeated body is decoded once.
+
+        A sessionless consumer with nothing new to read sends the very same Fetch
+        again and again (every partition, the same offsets): when the body is, byte
+        for byte, the previous request's at the same version, that request's decoded
+        value (kio's are immutable) is the answer.  One entry per connection, and
+        only for bodies up to ``DECODE_MEMO_MAX_BYTES``.
+        """
+        h = request.header
+        offset = h.body_offset
+        if offset is None or len(request.frame) - offset > DECODE_MEMO_MAX_BYTES:
+            return codec.decode_request_body(h, request.frame)
+        body = bytes(request.frame[offset:])  # the very slice when the frame is bytes
+        last = self._last_decoded
+        if last is not None and last[0] == h.api_version and last[1] == body:
+            return last[2]
+        decoded = codec.decode_request_body(h, request.frame)
+        self._last_decoded = (h.api_version, body, decoded)
+        return decoded
 
     # -- the trio edge (proxy.server.connection.FetchEdge) ------------------------------
 
@@ -342,6 +367,7 @@ class FetchPathHandler:
         self._unwritten = []
         self.shaper.close()
         self._queue.clear()
+        self._last_decoded = None
 
     def wake(self) -> None:
         """Budget may be free: retry the waiting fetch (via the edge's task when bound)."""
@@ -374,7 +400,19 @@ class FetchPathHandler:
     def _admit(self, request: ClientRequest, decoded: Any, limits: Limits) -> Reservation | None:
         """The fetch's memory-budget grant, or None: it waits for a release."""
         admission = self.path.admission
-        nbytes = admission.fetch_bytes(int(decoded.max_bytes), limits.max_response_bytes)
+        # The most the response can carry: each partition the fetch covers (an
+        # incremental fetch also covers its session's), at most its max_bytes.
+        sizes = [int(p.partition_max_bytes) for t in decoded.topics for p in t.partitions]
+        known = int(getattr(decoded, "session_epoch", -1)) <= 0  # a full fetch lists them all
+        if not known:
+            session = self.session_cache.get(int(decoded.session_id))
+            if session is not None:  # else the session error is answered without upstream
+                sizes += [cp.max_bytes for cp in session.partitions.values()]
+                known = True
+        most = response_bound(sizes, self.path.budget.floor, limits.max_partition_bytes)
+        nbytes = admission.fetch_bytes(
+            int(decoded.max_bytes), limits.max_response_bytes, most_bytes=most if known else None
+        )
         grant = admission.try_admit(nbytes)
         if grant is None and self.path.shed_buffers():
             grant = admission.try_admit(nbytes)
@@ -385,7 +423,7 @@ class FetchPathHandler:
                 self.budget_waits += 1
                 if self.metrics is not None:
                     self.metrics.memory_budget_wait()
-            admission.wait(self, retry=retry)
+            admission.wait(self, retry=retry, nbytes=nbytes)
             return None
         admission.leave(self)
         self._waiting_for = None

@@ -10,7 +10,8 @@ so it is never blocked by it.
 
 A fetch's life:
 
-1. ``grant = budget.acquire_fetch(requested_max_bytes)``: reserves
+1. ``grant = budget.acquire_fetch(requested_max_bytes)`` (what the response
+   can carry at most, see ``FetchAdmission.fetch_bytes``): reserves
    min(requested, headroom), but at least ``floor`` bytes (set it to the
    largest batch you expect, e.g. the broker's message.max.bytes, so that the
    broker's one-batch progress exemption stays inside the grant).  None: wait.
@@ -33,18 +34,23 @@ the frame.  ``set_working(nbytes)`` keeps that much of the capacity back from
 every reservation (set it to the largest fetch grant); it counts as used.
 
 Admission: :class:`FetchAdmission` decides whether a client fetch may start
-(its grant, sized by the fetch's max_bytes, the policy's response cap and the
-per-fetch share of the budget) and keeps the FIFO of connections whose fetch
+(its grant, sized by the fetch's max_bytes, the policy's response cap, the
+per-fetch share of the budget and the most its partitions can return, see
+:func:`response_bound`) and keeps the FIFO of connections whose fetch
 had to wait.  Each release of budget wakes the oldest waiters, as many as the
 headroom could serve; a woken fetch that still finds no room goes back to the
 front (``wait(..., retry=True)``).
+
+Shedding: a cache that holds reservations (the reuse buffers) registers with
+the budget while it holds bytes (``holding``/``empty``), so ``shed()`` clears
+only the caches that hold something, and costs nothing when none does,
+however many connections (and empty caches) there are.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 UNLIMITED_BUDGET = 2**62
@@ -55,6 +61,12 @@ one-batch progress exemption stays inside a grant)."""
 FETCH_SHARE = 16
 """With a budget, one fetch is granted at most 1/FETCH_SHARE of it (never below the floor),
 so a few long polls waiting upstream cannot hold the whole budget while other fetches wait."""
+
+
+class Holder(Protocol):
+    """A cache holding reservations that can give them all back (the reuse buffer)."""
+
+    def clear(self) -> None: ...
 
 
 class Reservation:
@@ -147,6 +159,8 @@ class MemoryBudget:
         self.waits = 0
         """Times a fetch was told to wait."""
         self._listeners: list[Callable[[], None]] = []
+        self._holders: dict[Holder, None] = {}
+        """Caches that hold bytes now, in the order they started to (a dict: ordered)."""
 
     @property
     def used(self) -> int:
@@ -203,6 +217,32 @@ class MemoryBudget:
         self._adjust(size)
         return reservation
 
+    def holding(self, holder: Holder) -> None:
+        """*holder* now holds bytes: ``shed()`` clears it (idempotent)."""
+        self._holders[holder] = None
+
+    def empty(self, holder: Holder) -> None:
+        """*holder* holds nothing any more (idempotent)."""
+        self._holders.pop(holder, None)
+
+    @property
+    def holders(self) -> int:
+        """How many caches hold bytes now (what ``shed()`` would visit)."""
+        return len(self._holders)
+
+    def shed(self) -> bool:
+        """Clear every cache that holds bytes; True if that freed any.
+
+        Visits only the caches that hold something: O(1) when none does.
+        """
+        if not self._holders:
+            return False
+        before = self.used
+        for holder in list(self._holders):
+            holder.clear()
+            self._holders.pop(holder, None)  # a holder that forgot to say it is empty
+        return self.used < before
+
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call *callback* (no arguments, must not raise) whenever bytes are released."""
         self._listeners.append(callback)
@@ -230,6 +270,30 @@ def max_fetch_bytes(budget: MemoryBudget) -> int:
     return max(budget.floor, budget.capacity // FETCH_SHARE)
 
 
+def response_bound(
+    partition_max_bytes: Iterable[int], floor: int, partition_cap: int | None = None
+) -> int:
+    """The most record bytes a Fetch (v3+) response for partitions asking these max_bytes carries.
+
+    Each partition returns at most its max_bytes (capped by *partition_cap*, the
+    policy's ``max_partition_bytes``), except that the first partition with data
+    returns at least one whole batch (KIP-74's progress exemption), which *floor*
+    (the broker's message.max.bytes) covers: the sum plus what that batch may
+    exceed the smallest partition's max_bytes by.  No partitions: no records.
+    With any partition the bound is at least *floor*, so a grant it caps still
+    covers the exemption as the floor does.
+    """
+    total = 0
+    least: int | None = None
+    for n in partition_max_bytes:
+        n = max(0, n if partition_cap is None else min(n, partition_cap))
+        total += n
+        least = n if least is None else min(least, n)
+    if least is None:
+        return 0
+    return total + max(0, floor - least)
+
+
 class Waiter(Protocol):
     """A connection whose fetch waits for budget; ``wake()`` (sync, no I/O) lets it retry."""
 
@@ -245,7 +309,9 @@ class FetchAdmission:
         """A budget is configured (else the budget only accounts)."""
         self.waits = 0
         """Fetches that had to wait for budget (each counted once)."""
-        self._waiters: deque[Waiter] = deque()
+        self._waiters: OrderedDict[Waiter, int] = OrderedDict()
+        """Waiting connections, oldest first, with the bytes their fetch asks for (O(1)
+        membership, removal and return to the front, whatever the number of waiters)."""
         self.configure(capacity)
         self.budget.add_listener(self._released)
 
@@ -260,48 +326,76 @@ class FetchAdmission:
         working = max_fetch_bytes(budget) if self.limited else 0
         budget.set_working(min(working, budget.capacity - budget.floor))
 
-    def fetch_bytes(self, max_bytes: int, max_response_bytes: int | None) -> int:
-        """What a fetch asking for *max_bytes* under a policy cap asks the budget for."""
+    def fetch_bytes(
+        self,
+        max_bytes: int,
+        max_response_bytes: int | None,
+        *,
+        most_bytes: int | None = None,
+    ) -> int:
+        """What a fetch asking for *max_bytes* under a policy cap asks the budget for.
+
+        *most_bytes*: the most its response can carry whatever max_bytes says
+        (:func:`response_bound` of its partitions; None: unknown).  With a budget
+        the grant is no larger: a long poll of one partition holds what one
+        partition can return (1 MiB by default), not budget/16.
+        """
         requested = max_bytes
         if max_response_bytes is not None:
             requested = min(requested, max_response_bytes)
         if self.limited:
             requested = min(requested, max_fetch_bytes(self.budget))
+            if most_bytes is not None:
+                requested = min(requested, most_bytes)
         return max(requested, 0)
 
     def try_admit(self, nbytes: int) -> Reservation | None:
         """The grant for a fetch of *nbytes* (``fetch_bytes``), or None: it must wait."""
         return self.budget.acquire_fetch(nbytes)
 
-    def wait(self, waiter: Waiter, *, retry: bool) -> None:
+    def wait(self, waiter: Waiter, *, retry: bool, nbytes: int | None = None) -> None:
         """Queue *waiter* to be woken when budget is released (once, however often asked).
 
         *retry*: a woken fetch that still found no room: it goes back to the front,
-        and is not counted again in ``waits``.
+        and is not counted again in ``waits``.  *nbytes*: what its fetch asks the
+        budget for (``fetch_bytes``; None: the floor), so that a release wakes only
+        the fetches the headroom can start.
         """
         if waiter in self._waiters:
             return
         if not retry:
             self.waits += 1
+        self._waiters[waiter] = self.budget.floor if nbytes is None else nbytes
         if retry:
-            self._waiters.appendleft(waiter)
-        else:
-            self._waiters.append(waiter)
+            self._waiters.move_to_end(waiter, last=False)
 
     def leave(self, waiter: Waiter) -> None:
         """*waiter* no longer waits (it was admitted, or its connection closed)."""
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
+        self._waiters.pop(waiter, None)
 
     def waiting(self, waiter: Waiter) -> bool:
         return waiter in self._waiters
 
     def wake_waiters(self) -> None:
         """Room may have appeared (e.g. a reload): let waiting fetches try again."""
-        self._released()
+        self._released(force=True)
 
-    def _released(self) -> None:
-        wake = max(1, self.budget.headroom // self.budget.floor)
-        while self._waiters and wake > 0:
-            self._waiters.popleft().wake()
-            wake -= 1
+    def _released(self, *, force: bool = False) -> None:
+        """Wake the oldest waiters, as many as the headroom can start (as ``acquire_fetch``
+        grants: min(asked, headroom), at least min(asked, floor)).
+
+        The oldest is woken even without room when reuse buffers hold bytes (its retry
+        sheds them) or when *force*d; none is woken for a release too small to start it,
+        so a release costs as many wakes as fetches it can start, not one per waiter.
+        """
+        budget = self.budget
+        headroom = budget.headroom
+        first = True
+        while self._waiters:
+            waiter, nbytes = next(iter(self._waiters.items()))
+            if headroom < min(nbytes, budget.floor) and not (first and (force or budget.holders)):
+                return
+            del self._waiters[waiter]
+            headroom -= min(nbytes, headroom)
+            first = False
+            waiter.wake()

@@ -18,7 +18,9 @@ An entry is dropped when:
 The buffer is bounded by ``capacity`` bytes per connection and, when given a
 :class:`~.budget.MemoryBudget`, holds a reservation for what it keeps: if the
 budget has no room the batches are simply not kept (the client's next fetch
-goes upstream as usual).  Only a leading run of whole batches is kept, so what
+goes upstream as usual).  While it holds bytes it is registered with the
+budget (``MemoryBudget.holding``), so the budget can shed it without looking
+at every connection's buffer.  Only a leading run of whole batches is kept, so what
 is held always starts exactly at the client's next offset.
 """
 
@@ -113,6 +115,8 @@ class ReuseBuffer:
         prefix = Prefix(kept, high_watermark, last_stable_offset, log_start_offset)
         self._entries[key] = _Entry(fetch_offset, prefix, leader_epoch, reservation)
         self._size += kept.size
+        if self._budget is not None:
+            self._budget.holding(self)
         return kept.size
 
     def upstream_offset(
@@ -204,5 +208,7 @@ class ReuseBuffer:
     def _remove(self, key: PartitionKey) -> None:
         entry = self._entries.pop(key)
         self._size -= entry.size
+        if not self._entries and self._budget is not None:
+            self._budget.empty(self)  # before the release below wakes waiting fetches
         if entry.reservation is not None:
             entry.reservation.release()

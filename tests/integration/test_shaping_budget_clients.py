@@ -24,14 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import pytest
 from support.backends import BACKENDS, upstream_for
 from support.cluster import ThreadedCluster
 from support.kafka import KafkaCluster
 
 pytestmark = pytest.mark.integration
-
-confluent_kafka = pytest.importorskip("confluent_kafka")
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = 64 * 1024 * 1024
@@ -129,7 +128,9 @@ def write_config(path: Path, upstream: str, **extra: Any) -> None:
     os.replace(tmp, path)  # atomic, as config managers write files
 
 
-def consume_all(bootstrap: str, topic: str, progress: list[int], index: int) -> None:
+def consume_all(
+    bootstrap: str, topic: str, partitions: int, total: int, progress: list[int], index: int
+) -> None:
     consumer = confluent_kafka.Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -139,9 +140,9 @@ def consume_all(bootstrap: str, topic: str, progress: list[int], index: int) -> 
         }
     )
     try:
-        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
         deadline = time.monotonic() + DEADLINE
-        while progress[index] < PARTITIONS * PER_PARTITION and time.monotonic() < deadline:
+        while progress[index] < total and time.monotonic() < deadline:
             for msg in consumer.consume(1000, 0.2):
                 assert msg.error() is None, msg.error()
                 progress[index] += 1
@@ -150,10 +151,16 @@ def consume_all(bootstrap: str, topic: str, progress: list[int], index: int) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("partitions", [PARTITIONS, 1])
 def test_fifty_consumers_under_a_64_mib_budget(
-    tmp_path: Path, upstream: ThreadedCluster | KafkaCluster
+    tmp_path: Path, upstream: ThreadedCluster | KafkaCluster, partitions: int
 ) -> None:
-    topic = new_topic(upstream, "bulk", PARTITIONS)
+    """Six partitions each: grants of budget/16 (4 MiB), about 15 fetches at once.  One
+    partition each: grants of one partition's max bytes (1 MiB), every consumer's fetch
+    at once, so the budget is filled by more, smaller responses."""
+    per_partition = PARTITIONS * PER_PARTITION // partitions  # the same data either way
+    total = partitions * per_partition
+    topic = new_topic(upstream, "bulk", partitions)
     cluster = upstream
     config_file = tmp_path / "proxy.toml"
     write_config(config_file, cluster.bootstrap, memory_budget_bytes=BUDGET)
@@ -163,7 +170,9 @@ def test_fifty_consumers_under_a_64_mib_budget(
         proxy.event("upstream_discovered")
         progress = [0] * CONSUMERS
         threads = [
-            threading.Thread(target=consume_all, args=(bootstrap, topic, progress, i))
+            threading.Thread(
+                target=consume_all, args=(bootstrap, topic, partitions, total, progress, i)
+            )
             for i in range(CONSUMERS)
         ]
         for t in threads:
@@ -175,8 +184,8 @@ def test_fifty_consumers_under_a_64_mib_budget(
         producer = confluent_kafka.Producer(
             {"bootstrap.servers": cluster.bootstrap, "linger.ms": 20}
         )
-        for i in range(PER_PARTITION):
-            for p in range(PARTITIONS):
+        for i in range(per_partition):
+            for p in range(partitions):
                 producer.produce(topic, os.urandom(VALUE), partition=p)
             if i % 200 == 0:
                 producer.poll(0)
@@ -190,12 +199,12 @@ def test_fifty_consumers_under_a_64_mib_budget(
     summary = next(e for e in proxy.all_events if e["event"] == "memory_budget_summary")
     rss_growth = (peak_kib - baseline_kib) * 1024
     print(
-        f"{CONSUMERS} consumers, {type(upstream).__name__}, budget {BUDGET >> 20} MiB: accounted peak"
+        f"{CONSUMERS} consumers of {partitions} partitions, {type(upstream).__name__}, budget {BUDGET >> 20} MiB: accounted peak"
         f" {summary['peak_bytes'] / 2**20:.1f} MiB, overshoot {summary['overshoot_bytes']},"
         f" budget waits {summary['count']}; RSS {baseline_kib >> 10} MiB before,"
         f" peak {peak_kib >> 10} MiB (+{rss_growth / 2**20:.1f} MiB)"
     )
-    assert progress == [PARTITIONS * PER_PARTITION] * CONSUMERS  # every consumer got everything
+    assert progress == [total] * CONSUMERS  # every consumer got everything
     assert summary["limit_bytes"] == BUDGET
     assert 0 < summary["peak_bytes"] <= BUDGET and summary["overshoot_bytes"] == 0
     # The accounting includes the working copy of the one response being handled

@@ -1,10 +1,22 @@
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.dev_upstream import PARTITIONS, Upstream, client_fetch
+from support.fetch_model import batch
 
-from proxy.shaping.budget import MemoryBudget, Reservation
+from proxy.config import FetchPathConfig
+from proxy.fetchpath import FetchPath
+from proxy.protocol import codec
+from proxy.protocol.framing import payload_bytes
+from proxy.relay.relay import Relay
+from proxy.shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
+from proxy.shaping.buffer import ReuseBuffer
+from proxy.shaping.trim import parse_records
 
 
 def test_fetch_grant_is_lowered_to_headroom_but_not_below_floor() -> None:
@@ -130,3 +142,187 @@ def test_budget_never_exceeded_when_responses_stay_within_their_grant(
             e[0].nbytes for e in held if isinstance(e[0], Reservation) and not e[0].released
         )
     assert b.peak <= capacity and b.overshoot_bytes == 0
+
+
+def test_response_bound_is_each_partition_s_max_bytes_plus_the_one_batch_exemption() -> None:
+    assert response_bound([], 1000) == 0  # no partitions: no records
+    assert response_bound([1000], 1000) == 1000
+    assert response_bound([100, 300], 1000) == 400 + 900  # the first batch may be 1000
+    assert response_bound([5000, 3000], 1000) == 8000
+    assert response_bound([5000, 3000], 1000, partition_cap=2000) == 4000
+    assert response_bound([-1, 10], 5) == 10 + 5  # a negative max_bytes returns nothing
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    floor=st.integers(1, 3000),
+    partitions=st.lists(
+        st.tuples(st.integers(0, 4000), st.integers(0, 8000), st.integers(1, 3000)), max_size=8
+    ),
+    max_bytes=st.integers(0, 30000),
+    cap=st.none() | st.integers(0, 4000),
+)
+def test_a_kip74_broker_never_returns_more_than_the_response_bound(
+    floor: int, partitions: list[tuple[int, int, int]], max_bytes: int, cap: int | None
+) -> None:
+    """Kafka's ReplicaManager.readFromLog, in bytes: each partition (max_bytes, bytes in
+    its log, size of its first batch <= message.max.bytes) returns up to min(its max_bytes,
+    what is left of the response's), except that until one has returned data the first
+    whole batch is returned even when larger (KIP-74)."""
+    limit, min_one, total = max_bytes, True, 0
+    for pmb, available, first in partitions:
+        pmb = pmb if cap is None else min(pmb, cap)
+        first = min(first, floor, available) if available else 0
+        adjusted = min(pmb, limit)
+        got = min(available, adjusted)
+        if min_one and first > adjusted:
+            got = first
+        if got:
+            min_one = False
+        limit = max(0, limit - got)
+        total += got
+    assert total <= response_bound([p for p, _, _ in partitions], floor, cap)
+    assert total <= max(max_bytes, floor)  # the bound the grant already had
+
+
+def test_fetch_bytes_is_capped_by_what_the_partitions_can_return_only_under_a_budget() -> None:
+    admission = FetchAdmission(128 << 20)
+    assert admission.fetch_bytes(50 << 20, None) == 8 << 20  # budget/16
+    assert admission.fetch_bytes(50 << 20, None, most_bytes=1 << 20) == 1 << 20
+    assert admission.fetch_bytes(50 << 20, 1 << 19, most_bytes=1 << 20) == 1 << 19
+    assert admission.fetch_bytes(50 << 20, None, most_bytes=64 << 20) == 8 << 20
+    unlimited = FetchAdmission(None)  # accounting only: the client's own max_bytes
+    assert unlimited.fetch_bytes(50 << 20, None, most_bytes=1 << 20) == 50 << 20
+
+
+class Client:
+    """One client connection's Relay and FetchPathHandler; upstream answered on demand."""
+
+    def __init__(self, path: FetchPath, up: Upstream) -> None:
+        self.up = up
+        self.handler = path.handler(1)
+        self.handler.bind_waker(lambda: None)  # an edge: grants are held until written()
+        self.relay = Relay(lambda node_id, host, port: None, fetch_handler=self.handler)
+        self.upstream: list[bytes] = []
+
+    def send(self, request: Any, correlation_id: int) -> None:
+        self.relay.client_frame(codec.encode_request(request, correlation_id, "rdkafka"))
+        self.upstream += self.relay.take_upstream()
+
+    def answer(self) -> Any:
+        """Answer the upstream fetches sent so far; the client's decoded response."""
+        frames, self.upstream = self.upstream, []
+        for frame in frames:
+            header, request = codec.decode_request(frame)
+            response = self.up.answer(self.up.fetcher, request)
+            self.relay.upstream_frame(codec.encode_response(response, header.correlation_id))
+        [out] = [payload_bytes(p) for p in self.relay.take_client()]
+        self.handler.written()
+        return codec.decode_response(1, 12, out)[1]
+
+    def upstream_max_bytes(self) -> list[int]:
+        return [int(codec.decode_request(f)[1].max_bytes) for f in self.upstream]
+
+
+def test_idle_long_polls_of_one_partition_each_hold_one_partition_s_worth() -> None:
+    """64 MiB budget: 50 long polls of one partition (max.partition.fetch.bytes 1 MiB,
+    fetch.max.bytes 50 MiB) all wait upstream at once; each was granted 1 MiB, not 4."""
+    up = Upstream()
+    path = FetchPath(FetchPathConfig(memory_budget_bytes=64 << 20))
+    budget = path.budget
+    one = response_bound([1 << 20], budget.floor)
+    clients = [Client(path, up) for _ in range(50)]
+    for c in clients:
+        c.send(client_fetch(up, 12, [("orders", 0, 0)]), 1)
+    assert path.fetch_waits == 0
+    assert [c.upstream_max_bytes() for c in clients] == [[one]] * 50
+    assert budget.used == budget.working + 50 * one <= budget.capacity
+    # Fetches of every partition (7 MiB could come back) are still granted budget/16 each.
+    wide = [Client(path, up) for _ in range(4)]
+    left = budget.headroom - 2 * (4 << 20)
+    everything = [(t, p, 0) for t, p in PARTITIONS]
+    for c in wide:
+        c.send(client_fetch(up, 12, everything), 1)
+    assert [c.upstream_max_bytes() for c in wide[:3]] == [[4 << 20], [4 << 20], [left]]
+    assert wide[3].upstream == [] and path.fetch_waits == 1  # no room left: it waits
+    assert budget.used == budget.capacity
+
+
+def test_an_incremental_fetch_is_bounded_by_its_session_s_partitions() -> None:
+    up = Upstream()
+    path = FetchPath(FetchPathConfig(memory_budget_bytes=128 << 20))
+    budget = path.budget
+    c = Client(path, up)
+    full = client_fetch(up, 12, [("orders", 0, 0), ("orders", 1, 0)])
+    c.send(dataclasses.replace(full, session_epoch=0), 1)  # creates a session
+    assert c.upstream_max_bytes() == [response_bound([1 << 20] * 2, budget.floor)]
+    session_id = int(c.answer().session_id)
+    assert session_id != 0
+    # Nothing changed: the request lists no partitions, its response may carry both.
+    c.send(dataclasses.replace(full, session_id=session_id, session_epoch=1, topics=()), 2)
+    assert budget.used == budget.working + response_bound([1 << 20] * 2, budget.floor)
+    c.answer()
+    assert budget.used == budget.working
+    # A session the proxy does not know: answered with a session error, never bounded low.
+    c.send(dataclasses.replace(full, session_id=session_id + 1, session_epoch=5, topics=()), 3)
+    assert int(c.answer().error_code) != 0 and budget.used == budget.working
+
+
+K = ("t", 0)
+
+
+def one_batch(base: int, count: int) -> Any:
+    """A run of one batch of *count* records at *base* (what a reuse buffer keeps)."""
+    return parse_records(batch(base, count))[0]
+
+
+class Sleeper:
+    """A waiting connection (a fake FetchPathHandler): records when it is woken."""
+
+    def __init__(self, log: list[Sleeper]) -> None:
+        self.log = log
+
+    def wake(self) -> None:
+        self.log.append(self)
+
+
+def test_a_release_wakes_only_the_waiters_it_can_start_oldest_first() -> None:
+    admission = FetchAdmission(64 << 20)
+    budget = admission.budget
+    woken: list[Sleeper] = []
+    taken = admission.try_admit(budget.headroom)  # everything but the working copy
+    assert taken is not None and budget.headroom == 0
+    sleepers = [Sleeper(woken) for _ in range(1000)]
+    for s in sleepers:
+        admission.wait(s, retry=False, nbytes=1 << 20)
+    admission.wait(sleepers[0], retry=False, nbytes=1 << 20)  # once, however often asked
+    assert admission.waits == 1000
+    taken.resize(taken.nbytes - (1 << 19))  # half a fetch's worth: starts none, wakes none
+    assert woken == []
+    taken.resize(taken.nbytes - 3 * (1 << 20) + (1 << 19))  # room for three
+    assert woken == sleepers[:3]
+    admission.wait(sleepers[1], retry=True, nbytes=1 << 20)  # found no room: back in front
+    admission.leave(sleepers[3])  # its connection closed
+    woken.clear()
+    taken.release()
+    assert woken[:3] == [sleepers[1], sleepers[4], sleepers[5]]
+    assert len(woken) == budget.headroom // (1 << 20) and admission.waiting(sleepers[999])
+
+
+def test_the_oldest_waiter_is_woken_without_room_when_buffers_can_be_shed() -> None:
+    admission = FetchAdmission(64 << 20)
+    budget = admission.budget
+    woken: list[Sleeper] = []
+    r = one_batch(0, 2)
+    buf = ReuseBuffer(10 << 20, budget=budget)
+    buf.put(K, 0, r, high_watermark=9)
+    grant = admission.try_admit(budget.headroom)
+    assert grant is not None and budget.headroom == 0
+    first, second = Sleeper(woken), Sleeper(woken)
+    admission.wait(first, retry=False, nbytes=1 << 20)
+    admission.wait(second, retry=False, nbytes=1 << 20)
+    grant.resize(grant.nbytes - 1)  # one byte free: only a shed can make room
+    assert woken == [first]
+    woken.clear()
+    admission.wake_waiters()  # a reload: the oldest retries whatever the headroom
+    assert woken == [second]

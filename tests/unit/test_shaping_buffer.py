@@ -83,3 +83,56 @@ def test_counts_against_the_memory_budget() -> None:
     buf.put(K, 0, r, high_watermark=9)
     buf.clear()
     assert budget.used == 0 and buf.size == 0 and list(buf.keys()) == []
+
+
+class CountingBuffer(ReuseBuffer):
+    """A reuse buffer that counts how often it is cleared (visited by a shed)."""
+
+    def __init__(self, capacity: int, *, budget: MemoryBudget) -> None:
+        super().__init__(capacity, budget=budget)
+        self.cleared = 0
+
+    def clear(self) -> None:
+        self.cleared += 1
+        super().clear()
+
+
+def test_shedding_visits_only_the_buffers_that_hold_bytes() -> None:
+    r = held(0, 2, 2)
+    budget = MemoryBudget(100 * r.size)
+    buffers = [CountingBuffer(10_000, budget=budget) for _ in range(1000)]
+    assert budget.holders == 0 and not budget.shed()  # nothing held: nothing visited
+    assert sum(b.cleared for b in buffers) == 0
+    for b in (buffers[3], buffers[500], buffers[999]):
+        b.put(K, 0, r, high_watermark=9)
+        b.put(("t", 1), 0, r, high_watermark=9)  # a second entry: still one holder
+    buffers[500].drop(K)
+    buffers[500].drop(("t", 1))  # emptied by a drop: no longer a holder
+    assert budget.holders == 2 and budget.used == 4 * r.size
+    assert budget.shed()
+    assert [i for i, b in enumerate(buffers) if b.cleared] == [3, 999]
+    assert budget.used == 0 and budget.holders == 0
+    assert not budget.shed()  # nothing left: nothing visited again
+    assert sum(b.cleared for b in buffers) == 2
+
+
+def test_a_buffer_is_a_holder_exactly_while_it_holds_bytes() -> None:
+    r = held(0, 2)
+    budget = MemoryBudget(10 * r.size)
+    buf = ReuseBuffer(10_000, budget=budget)
+    buf.put(K, 0, r, high_watermark=9)
+    assert budget.holders == 1
+    assert buf.take(K, 0) is not None  # served: empty again
+    assert budget.holders == 0
+    buf.put(K, 0, r, high_watermark=9)
+    assert buf.upstream_offset(K, 7) == 7  # the client seeked: dropped
+    assert budget.holders == 0
+    buf.put(K, 0, r, high_watermark=9)
+    assert buf.observe(K, error_code=6)
+    assert budget.holders == 0
+    full = MemoryBudget(r.size - 1)
+    unkept = ReuseBuffer(10_000, budget=full)
+    assert unkept.put(K, 0, r, high_watermark=9) == 0  # no room: not kept, not a holder
+    assert full.holders == 0
+    unbudgeted = ReuseBuffer(10_000)
+    assert unbudgeted.put(K, 0, r, high_watermark=9) == r.size
