@@ -37,9 +37,13 @@ Modules, edge first:
 
 Known differences from Apache Kafka: one replica per partition (CreateTopics
 refuses a replication factor above 1, and topic configs other than the
-defaults the dev cluster implements); transactions are V1 only (no KIP-890
-part 2 / KIP-939), and EndTxn writes the markers of live leaders before it
-answers (Kafka: just after); record bodies are not validated (Kafka's
+defaults the dev cluster implements); transactions V2 (KIP-890 part 2,
+``transaction.version`` 2 finalized as on a fresh Kafka 4.4) and V1 are
+implemented, KIP-939 (InitProducerId v6) and ``group.version`` 1 (KIP-848) are
+not, and EndTxn writes the markers of live leaders before it answers (Kafka:
+just after, so a request in between gets CONCURRENT_TRANSACTIONS there; and a
+read_committed Fetch right after may get only the log up to an older position of
+the last stable offset from Kafka, the whole of it here); record bodies are not validated (Kafka's
 LogValidator reads every record; here only timestamps of uncompressed and
 gzip batches are read, and tests may produce opaque bodies); the initial
 rebalance delay defaults to 0 (Kafka: 3 s); ListOffsets by timestamp reads

@@ -256,13 +256,15 @@ class OffsetManager:
             return everywhere(E.invalid_group_id)
         if not groups.is_coordinator(node_id, b.group_id):
             return everywhere(E.not_coordinator)
-        # The __consumer_offsets partition must be in the transaction (AddOffsetsToTxn).
+        # The __consumer_offsets partition must be in the transaction (AddOffsetsToTxn);
+        # from v5 (transactions V2) the coordinator adds it instead (ADD_PARTITION).
         error = groups.transactions.verify(
             b.transactional_id,
             b.producer_id,
             b.producer_epoch,
             offsets_partition(b.group_id),
             generic=req.version >= 4,
+            add_at=now if req.version >= 5 else None,
         )
         if error:
             return everywhere(error)

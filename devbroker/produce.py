@@ -170,6 +170,7 @@ def _produce_partition(
     topic: str,
     index: int,
     data: bytes | None,
+    now: float,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "index": index,
@@ -212,13 +213,15 @@ def _produce_partition(
     if header.is_transactional:
         if not _ongoing(part, header):
             # AddPartitionsToTxnManager: the partition must be in the producer's transaction
-            # (asked only when this partition has no open transaction of this producer epoch).
+            # (asked only when this partition has no open transaction of this producer epoch);
+            # from v12 (transactions V2) the leader adds it to the transaction instead.
             error = node.coordinator.transactions.verify(
                 transactional_id,
                 header.producer_id,
                 header.producer_epoch,
                 (topic, index),
                 generic=version > 10,
+                add_at=now if version > 11 else None,
             )
             if error == E.invalid_txn_state:
                 return out | {
@@ -348,7 +351,7 @@ def handle_produce(node: NodeDispatcher, req: Request) -> Any:
                 }
             else:
                 r = _produce_partition(
-                    node, req.version, acks, body.transactional_id, name, index, data
+                    node, req.version, acks, body.transactional_id, name, index, data, req.now
                 )
             if r["error_code"]:
                 failed = True

@@ -1,9 +1,21 @@
-"""The transaction coordinator, as Apache Kafka's TransactionCoordinator runs it (transactions V1).
+"""The transaction coordinator, as Apache Kafka 4.4's TransactionCoordinator runs it.
 
 InitProducerId with a transactional id, AddPartitionsToTxn (v0-v3, the client
-form), AddOffsetsToTxn and EndTxn (v0-v4), plus the checks that the
-partition leaders and the group coordinator ask of it (Kafka's
-AddPartitionsToTxnManager verification, KIP-890 part 1).
+form; v4-v5, the brokers' batched form, verify-only or add), AddOffsetsToTxn
+and EndTxn, plus the checks that the partition leaders and the group
+coordinator ask of it (Kafka's AddPartitionsToTxnManager verification, KIP-890
+part 1).
+
+Transactions V2 (KIP-890 part 2; the dev cluster finalizes ``transaction.version``
+2 as Kafka 4.4 does): EndTxn v5 ends every transaction with a bumped epoch,
+which the markers carry and the answer returns (so the producer's sequences
+restart at 0), accepts an abort with nothing ongoing (bumping again) and
+recognises a retry with the previous epoch; transactional Produce v12+ and
+TxnOffsetCommit v5 have their leader add the partition to the transaction
+instead of only verifying it (:meth:`TransactionCoordinator.verify`).
+Kafka completes a transaction asynchronously after answering EndTxn (a
+request in between gets CONCURRENT_TRANSACTIONS); the dev cluster writes the
+markers at once when the leaders are up.
 
 Each transactional id belongs to the node that leads its ``__transaction_state``
 partition (hash of the id modulo 50); the others answer NOT_COORDINATOR.
@@ -81,6 +93,8 @@ class TxnMetadata:
     start_time: float = -1.0
     pending_markers: set[TopicPartition] = field(default_factory=set)
     """Partitions still waiting for this transaction's marker (PrepareCommit/PrepareAbort)."""
+    next_producer_id: int = NO_PRODUCER_ID
+    """Transactions V2: the producer id taken when EndTxn exhausted the epoch (from completion on)."""
 
     @property
     def epoch_exhausted(self) -> bool:
@@ -224,35 +238,91 @@ class TransactionCoordinator:
         return E.none
 
     def add_partitions(self, node_id: int, req: Request) -> Any:
+        """KafkaApis.handleAddPartitionsToTxnRequest: the client form (v0-v3) and, from v4, the
+        brokers' batched form (several transactions, each possibly verify-only).
+
+        Versions above 3 are transactions V2 (TransactionVersion.transactionVersionForAddPartitionsToTxn).
+        """
         b = req.body
         cls = codec.response_schema(ADD_PARTITIONS_TO_TXN, req.version)
-        txn_id = b.v3_and_below_transactional_id
-        wanted = [(t.name, int(p)) for t in b.v3_and_below_topics for p in t.partitions]
+        if req.version < 4:
+            wanted = [(t.name, int(p)) for t in b.v3_and_below_topics for p in t.partitions]
+            codes = self._add_one(
+                node_id,
+                req,
+                b.v3_and_below_transactional_id,
+                b.v3_and_below_producer_id,
+                b.v3_and_below_producer_epoch,
+                wanted,
+                verify_only=False,
+            )
+            return build(
+                cls, {"throttle_time": 0, "results_by_topic_v3_and_below": _by_topic(codes)}
+            )
+        results = []
+        for txn in b.transactions:
+            wanted = [(t.name, int(p)) for t in txn.topics for p in t.partitions]
+            codes = self._add_one(
+                node_id,
+                req,
+                txn.transactional_id,
+                txn.producer_id,
+                txn.producer_epoch,
+                wanted,
+                verify_only=bool(txn.verify_only),
+            )
+            results.append(
+                {"transactional_id": txn.transactional_id, "topic_results": _by_topic(codes)}
+            )
+        return build(
+            cls, {"throttle_time": 0, "error_code": E.none, "results_by_transaction": results}
+        )
+
+    def _add_one(
+        self,
+        node_id: int,
+        req: Request,
+        txn_id: str,
+        pid: int,
+        epoch: int,
+        wanted: list[TopicPartition],
+        *,
+        verify_only: bool,
+    ) -> dict[TopicPartition, E]:
         unknown = {tp for tp in wanted if self.state.partition(*tp) is None}
         if unknown:
-            codes = {
+            return {
                 tp: E.unknown_topic_or_partition if tp in unknown else E.operation_not_attempted
                 for tp in wanted
             }
-        else:
-            error = self._add(
-                node_id,
-                req.now,
-                txn_id,
-                b.v3_and_below_producer_id,
-                b.v3_and_below_producer_epoch,
-                set(wanted),
-            )
-            if req.version < 2 and error == E.producer_fenced:
-                error = E.invalid_producer_epoch
-            codes = dict.fromkeys(wanted, error)
-        topics: dict[str, list[dict[str, Any]]] = {}
-        for (topic, index), code in codes.items():
-            topics.setdefault(topic, []).append(
-                {"partition_index": index, "partition_error_code": code}
-            )
-        results = [{"name": t, "results_by_partition": ps} for t, ps in topics.items()]
-        return build(cls, {"throttle_time": 0, "results_by_topic_v3_and_below": results})
+        if verify_only:
+            return self._verify_partitions(node_id, txn_id, pid, epoch, wanted)
+        error = self._add(node_id, req.now, txn_id, pid, epoch, set(wanted))
+        if req.version < 2 and error == E.producer_fenced:
+            error = E.invalid_producer_epoch
+        return dict.fromkeys(wanted, error)
+
+    def _verify_partitions(
+        self, node_id: int, txn_id: str, pid: int, epoch: int, wanted: list[TopicPartition]
+    ) -> dict[TopicPartition, E]:
+        """TransactionCoordinator.handleVerifyPartitionsInTransaction."""
+        if not txn_id:
+            return dict.fromkeys(wanted, E.invalid_request)
+        if not self.is_coordinator(node_id, txn_id):
+            return dict.fromkeys(wanted, E.not_coordinator)
+        meta = self.txns.get(txn_id)
+        if meta is None or meta.producer_id != pid:
+            return dict.fromkeys(wanted, E.invalid_producer_id_mapping)
+        if meta.producer_epoch != epoch:
+            return dict.fromkeys(wanted, E.producer_fenced)
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return dict.fromkeys(wanted, E.concurrent_transactions)
+        return {
+            tp: E.none
+            if tp in meta.partitions and meta.state is TxnState.ONGOING
+            else E.transaction_abortable
+            for tp in wanted
+        }
 
     def add_offsets(self, node_id: int, req: Request) -> Any:
         b = req.body
@@ -272,7 +342,14 @@ class TransactionCoordinator:
     # -- verification (AddPartitionsToTxnManager) -----------------------------------
 
     def verify(
-        self, txn_id: str | None, pid: int, epoch: int, tp: TopicPartition, generic: bool
+        self,
+        txn_id: str | None,
+        pid: int,
+        epoch: int,
+        tp: TopicPartition,
+        generic: bool,
+        *,
+        add_at: float | None = None,
     ) -> E:
         """The error a leader gives a transactional write to *tp* (none when it is in the txn).
 
@@ -280,11 +357,19 @@ class TransactionCoordinator:
         translation: PRODUCER_FENCED becomes INVALID_PRODUCER_EPOCH and
         TRANSACTION_ABORTABLE stays only for *generic* (Produce v11+,
         TxnOffsetCommit v4+) callers, else INVALID_TXN_STATE.
+
+        With *add_at* (the cluster clock; transactions V2: Produce v12+, TxnOffsetCommit
+        v5+, Kafka's ADD_PARTITION operation) the leader asks the coordinator to add the
+        partition instead (AddPartitionsToTxn v5, not verify-only).
         """
         if not txn_id:
             return E.invalid_request
-        if coordinator_node(self.state.node_ids, txn_id) in self.state.stopped_nodes:
+        owner = coordinator_node(self.state.node_ids, txn_id)
+        if owner in self.state.stopped_nodes:
             return E.coordinator_not_available  # its __transaction_state leader is down
+        if add_at is not None:
+            error = self._add(owner, add_at, txn_id, pid, epoch, {tp})
+            return E.invalid_producer_epoch if error == E.producer_fenced else error
         meta = self.txns.get(txn_id)
         if meta is None or meta.producer_id != pid:
             return E.invalid_producer_id_mapping
@@ -301,10 +386,86 @@ class TransactionCoordinator:
     def end_txn(self, node_id: int, req: Request) -> Any:
         b = req.body
         cls = codec.response_schema(END_TXN, req.version)
+        if req.version >= 5:  # TransactionVersion.transactionVersionForEndTxn: V2
+            error, pid, epoch = self._end_v2(
+                node_id, b.transactional_id, b.producer_id, b.producer_epoch, b.committed
+            )
+            data = {"throttle_time": 0, "error_code": error}
+            return build(cls, data | {"producer_id": pid, "producer_epoch": epoch})
         error = self._end(node_id, b.transactional_id, b.producer_id, b.producer_epoch, b.committed)
         if req.version < 2 and error == E.producer_fenced:
             error = E.invalid_producer_epoch
         return build(cls, {"throttle_time": 0, "error_code": error})
+
+    def _end_v2(
+        self, node_id: int, txn_id: str, pid: int, epoch: int, commit: bool
+    ) -> tuple[E, int, int]:
+        """TransactionCoordinator.endTransaction with transactions V2 (EndTxn v5).
+
+        Every completion bumps the epoch (prepareAbortOrCommit), the markers carry the
+        new epoch and the answer returns it; an abort is also accepted with nothing
+        ongoing (Empty, CompleteCommit, CompleteAbort: an "empty abort" that bumps the
+        epoch once more), and a retry with the previous epoch is recognised.
+        """
+        if not txn_id:
+            return _failed(E.invalid_request)
+        if not self.is_coordinator(node_id, txn_id):
+            return _failed(E.not_coordinator)
+        meta = self.txns.get(txn_id)
+        if meta is None:
+            return _failed(E.invalid_producer_id_mapping)
+        current = (meta.producer_id, meta.producer_epoch)
+        retry_on_overflow = (
+            meta.previous_producer_id == pid
+            and epoch == EPOCH_EXHAUSTED
+            and meta.producer_epoch == 0
+        )
+        retry_on_bump = meta.producer_epoch == epoch + 1
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            valid = retry_on_bump
+        elif meta.state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
+            valid = retry_on_bump or retry_on_overflow or meta.producer_epoch == epoch
+        else:
+            valid = meta.producer_epoch == epoch
+        is_retry = retry_on_bump or retry_on_overflow
+        if meta.producer_id != pid and not retry_on_overflow:
+            return _failed(E.invalid_producer_id_mapping)
+        if not valid:
+            return _failed(E.producer_fenced)
+        s = meta.state
+        if s is TxnState.ONGOING:
+            self._complete_v2(meta, commit)
+            return E.none, meta.producer_id, meta.producer_epoch
+        if s is TxnState.COMPLETE_COMMIT:
+            if commit:
+                return (E.none, *current) if is_retry else _failed(E.invalid_txn_state)
+            if is_retry:
+                return _failed(E.invalid_txn_state)
+        elif s is TxnState.COMPLETE_ABORT:
+            if commit:
+                return _failed(E.invalid_txn_state)
+            if is_retry:
+                return (E.none, *current)
+        elif s is TxnState.PREPARE_COMMIT:
+            return _failed(E.concurrent_transactions if commit else E.invalid_txn_state)
+        elif s is TxnState.PREPARE_ABORT:
+            return _failed(E.invalid_txn_state if commit else E.concurrent_transactions)
+        elif commit:  # Empty
+            return _failed(E.invalid_txn_state)
+        # An abort with nothing ongoing: PrepareAbort with no partitions, a bumped epoch.
+        meta.start_time = -1.0
+        meta.partitions = set()
+        self._complete_v2(meta, commit=False)
+        return E.none, meta.producer_id, meta.producer_epoch
+
+    def _complete_v2(self, meta: TxnMetadata, commit: bool) -> None:
+        """prepareAbortOrCommit with epoch bump (a new producer id once the epoch is exhausted)."""
+        if meta.epoch_exhausted:
+            meta.next_producer_id = self.state.allocate_producer_id()
+        if meta.producer_epoch < 2**15 - 1:
+            meta.last_producer_epoch = meta.producer_epoch
+            meta.producer_epoch += 1
+        self._complete(meta, commit)
 
     def _end(self, node_id: int, txn_id: str, pid: int, epoch: int, commit: bool) -> E:
         if not txn_id:
@@ -363,6 +524,11 @@ class TransactionCoordinator:
             meta.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
             meta.partitions = set()
             meta.start_time = -1.0
+            if meta.next_producer_id != NO_PRODUCER_ID:
+                # prepareComplete: the new producer id starts at epoch 0.
+                meta.previous_producer_id = meta.producer_id
+                meta.producer_id, meta.next_producer_id = meta.next_producer_id, NO_PRODUCER_ID
+                meta.producer_epoch, meta.last_producer_epoch = 0, NO_PRODUCER_EPOCH
         return sent
 
     def retry_markers(self) -> bool:
@@ -396,3 +562,17 @@ class TransactionCoordinator:
         for meta in expired:
             self._fence_and_abort(meta)
         return self.retry_markers() or bool(expired)
+
+
+def _failed(error: E) -> tuple[E, int, int]:
+    """An EndTxn v5 error answer: Kafka returns no producer id and epoch with it."""
+    return error, NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+
+
+def _by_topic(codes: dict[TopicPartition, E]) -> list[dict[str, Any]]:
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for (topic, index), code in codes.items():
+        topics.setdefault(topic, []).append(
+            {"partition_index": index, "partition_error_code": code}
+        )
+    return [{"name": t, "results_by_partition": ps} for t, ps in topics.items()]

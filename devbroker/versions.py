@@ -9,15 +9,16 @@ tests/integration/test_differential.py, lists these gaps against real Kafka):
 - InitProducerId v6 (KIP-939 two-phase commit) is left out (Kafka 4.4 advertises v5 too);
 - ApiVersions v5 and Produce v0-v2, which Kafka 4.4 advertises, have no kio
   schema (Kafka refuses Produce v0-v2 anyway; it lists them for old librdkafka);
-- transactions V2 (KIP-890 part 2) is not implemented: EndTxn v5 (the epoch
-  bumped at the end of every transaction, returned in the response),
-  TxnOffsetCommit v5+ (kio has no v6 schema either) and AddPartitionsToTxn v4+
-  (the brokers' batched verification form).  The dev cluster finalizes no
-  features in ApiVersions, so clients use transactions V1 with the versions
-  advertised here.  Kafka 4.4 finalizes transaction.version 2 on a fresh
-  cluster and then also adds partitions implicitly on transactional Produce
-  v12+; the dev cluster answers those TRANSACTION_ABORTABLE unless
-  AddPartitionsToTxn added the partition (what V1 clients always do first).
+- TxnOffsetCommit v6 (topics by id) has no kio schema.
+
+Transactions V2 (KIP-890 part 2) are implemented as Kafka 4.4 runs them
+(:mod:`devbroker.transactions`): ApiVersions v3+ finalizes the feature
+``transaction.version`` = 2, as a fresh Kafka 4.4 cluster does; EndTxn v5 bumps
+the epoch at the end of every transaction and returns it; transactional Produce
+v12+ and TxnOffsetCommit v5 add their partition to the transaction implicitly;
+AddPartitionsToTxn v4+ is the brokers' batched form (verify-only or add, V2).
+Kafka 4.4 also finalizes ``group.version`` = 1 (the KIP-848 consumer protocol),
+which the dev cluster does not implement and so does not finalize.
 
 OffsetCommit v10 and OffsetFetch v10 (topics by id, KIP-848 era) are implemented
 (:mod:`devbroker.offsets`).
@@ -72,10 +73,10 @@ _CAPS: dict[int, int] = {
     API_VERSIONS: 4,
     CREATE_TOPICS: 7,
     INIT_PRODUCER_ID: 5,
-    ADD_PARTITIONS_TO_TXN: 3,
+    ADD_PARTITIONS_TO_TXN: 5,
     ADD_OFFSETS_TO_TXN: 4,
-    END_TXN: 4,
-    TXN_OFFSET_COMMIT: 4,
+    END_TXN: 5,
+    TXN_OFFSET_COMMIT: 6,
     DESCRIBE_CLUSTER: 2,
 }
 
@@ -94,6 +95,13 @@ SUPPORTED: dict[int, tuple[int, int]] = {key: _kio_range(key, cap) for key, cap 
 def is_supported(api_key: int, version: int) -> bool:
     r = SUPPORTED.get(api_key)
     return r is not None and r[0] <= version <= r[1]
+
+
+TRANSACTION_VERSION_FEATURE = "transaction.version"
+TRANSACTION_VERSION = 2
+"""Transactions V2 (KIP-890 part 2), finalized as on a fresh Kafka 4.4 cluster."""
+FINALIZED_FEATURES_EPOCH = 1
+"""The finalized features' epoch (Kafka's is a metadata offset; clients only compare it)."""
 
 
 # Kafka's ApiVersionsRequest.isValid pattern for client software name and version (v3+).
@@ -131,4 +139,19 @@ def api_versions_response(version: int, request: Any | None) -> Any:
             for k, (lo, hi) in sorted(SUPPORTED.items())
         ]
     )
-    return build(cls, {"error_code": error, "api_keys": keys, "throttle_time": 0})
+    features: dict[str, Any] = {}
+    if version >= 3 and not error:
+        features = {
+            "supported_features": [
+                {"name": TRANSACTION_VERSION_FEATURE, "min_version": 0, "max_version": 2}
+            ],
+            "finalized_features_epoch": FINALIZED_FEATURES_EPOCH,
+            "finalized_features": [
+                {
+                    "name": TRANSACTION_VERSION_FEATURE,
+                    "max_version_level": TRANSACTION_VERSION,
+                    "min_version_level": TRANSACTION_VERSION,
+                }
+            ],
+        }
+    return build(cls, {"error_code": error, "api_keys": keys, "throttle_time": 0} | features)

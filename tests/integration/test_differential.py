@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 from support.batches import make_record_batch
 from support.cluster import ThreadedCluster
@@ -1157,21 +1158,7 @@ API_VERSION_GAPS: dict[int, tuple[tuple[int, int], str]] = {
         "them; kio 0.6.5 has no schema for them",
     ),
     API_VERSIONS: ((0, 4), "kio 0.6.5 has no ApiVersions v5 schema"),
-    24: (
-        (0, 3),
-        "AddPartitionsToTxn v4+ is the brokers' batched verification form (transactions V2, "
-        "KIP-890 part 2): not implemented",
-    ),
-    26: (
-        (0, 4),
-        "EndTxn v5 is transactions V2 (KIP-890 part 2: epoch bumped per transaction, "
-        "partitions added by Produce v12+): not implemented",
-    ),
-    28: (
-        (0, 4),
-        "TxnOffsetCommit v5 is transactions V2 (KIP-890 part 2): not implemented; "
-        "kio 0.6.5 has no v6 schema",
-    ),
+    28: ((0, 5), "kio 0.6.5 has no TxnOffsetCommit v6 schema (topics by id)"),
 }
 """api key -> (the dev cluster's range, why it differs from Kafka 4.4's)."""
 
@@ -1574,3 +1561,270 @@ def test_offset_fetch_all_topics_order(pair: tuple[Backend, Backend]) -> None:
     last = got["all topics after commit 2"]
     assert sorted(name for name, _ in last) == sorted(names)
     assert sum(len(parts) for _, parts in last) == sum(sizes.values())
+
+
+# -- transactions V2 (KIP-890 part 2) ------------------------------------------------------
+
+ADD_PARTITIONS_TO_TXN = 24
+READ_COMMITTED = 1
+TRANSACTIONAL_MASK = 0x10
+
+
+def txn_batch(producer: dict[str, Any], sequence: int, count: int = 2) -> bytes:
+    """A transactional batch of real records from *producer* (its id and epoch) at *sequence*."""
+    plain = bytearray(make_record_batch([BASE_TS + i for i in range(count)]))
+    struct.pack_into(">h", plain, 21, TRANSACTIONAL_MASK)
+    struct.pack_into(
+        ">qhi", plain, 43, producer["producer_id"], producer["producer_epoch"], sequence
+    )
+    struct.pack_into(">I", plain, 17, crc32c(bytes(plain[21:])))
+    return bytes(plain)
+
+
+def txn_produce(
+    c: RawClient,
+    version: int,
+    producer: dict[str, Any],
+    topic: str,
+    topic_id: uuid.UUID,
+    partition: int,
+    sequence: int,
+) -> tuple[str, int]:
+    """(error, base offset) of one transactional batch, topics by name (< v13) or id."""
+    r = c.call(
+        PRODUCE,
+        version,
+        {
+            "transactional_id": producer["transactional_id"],
+            "acks": -1,
+            "timeout": 10_000,
+            "topic_data": [
+                {
+                    "name": topic,
+                    "topic_id": topic_id,
+                    "partition_data": [
+                        {"index": partition, "records": txn_batch(producer, sequence)}
+                    ],
+                }
+            ],
+        },
+    )
+    answer = r.responses[0].partition_responses[0]
+    return f"{int(answer.error_code)} {answer.error_code.name}", int(answer.base_offset)
+
+
+def end_txn_v5(
+    c: RawClient, producer: dict[str, Any], commit: bool, epoch: int | None = None
+) -> dict[str, Any]:
+    """EndTxn v5 with *producer*'s epoch (or *epoch*); the producer id relative to it."""
+    fields = producer | {"committed": commit}
+    if epoch is not None:
+        fields["producer_epoch"] = epoch
+    r = c.call(END_TXN, 5, fields)
+    pid = int(r.producer_id)
+    return {
+        "error_code": f"{int(r.error_code)} {r.error_code.name}",
+        "producer_id": "same" if pid == producer["producer_id"] else pid,
+        "producer_epoch": int(r.producer_epoch),
+    }
+
+
+def settled_end_txn_v5(
+    c: RawClient, producer: dict[str, Any], commit: bool, epoch: int
+) -> dict[str, Any]:
+    """An EndTxn v5 retry with the previous *epoch*, repeated while the coordinator still
+    writes the markers (CONCURRENT_TRANSACTIONS; Kafka completes asynchronously, the dev
+    cluster at once): the answer once the transaction is complete."""
+    while True:
+        r = end_txn_v5(c, producer, commit, epoch)
+        if r["error_code"] != f"{int(ErrorCode.concurrent_transactions)} concurrent_transactions":
+            return r
+        time.sleep(0.05)
+
+
+def committed_view(c: RawClient, topic: str, partitions: int, producer_id: int) -> list[Any]:
+    """What a read_committed consumer reads with Fetch v12 from offset 0 to the end, per
+    partition: LSO, high watermark, the aborted transactions listed and each batch as
+    (base offset, records, control type or None, epoch).
+
+    It fetches again from the next offset as a consumer does: Kafka may answer a part of
+    the log (up to an older position of the last stable offset) where the dev cluster
+    answers all of it.
+    """
+    view = []
+    for partition in range(partitions):
+        batches: list[tuple[int, int, int | None, int]] = []
+        aborted: set[tuple[Any, int]] = set()
+        offset, end, stable = 0, -1, -1
+        for _ in range(20):
+            request = fetch_request(FETCH_OLD, [(topic, None, partition, offset, 1 << 20)])
+            r = c.call(FETCH, FETCH_OLD, request | {"isolation_level": READ_COMMITTED})
+            p = r.responses[0].partitions[0]
+            assert p.error_code == ErrorCode.none, p
+            end, stable = int(p.high_watermark), int(p.last_stable_offset)
+            aborted |= {
+                ("same" if a.producer_id == producer_id else a.producer_id, int(a.first_offset))
+                for a in p.aborted_transactions or ()
+            }
+            data = p.records or b""
+            pos = 0
+            while pos + 61 <= len(data):
+                base, size = struct.unpack_from(">qi", data, pos)
+                (attributes,) = struct.unpack_from(">h", data, pos + 21)
+                (last_delta,) = struct.unpack_from(">i", data, pos + 23)
+                (epoch,) = struct.unpack_from(">h", data, pos + 51)
+                (count,) = struct.unpack_from(">i", data, pos + 57)
+                control = struct.unpack_from(">h", data, pos + 68)[0] if attributes & 0x20 else None
+                batches.append((base, count, control, epoch))
+                offset = base + last_delta + 1
+                pos += 12 + size
+            if offset >= stable:
+                break
+        view.append(
+            {
+                "high_watermark": end,
+                "last_stable_offset": stable,
+                "aborted": sorted(aborted, key=str),
+                "batches": batches,
+            }
+        )
+    return view
+
+
+def test_transactions_v2(pair: tuple[Backend, Backend]) -> None:
+    """Transactions V2 as Kafka 4.4 finalizes them: ApiVersions' transaction.version,
+    partitions added implicitly by Produce v12/v13 and TxnOffsetCommit v5 (not by v11),
+    EndTxn v5's epoch bump (returned, on the markers, resetting sequences), retries with
+    the previous epoch, empty aborts, old-epoch fencing, and what read_committed sees."""
+    topic = topic_name("txn-v2")
+    group, txn_id = f"{topic}-group", f"{topic}-txn"
+
+    def script(b: Backend) -> list[Step]:
+        b.create(topic, 2)
+        wait_group_coordinator(b, group)
+        steps: list[Step] = []
+        with b.client() as c:
+            versions = c.call(
+                API_VERSIONS, 4, {"client_software_name": "diff", "client_software_version": "1"}
+            )
+            features = {
+                f.name: (f.min_version_level, f.max_version_level)
+                for f in versions.finalized_features
+            }
+            steps.append(("finalized transaction.version", features.get("transaction.version")))
+            (tid,) = topic_ids(c, topic)
+            producer = init_transaction(c, txn_id)
+            steps.append(("InitProducerId epoch", producer["producer_epoch"]))
+            p0 = producer
+
+            def send(label: str, version: int, partition: int, seq: int, who: Any = None) -> None:
+                steps.append(
+                    (label, txn_produce(c, version, who or p0, topic, tid, partition, seq))
+                )
+
+            send("Produce v11, partition not added", 11, 0, 0)
+            send("Produce v12, partition not added: added implicitly", 12, 0, 0)
+            send("Produce v13 (topic id), partition not added", 13, 1, 0)
+            send("Produce v12, next sequence", 12, 0, 2)
+            offsets = c.call(
+                TXN_OFFSET_COMMIT,
+                5,
+                p0
+                | {
+                    "group_id": group,
+                    "generation_id": -1,
+                    "member_id": "",
+                    "group_instance_id": None,
+                    "topics": [
+                        {
+                            "name": topic,
+                            "partitions": [
+                                {
+                                    "partition_index": 0,
+                                    "committed_offset": 4,
+                                    "committed_leader_epoch": -1,
+                                    "committed_metadata": None,
+                                }
+                            ],
+                        }
+                    ],
+                },
+            )
+            steps.append(
+                (
+                    "TxnOffsetCommit v5 without AddOffsetsToTxn",
+                    int(offsets.topics[0].partitions[0].error_code),
+                )
+            )
+            steps.append(("EndTxn v5 commit", end_txn_v5(c, p0, True)))
+            steps.append(
+                ("commit retried with the previous epoch", settled_end_txn_v5(c, p0, True, 0))
+            )
+            fetched = fetch_offsets(c, 8, [(group, [(topic, [0])])])
+            steps.append(
+                (
+                    "committed offset",
+                    int(fetched.groups[0].topics[0].partitions[0].committed_offset),
+                )
+            )
+            p1 = p0 | {"producer_epoch": p0["producer_epoch"] + 1}
+            send("epoch 1, the old sequence numbering", 12, 0, 4, p1)
+            send("epoch 1, sequence 0", 12, 0, 0, p1)
+            send("the old epoch 0 after the bump", 12, 1, 2, p0)
+            added = c.call(
+                ADD_PARTITIONS_TO_TXN,
+                3,
+                {
+                    "v3_and_below_transactional_id": txn_id,
+                    "v3_and_below_producer_id": p0["producer_id"],
+                    "v3_and_below_producer_epoch": p0["producer_epoch"],
+                    "v3_and_below_topics": [{"name": topic, "partitions": [1]}],
+                },
+            )
+            code = (
+                added.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+            )
+            steps.append(("AddPartitionsToTxn v3 with the old epoch", int(code)))
+            verify = c.call(
+                ADD_PARTITIONS_TO_TXN,
+                5,
+                {
+                    "transactions": [
+                        {
+                            **p1,
+                            "verify_only": True,
+                            "topics": [{"name": topic, "partitions": [0]}],
+                        }
+                    ]
+                },
+            )
+            result = verify.results_by_transaction[0].topic_results[0].results_by_partition[0]
+            steps.append(("AddPartitionsToTxn v5 verify-only", int(result.partition_error_code)))
+            steps.append(("EndTxn v5 abort", end_txn_v5(c, p1, False)))
+            steps.append(("abort retried with epoch 1", settled_end_txn_v5(c, p0, False, 1)))
+            p2 = p0 | {"producer_epoch": 2}
+            steps.append(("EndTxn v5 abort with nothing ongoing", end_txn_v5(c, p2, False)))
+            steps.append(("that abort retried with epoch 2", settled_end_txn_v5(c, p0, False, 2)))
+            p3 = p0 | {"producer_epoch": 3}
+            steps.append(("EndTxn v5 commit with nothing ongoing", end_txn_v5(c, p3, True)))
+            steps.append(("EndTxn v5 two epochs behind", end_txn_v5(c, p0, False, 1)))
+            steps.append(("read_committed", committed_view(c, topic, 2, p0["producer_id"])))
+        return steps
+
+    got = assert_same(pair, script)
+    assert got["finalized transaction.version"] == (2, 2)
+    assert got["Produce v11, partition not added"][0] == "120 transaction_abortable"
+    assert got["Produce v12, partition not added: added implicitly"] == ("0 none", 0)
+    assert got["EndTxn v5 commit"] == {
+        "error_code": "0 none",
+        "producer_id": "same",
+        "producer_epoch": 1,
+    }
+    assert got["epoch 1, the old sequence numbering"][0] == "45 out_of_order_sequence_number"
+    assert got["AddPartitionsToTxn v3 with the old epoch"] == int(ErrorCode.producer_fenced)
+    assert got["EndTxn v5 abort with nothing ongoing"]["producer_epoch"] == 3
+    assert got["committed offset"] == 4
+    committed = got["read_committed"]
+    assert (4, 1, 1, 1) in committed[0]["batches"]  # the commit marker carries epoch 1
+    assert (7, 1, 0, 2) in committed[0]["batches"]  # the abort marker epoch 2
+    assert committed[0]["aborted"] == [("same", 5)]

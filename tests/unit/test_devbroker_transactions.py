@@ -741,3 +741,131 @@ def test_markers_for_a_down_leader_keep_the_transaction_completing(h: Harness) -
     assert txns.txns["tx-1"].state.value == "CompleteCommit"
     assert part1.log.last_stable_offset == part1.log.high_watermark == 2
     assert p.end(True) == E.none
+
+
+# -- transactions V2 (KIP-890 part 2) ------------------------------------------------------
+
+
+def end_v5(p: Producer, commit: bool, epoch: int | None = None) -> tuple[Any, int, int]:
+    data = {
+        "transactional_id": p.txn_id,
+        "producer_id": p.pid,
+        "producer_epoch": p.epoch if epoch is None else epoch,
+        "committed": commit,
+    }
+    r = p.h.call(p.coordinator, p.h.request(END_TXN, 5, data))
+    return r.error_code, r.producer_id, r.producer_epoch
+
+
+def test_api_versions_finalizes_transaction_version_2(h: Harness) -> None:
+    r = h.call(
+        0,
+        h.request(18, 3, {"client_software_name": "t", "client_software_version": "1"}),
+    )
+    finalized = {f.name: (f.min_version_level, f.max_version_level) for f in r.finalized_features}
+    assert finalized == {"transaction.version": (2, 2)}
+    assert r.finalized_features_epoch > 0
+    versions = {k.api_key: (k.min_version, k.max_version) for k in r.api_keys}
+    assert versions[END_TXN][1] == 5 and versions[ADD_PARTITIONS][1] == 5
+    assert versions[TXN_OFFSET_COMMIT][1] == 5
+
+
+def test_produce_v12_adds_the_partition_and_v11_does_not(h: Harness) -> None:
+    p = Producer(h)
+    assert p.init().error_code == E.none
+    assert p.produce(0, version=11).error_code == E.transaction_abortable
+    assert p.produce(0, version=12).error_code == E.none
+    assert p.produce(1, version=12).error_code == E.none
+    assert end_v5(p, commit=True) == (E.none, p.pid, 1)
+    for partition in (0, 1):
+        part = h.state.partition("orders", partition)
+        assert part is not None
+        marker = list(records.iter_batches(part.log.data))[-1]
+        assert marker.is_control and control_type(part.log.data, marker) == COMMIT
+        assert marker.producer_epoch == 1
+
+
+def test_end_txn_v5_bumps_the_epoch_and_resets_sequences(h: Harness) -> None:
+    p = Producer(h)
+    p.init()
+    assert p.produce(0, 2).error_code == E.none
+    assert end_v5(p, commit=True) == (E.none, p.pid, 1)
+    # A retry with the previous epoch is recognised; the old epoch is fenced elsewhere.
+    assert end_v5(p, commit=True) == (E.none, p.pid, 1)
+    assert p.add(1) == {("orders", 1): E.producer_fenced}
+    assert p.produce(1).error_code == E.invalid_producer_epoch
+    p.epoch = 1
+    assert p.produce(0).error_code == E.out_of_order_sequence_number  # sequence 2
+    p.seq = {}
+    assert p.produce(0).error_code == E.none
+    assert end_v5(p, commit=False) == (E.none, p.pid, 2)
+    # An abort with nothing ongoing bumps again; a retry of it answers the same epoch.
+    p.epoch = 2
+    assert end_v5(p, commit=False) == (E.none, p.pid, 3)
+    assert end_v5(p, commit=False) == (E.none, p.pid, 3)
+    assert end_v5(p, commit=True, epoch=3) == (E.invalid_txn_state, -1, -1)
+    assert end_v5(p, commit=False, epoch=1) == (E.producer_fenced, -1, -1)
+
+
+def test_txn_offset_commit_v5_adds_the_offsets_partition(h: Harness) -> None:
+    p = Producer(h)
+    p.init()
+    group = "g-v2"
+    node = coordinator_node(h.state.node_ids, group)
+    data = {
+        "transactional_id": p.txn_id,
+        "group_id": group,
+        "producer_id": p.pid,
+        "producer_epoch": p.epoch,
+        "generation_id": -1,
+        "member_id": "",
+        "group_instance_id": None,
+        "topics": [
+            {
+                "name": "orders",
+                "partitions": [
+                    {
+                        "partition_index": 0,
+                        "committed_offset": 7,
+                        "committed_leader_epoch": -1,
+                        "committed_metadata": None,
+                    }
+                ],
+            }
+        ],
+    }
+    v4 = h.call(node, h.request(TXN_OFFSET_COMMIT, 4, data))
+    assert v4.topics[0].partitions[0].error_code == E.transaction_abortable
+    v5 = h.call(node, h.request(TXN_OFFSET_COMMIT, 5, data))
+    assert v5.topics[0].partitions[0].error_code == E.none
+    assert offsets_partition(group) in h.coordinator.transactions.txns[p.txn_id].partitions
+
+
+def test_add_partitions_v4_is_the_batched_form(h: Harness) -> None:
+    p = Producer(h)
+    p.init()
+
+    def batched(verify_only: bool, version: int = 4) -> dict[Any, Any]:
+        data = {
+            "transactions": [
+                {
+                    "transactional_id": p.txn_id,
+                    "producer_id": p.pid,
+                    "producer_epoch": p.epoch,
+                    "verify_only": verify_only,
+                    "topics": [{"name": "orders", "partitions": [2]}],
+                }
+            ]
+        }
+        r = h.call(p.coordinator, h.request(ADD_PARTITIONS, version, data))
+        assert r.error_code == E.none
+        return {
+            (t.transactional_id, x.name, y.partition_index): y.partition_error_code
+            for t in r.results_by_transaction
+            for x in t.topic_results
+            for y in x.results_by_partition
+        }
+
+    assert batched(True) == {(p.txn_id, "orders", 2): E.transaction_abortable}
+    assert batched(False, 5) == {(p.txn_id, "orders", 2): E.none}
+    assert batched(True) == {(p.txn_id, "orders", 2): E.none}
