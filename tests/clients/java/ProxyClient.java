@@ -16,12 +16,32 @@
 //                                       incrementalAlterConfigs on the GROUP resource), explicit
 //                                       acknowledgement, until every one of N records is
 //                                       acknowledged
+//   txn,TOPIC,PARTITIONS,N,TAG,TXNS     a transactional producer writes the records of produce
+//                                       in TXNS transactions of N / TXNS consecutive records;
+//                                       transaction t is aborted when t % 3 == 1 (after a flush,
+//                                       so its records are in the log), else committed; the last
+//                                       one must commit.  One "sent" line per record (with its
+//                                       offset and outcome), one "txn" line per transaction
+//   read_committed,TOPIC,PARTITIONS,N   assign() every partition with isolation.level
+//                                       read_committed, seek to the beginning, read N, then on
+//                                       until every position reaches the end offset (the last
+//                                       stable offset); a "positions" line reports both
+//   ctp,TOPIC,PARTITIONS,N,DEST         consume-transform-produce: a read_committed consumer in a
+//                                       new classic group (max.poll.records 25) and a
+//                                       transactional producer; each poll's records go to the same
+//                                       partition of DEST with value "ctp|" + value, and the
+//                                       offsets after them to the transaction
+//                                       (sendOffsetsToTransaction); the second transaction is
+//                                       aborted and its records re-read (seek back), the others
+//                                       commit, until N records are committed; reports the group's
+//                                       committed offsets
 //
 // Output: JSON lines on stdout ({"op": ...}); one "record" line per record delivered.  Any
 // error, or a step that does not finish within the timeout, exits non-zero.
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collection;
+import java.util.HashMap;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
@@ -39,12 +59,14 @@ import org.apache.kafka.clients.admin.ConfigEntry;
 import org.apache.kafka.clients.consumer.AcknowledgeType;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.KafkaShareConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.Node;
 import org.apache.kafka.common.PartitionInfo;
@@ -95,6 +117,9 @@ public final class ProxyClient {
         case "assign" -> assign(topic, partitions, count);
         case "group" -> group(topic, partitions, count, s[4]);
         case "share" -> share(topic, count);
+        case "txn" -> txn(topic, partitions, count, s[4], Integer.parseInt(s[5]));
+        case "read_committed" -> readCommitted(topic, partitions, count);
+        case "ctp" -> ctp(topic, partitions, count, s[4]);
         default -> throw new IllegalArgumentException("unknown step " + s[0]);
       }
       long ms = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started);
@@ -183,6 +208,177 @@ public final class ProxyClient {
     }
   }
 
+  private void txn(String topic, int partitions, int count, String tag, int txns)
+      throws Exception {
+    if (txns < 1 || count % txns != 0 || (txns - 1) % 3 == 1) {
+      throw new IllegalArgumentException("txn: N must split into TXNS, the last one committed");
+    }
+    Properties props = transactional("txn", topic);
+    int per = count / txns;
+    try (KafkaProducer<String, String> producer =
+        new KafkaProducer<>(props, new StringSerializer(), new StringSerializer())) {
+      producer.initTransactions();
+      for (int t = 0; t < txns; t++) {
+        boolean commit = t % 3 != 1;
+        String outcome = commit ? "commit" : "abort";
+        producer.beginTransaction();
+        List<Object[]> sent = new ArrayList<>();
+        List<java.util.concurrent.Future<RecordMetadata>> futures = new ArrayList<>();
+        for (int i = t * per; i < (t + 1) * per; i++) {
+          int p = i % partitions;
+          int seq = i / partitions;
+          String key = "k" + p + "-" + seq;
+          String value = tag + "|" + p + "|" + seq + "|" + "v".repeat(seq % 40);
+          sent.add(new Object[] {key, value});
+          futures.add(producer.send(new ProducerRecord<>(topic, p, key, value)));
+        }
+        producer.flush();
+        for (int j = 0; j < futures.size(); j++) {
+          RecordMetadata md = futures.get(j).get(timeoutMs, TimeUnit.MILLISECONDS);
+          emit(obj("op", "sent", "step", "txn", "txn", t, "outcome", outcome, "p", md.partition(),
+              "o", md.offset(), "k", sent.get(j)[0], "v", sent.get(j)[1]));
+        }
+        if (commit) {
+          producer.commitTransaction();
+        } else {
+          producer.abortTransaction();
+        }
+        emit(obj("op", "txn", "step", "txn", "txn", t, "outcome", outcome, "records", per));
+      }
+      emitMetadata("txn", producer.partitionsFor(topic));
+    }
+  }
+
+  private void readCommitted(String topic, int partitions, int count) {
+    Properties props = common("read-committed");
+    props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+    props.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
+    try (KafkaConsumer<String, String> consumer =
+        new KafkaConsumer<>(props, new StringDeserializer(), new StringDeserializer())) {
+      List<TopicPartition> tps = new ArrayList<>();
+      for (int p = 0; p < partitions; p++) {
+        tps.add(new TopicPartition(topic, p));
+      }
+      consumer.assign(tps);
+      consumer.seekToBeginning(tps);
+      long deadline = System.currentTimeMillis() + timeoutMs;
+      int got = 0;
+      Map<TopicPartition, Long> end = null;
+      while (true) {
+        if (System.currentTimeMillis() > deadline) {
+          throw new IllegalStateException(
+              "read_committed: " + got + " of " + count + " records in time");
+        }
+        if (got >= count) {
+          if (end == null) {
+            end = consumer.endOffsets(tps, Duration.ofMillis(timeoutMs));
+          }
+          boolean atEnd = true;
+          for (TopicPartition tp : tps) {
+            atEnd &= consumer.position(tp, Duration.ofMillis(timeoutMs)) >= end.get(tp);
+          }
+          if (atEnd) {
+            break;
+          }
+        }
+        for (ConsumerRecord<String, String> r : consumer.poll(Duration.ofMillis(200))) {
+          Map<String, Object> line = record("read_committed", r);
+          line.put("topic", r.topic());
+          emit(line);
+          got++;
+        }
+      }
+      Map<Integer, Long> positions = new TreeMap<>();
+      Map<Integer, Long> ends = new TreeMap<>();
+      for (TopicPartition tp : tps) {
+        positions.put(tp.partition(), consumer.position(tp, Duration.ofMillis(timeoutMs)));
+        ends.put(tp.partition(), end.get(tp));
+      }
+      emit(obj("op", "positions", "step", "read_committed", "topic", topic, "positions",
+          positions, "end", ends));
+      emitMetadata("read_committed", consumer.partitionsFor(topic));
+    }
+  }
+
+  private void ctp(String source, int partitions, int count, String dest) throws Exception {
+    Properties cprops = common("ctp-consumer");
+    String groupId = "g-java-ctp-" + UUID.randomUUID().toString().substring(0, 8);
+    cprops.put(ConsumerConfig.GROUP_ID_CONFIG, groupId);
+    cprops.put(ConsumerConfig.GROUP_PROTOCOL_CONFIG, "classic");
+    cprops.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+    cprops.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+    cprops.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
+    cprops.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "25");
+    Properties pprops = transactional("ctp", dest);
+    long deadline = System.currentTimeMillis() + timeoutMs;
+    try (KafkaConsumer<String, String> consumer =
+            new KafkaConsumer<>(cprops, new StringDeserializer(), new StringDeserializer());
+        KafkaProducer<String, String> producer =
+            new KafkaProducer<>(pprops, new StringSerializer(), new StringSerializer())) {
+      producer.initTransactions();
+      consumer.subscribe(List.of(source));
+      int done = 0;
+      int attempt = 0;
+      while (done < count) {
+        if (System.currentTimeMillis() > deadline) {
+          throw new IllegalStateException("ctp: " + done + " of " + count + " records in time");
+        }
+        ConsumerRecords<String, String> polled = consumer.poll(Duration.ofMillis(200));
+        if (polled.isEmpty()) {
+          continue;
+        }
+        boolean commit = attempt != 1;
+        producer.beginTransaction();
+        AtomicReference<Exception> failed = new AtomicReference<>();
+        Map<TopicPartition, OffsetAndMetadata> next = new HashMap<>();
+        Map<TopicPartition, Long> first = new HashMap<>();
+        for (ConsumerRecord<String, String> r : polled) {
+          TopicPartition tp = new TopicPartition(r.topic(), r.partition());
+          first.putIfAbsent(tp, r.offset());
+          next.put(tp, new OffsetAndMetadata(r.offset() + 1));
+          producer.send(
+              new ProducerRecord<>(dest, r.partition(), r.key(), "ctp|" + r.value()),
+              (md, err) -> {
+                if (err != null) {
+                  failed.compareAndSet(null, err);
+                }
+              });
+        }
+        producer.sendOffsetsToTransaction(next, consumer.groupMetadata());
+        producer.flush();
+        if (failed.get() != null) {
+          throw failed.get();
+        }
+        Map<Integer, Long> offsets = new TreeMap<>();
+        next.forEach((tp, o) -> offsets.put(tp.partition(), o.offset()));
+        if (commit) {
+          producer.commitTransaction();
+          done += polled.count();
+        } else {
+          producer.abortTransaction();
+          first.forEach(consumer::seek); // process these records again
+        }
+        emit(obj("op", "txn", "step", "ctp", "txn", attempt, "outcome",
+            commit ? "commit" : "abort", "records", polled.count(), "offsets", offsets));
+        attempt++;
+      }
+      Set<TopicPartition> tps = new HashSet<>();
+      for (int p = 0; p < partitions; p++) {
+        tps.add(new TopicPartition(source, p));
+      }
+      Map<Integer, Long> committed = new TreeMap<>();
+      for (Map.Entry<TopicPartition, OffsetAndMetadata> e :
+          consumer.committed(tps, Duration.ofMillis(timeoutMs)).entrySet()) {
+        if (e.getValue() != null) {
+          committed.put(e.getKey().partition(), e.getValue().offset());
+        }
+      }
+      emit(obj("op", "committed", "step", "ctp", "group", groupId, "protocol", "classic",
+          "offsets", committed));
+      emitMetadata("ctp", consumer.partitionsFor(source));
+    }
+  }
+
   private void readAll(KafkaConsumer<String, String> consumer, String step, int count) {
     long deadline = System.currentTimeMillis() + timeoutMs;
     int got = 0;
@@ -265,6 +461,15 @@ public final class ProxyClient {
     Properties props = new Properties();
     props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
     props.put(ConsumerConfig.CLIENT_ID_CONFIG, clientId + "-" + role);
+    return props;
+  }
+
+  private Properties transactional(String role, String topic) {
+    Properties props = common(role);
+    props.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, clientId + "-" + role + "-" + topic);
+    props.put(ProducerConfig.LINGER_MS_CONFIG, "5");
+    props.put(ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG, Long.toString(timeoutMs));
+    props.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, Long.toString(timeoutMs));
     return props;
   }
 
