@@ -31,7 +31,9 @@ import h11
 import structlog
 import trio
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, generate_latest
+
+from .exposition import TextEncoder
 
 MAX_REQUEST_HEAD_BYTES = 8 * 1024
 MAX_REQUEST_BODY_BYTES = 4 * 1024
@@ -105,6 +107,8 @@ class ObserveApp:
         self.readiness = readiness
         self.debug_sessions = debug_sessions
         self.refresh = refresh
+        self._text = TextEncoder()
+        """The plain text format, each series' line prefix kept between scrapes."""
 
     def handle(self, method: str, target: str, accept: str = "") -> HttpResponse:
         path = target.split("?", 1)[0]
@@ -133,6 +137,8 @@ class ObserveApp:
             except Exception as exc:
                 _log.error("metrics_refresh_failed", error=repr(exc))
         encoder, content_type = choose_encoder(accept)
+        if encoder is generate_latest:  # the plain text format: the cached renderer's
+            encoder = self._text
         return HttpResponse(200, content_type, encoder(self.registry))
 
     def _readyz(self) -> HttpResponse:

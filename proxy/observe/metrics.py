@@ -15,6 +15,13 @@ Conventions (house style, after Kroxylicious):
   names, then ``other``).  Topic-partitions and client addresses are never
   labels; a ``client_id`` label exists only when enabled with a cap.
 
+Per-message series (the four legs by API, the two durations, the bytes per
+node) are resolved once: :class:`ByApi` keeps the labelled children of each API
+in the fixed table (``unknown`` is resolved each time, so the cache holds at
+most one entry per known API), and a connection's node series are looked up
+by its meter once, at first use (:meth:`Metrics.node_bytes`).  ``labels()`` is not called
+per message; the exposition is the same.
+
 A :class:`Metrics` object is created per proxy instance on a
 ``CollectorRegistry`` the caller owns (tests pass a fresh one and read values
 with ``registry.get_sample_value``).  The relay, session and shaping layers call
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -39,6 +47,7 @@ from prometheus_client import (
 )
 
 from .. import __version__
+from ..protocol.apis import API_NAMES
 from ..sessions.resets import ResetReason, Side
 from ..shaping.limits import LimitKind
 from .labels import (
@@ -323,6 +332,58 @@ def _node_key(node: int | None) -> str:
     return UNKNOWN if node is None else str(node)
 
 
+class ByApi:
+    """One family's labelled children by API key, each resolved once (``api`` label only).
+
+    The cache holds only keys of the fixed API table, so it is bounded by that
+    table; any other key maps to ``unknown`` and is resolved on each use.
+    """
+
+    __slots__ = ("_children", "_families")
+
+    def __init__(self, *families: Counter | Histogram) -> None:
+        self._families = families
+        self._children: dict[int, tuple[Any, ...]] = {}
+
+    def __call__(self, api_key: int) -> tuple[Any, ...]:
+        """The children (one per family, in order) for ``api_key``'s label."""
+        children = self._children.get(api_key)
+        if children is None:
+            api = api_name(api_key)
+            children = tuple(f.labels(api=api) for f in self._families)
+            if api_key in API_NAMES:
+                self._children[api_key] = children
+        return children
+
+
+class Leg:
+    """The request or response series of one leg: count and size histogram, by API."""
+
+    __slots__ = ("_children",)
+
+    def __init__(self, count: Counter, sizes: Histogram) -> None:
+        self._children = ByApi(count, sizes)
+
+    def __call__(self, api_key: int, size: int) -> None:
+        """A frame of ``size`` bytes of ``api_key`` crossed this leg."""
+        count, sizes = self._children(api_key)
+        count.inc()
+        sizes.observe(size)
+
+
+class Durations:
+    """A duration histogram by API (``client_``/``broker_request_duration_seconds``)."""
+
+    __slots__ = ("_children",)
+
+    def __init__(self, histogram: Histogram) -> None:
+        self._children = ByApi(histogram)
+
+    def __call__(self, api_key: int, seconds: float) -> None:
+        (child,) = self._children(api_key)
+        child.observe(seconds)
+
+
 class Metrics:
     """The proxy's metrics on one registry, with one method per thing that happens."""
 
@@ -353,6 +414,27 @@ class Metrics:
         for s in specs:
             self._register(s)
         self._preset()
+        self.legs: dict[Direction, Leg] = {
+            d: Leg(
+                self._counters[f"{d.value}_{what}s_total"],
+                self._histograms[f"{d.value}_{what}_size_bytes"],
+            )
+            for d, what in (
+                (Direction.CLIENT_TO_PROXY, "request"),
+                (Direction.PROXY_TO_BROKER, "request"),
+                (Direction.BROKER_TO_PROXY, "response"),
+                (Direction.PROXY_TO_CLIENT, "response"),
+            )
+        }
+        """Each leg's per-API count and size series (what the traffic meter feeds)."""
+        self.client_durations = Durations(self._histograms["client_request_duration_seconds"])
+        """``client_request_duration`` with its children resolved (what the meter calls)."""
+        self.broker_durations = Durations(self._histograms["broker_request_duration_seconds"])
+        """``broker_request_duration`` with its children resolved (what the meter calls)."""
+        saved = self._counters["incremental_fetch_saved_bytes_total"]
+        self._saved_request = saved.labels(kind="request")
+        self._saved_response = saved.labels(kind="response")
+        self._fetch_data_by_node: dict[str, tuple[Any, Any]] = {}
 
     # -- construction --------------------------------------------------------------
 
@@ -441,12 +523,10 @@ class Metrics:
     ) -> None:
         """A request frame of ``size`` bytes crossed ``direction`` (client_to_proxy or proxy_to_broker)."""
         if direction is Direction.CLIENT_TO_PROXY:
-            self._message("client_to_proxy_request", api_key, size)
+            self.legs[direction](api_key, size)
         elif direction is Direction.PROXY_TO_BROKER:
-            self._message("proxy_to_broker_request", api_key, size)
-            self._counters["proxy_to_broker_bytes_total"].labels(
-                node=self._node(_node_key(node))
-            ).inc(size)
+            self.legs[direction](api_key, size)
+            self.node_bytes(node, direction).inc(size)
         else:
             raise ValueError(f"{direction} is not a request direction")
 
@@ -455,37 +535,43 @@ class Metrics:
     ) -> None:
         """A response frame of ``size`` bytes crossed ``direction`` (broker_to_proxy or proxy_to_client)."""
         if direction is Direction.BROKER_TO_PROXY:
-            self._message("broker_to_proxy_response", api_key, size)
-            self._counters["broker_to_proxy_bytes_total"].labels(
-                node=self._node(_node_key(node))
-            ).inc(size)
+            self.legs[direction](api_key, size)
+            self.node_bytes(node, direction).inc(size)
         elif direction is Direction.PROXY_TO_CLIENT:
-            self._message("proxy_to_client_response", api_key, size)
+            self.legs[direction](api_key, size)
         else:
             raise ValueError(f"{direction} is not a response direction")
 
-    def _message(self, stem: str, api_key: int, size: int) -> None:
-        api = api_name(api_key)
-        self._counters[f"{stem}s_total"].labels(api=api).inc()
-        self._histograms[f"{stem}_size_bytes"].labels(api=api).observe(size)
-
     def client_request_duration(self, api_key: int, seconds: float) -> None:
-        self._histograms["client_request_duration_seconds"].labels(api=api_name(api_key)).observe(
-            seconds
-        )
+        self.client_durations(api_key, seconds)
 
     def broker_request_duration(self, api_key: int, seconds: float) -> None:
-        self._histograms["broker_request_duration_seconds"].labels(api=api_name(api_key)).observe(
-            seconds
-        )
+        self.broker_durations(api_key, seconds)
+
+    def node_bytes(self, node: int | None, direction: Direction) -> Any:
+        """The bytes counter of ``node``'s label on ``direction`` (proxy_to_broker or
+        broker_to_proxy).  A connection's meter asks once: its node never changes."""
+        if direction is Direction.PROXY_TO_BROKER:
+            family = self._counters["proxy_to_broker_bytes_total"]
+        elif direction is Direction.BROKER_TO_PROXY:
+            family = self._counters["broker_to_proxy_bytes_total"]
+        else:
+            raise ValueError(f"{direction} is not a leg between the proxy and a broker")
+        return family.labels(node=self._node(_node_key(node)))
 
     # -- fetch data ------------------------------------------------------------------
 
     def upstream_fetch_data(self, node: int | None, records: int, record_bytes: int) -> None:
         """Record batches that arrived from a broker in a Fetch response."""
         n = self._node(_node_key(node))
-        self._counters["broker_to_proxy_fetch_records_total"].labels(node=n).inc(records)
-        self._counters["broker_to_proxy_fetch_record_bytes_total"].labels(node=n).inc(record_bytes)
+        children = self._fetch_data_by_node.get(n)
+        if children is None:  # once per node label (bounded: node_label_cap, other, unknown)
+            children = self._fetch_data_by_node[n] = (
+                self._counters["broker_to_proxy_fetch_records_total"].labels(node=n),
+                self._counters["broker_to_proxy_fetch_record_bytes_total"].labels(node=n),
+            )
+        children[0].inc(records)
+        children[1].inc(record_bytes)
 
     def delivered_fetch_data(
         self, records: int, record_bytes: int, *, client_id: str | None = None
@@ -499,11 +585,10 @@ class Metrics:
 
     def fetch_session_saved(self, *, request_bytes: int = 0, response_bytes: int = 0) -> None:
         """Bytes an incremental session saved against the full fetch the client asked for."""
-        saved = self._counters["incremental_fetch_saved_bytes_total"]
         if request_bytes > 0:
-            saved.labels(kind="request").inc(request_bytes)
+            self._saved_request.inc(request_bytes)
         if response_bytes > 0:
-            saved.labels(kind="response").inc(response_bytes)
+            self._saved_response.inc(response_bytes)
 
     # -- fetch sessions --------------------------------------------------------------
 

@@ -14,6 +14,15 @@ them to :class:`~proxy.observe.metrics.Metrics`:
   written, each one's time since its request arrived
   (``client_request_duration_seconds``).
 
+What the relay already parsed is passed in, not read again: the request's
+header, whether it takes a response (``expects``: the relay has read a
+Produce's acks), and for the frames sent upstream each one's API key and
+whether it will be answered (``kinds``, from ``Relay.take_upstream_with_kinds``).
+Without them (a caller that has only the frames) the meter reads the two bytes
+of the API key and a Produce's acks itself.  The series are resolved once
+(:class:`~proxy.observe.metrics.Leg`; the node's bytes counters at first use):
+no ``labels()`` call per message.
+
 Responses carry no API key, so the meter keeps two FIFOs that mirror the
 relay's: one per client request that will be answered (client order: the relay
 answers in request order), one per upstream request that will be answered
@@ -37,13 +46,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from ..protocol import codec
 from ..protocol.apis import FETCH, PRODUCE, SASL_AUTHENTICATE
 from ..protocol.codec import skip_tagged_fields
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import Gathered, Payload
-from ..relay.relay import produce_acks
+from ..relay.relay import UpstreamKind, produce_acks
 from ..sessions.resets import RESET_REASONS, Side
 from .labels import Direction
 from .metrics import Metrics
@@ -79,7 +89,21 @@ def _expects_response(api_key: int, frame: bytes) -> bool:
 class TrafficMeter:
     """Counts and times one client connection's frames (see the module docstring)."""
 
-    __slots__ = ("_client", "_raw", "_upstream", "metrics", "node")
+    __slots__ = (
+        "_broker_durations",
+        "_client",
+        "_client_durations",
+        "_from_broker",
+        "_from_broker_bytes",
+        "_from_client",
+        "_raw",
+        "_to_broker",
+        "_to_broker_bytes",
+        "_to_client",
+        "_upstream",
+        "metrics",
+        "node",
+    )
 
     def __init__(self, metrics: Metrics, *, node: int | None = None) -> None:
         self.metrics = metrics
@@ -87,46 +111,93 @@ class TrafficMeter:
         self._client: deque[tuple[int, int, float]] = deque()  # (api_key, version, arrival)
         self._upstream: deque[tuple[int, float]] = deque()  # (api_key, sent)
         self._raw: deque[bytes] = deque()  # raw SASL tokens the relay will send upstream
+        legs = metrics.legs
+        self._from_client = legs[Direction.CLIENT_TO_PROXY]
+        self._to_broker = legs[Direction.PROXY_TO_BROKER]
+        self._from_broker = legs[Direction.BROKER_TO_PROXY]
+        self._to_client = legs[Direction.PROXY_TO_CLIENT]
+        self._to_broker_bytes: Any = None  # resolved at first use, as labels() would be
+        self._from_broker_bytes: Any = None
+        self._client_durations = metrics.client_durations
+        self._broker_durations = metrics.broker_durations
 
     @property
     def awaiting(self) -> tuple[int, int]:
         """(client requests, upstream requests) awaiting their response."""
         return len(self._client), len(self._upstream)
 
-    def client_frame(self, header: codec.RequestHeader | None, frame: bytes, now: float) -> None:
-        """A request frame the relay accepted; ``header`` None: a raw SASL v0 token."""
+    def client_frame(
+        self,
+        header: codec.RequestHeader | None,
+        frame: bytes,
+        now: float,
+        *,
+        expects: bool | None = None,
+    ) -> None:
+        """A request frame the relay accepted; ``header`` None: a raw SASL v0 token.
+
+        ``expects``: whether it takes a response, as the relay decided (None: read
+        a Produce's acks from the frame here).
+        """
         if header is None:
             api_key, api_version = SASL_AUTHENTICATE, 0
             self._raw.append(frame)
             expects = True
         else:
             api_key, api_version = header.api_key, header.api_version
-            expects = _expects_response(api_key, frame)
-        self.metrics.request(api_key, Direction.CLIENT_TO_PROXY, len(frame))
+            if expects is None:
+                expects = _expects_response(api_key, frame)
+        self._from_client(api_key, len(frame))
         if expects:
             self._client.append((api_key, api_version, now))
 
-    def upstream_sent(self, frames: list[bytes], now: float) -> None:
-        """Frames taken from the relay for the broker, in order, about to be written."""
-        for frame in frames:
-            if self._raw and frame is self._raw[0]:
-                self._raw.popleft()
-                api_key, expects = SASL_AUTHENTICATE, True
-            else:
-                api_key = int.from_bytes(frame[0:2], "big", signed=True) if len(frame) >= 2 else -1
-                expects = _expects_response(api_key, frame)
-            self.metrics.request(api_key, Direction.PROXY_TO_BROKER, len(frame), node=self.node)
+    def upstream_sent(
+        self, frames: list[bytes], now: float, *, kinds: Sequence[UpstreamKind] | None = None
+    ) -> None:
+        """Frames taken from the relay for the broker, in order, about to be written.
+
+        ``kinds``: each frame's (api_key, expects a response) as the relay queued
+        it (``Relay.take_upstream_with_kinds``); None: read from the frames, a raw
+        SASL v0 token recognised as the one ``client_frame`` saw.
+        """
+        if kinds is None:
+            kinds = [self._kind(frame) for frame in frames]
+        else:
+            raw = self._raw
+            for frame in frames:
+                if raw and frame is raw[0]:  # the token client_frame saw: counted by kinds
+                    raw.popleft()
+        upstream = self._upstream
+        for frame, (api_key, expects) in zip(frames, kinds, strict=True):
+            size = len(frame)
+            self._to_broker(api_key, size)
+            if self._to_broker_bytes is None:
+                self._to_broker_bytes = self.metrics.node_bytes(
+                    self.node, Direction.PROXY_TO_BROKER
+                )
+            self._to_broker_bytes.inc(size)
             if expects:
-                self._upstream.append((api_key, now))
+                upstream.append((api_key, now))
+
+    def _kind(self, frame: bytes) -> UpstreamKind:
+        if self._raw and frame is self._raw[0]:
+            self._raw.popleft()
+            return SASL_AUTHENTICATE, True
+        api_key = int.from_bytes(frame[0:2], "big", signed=True) if len(frame) >= 2 else -1
+        return api_key, _expects_response(api_key, frame)
 
     def upstream_frame(self, frame: bytes, now: float) -> None:
         """A response frame from the broker (before the relay handles it)."""
         if self._upstream:
             api_key, sent = self._upstream.popleft()
-            self.metrics.broker_request_duration(api_key, max(0.0, now - sent))
+            self._broker_durations(api_key, max(0.0, now - sent))
         else:  # nothing pending: the relay closes the connection over it
             api_key = UNKNOWN_API
-        self.metrics.response(api_key, Direction.BROKER_TO_PROXY, len(frame), node=self.node)
+        size = len(frame)
+        self._from_broker(api_key, size)
+        if self._from_broker_bytes is None:
+            self._from_broker_bytes = self.metrics.node_bytes(self.node, Direction.BROKER_TO_PROXY)
+        self._from_broker_bytes.inc(size)
 
     def client_sent(self, frames: Sequence[Payload]) -> list[tuple[int, float]]:
         """Responses taken for the client, in order; returns what ``client_written`` needs."""
@@ -135,7 +206,7 @@ class TrafficMeter:
             api_key, api_version, arrival = (
                 self._client.popleft() if self._client else (UNKNOWN_API, 0, float("nan"))
             )
-            self.metrics.response(api_key, Direction.PROXY_TO_CLIENT, len(frame))
+            self._to_client(api_key, len(frame))
             if api_key == FETCH and api_version >= FETCH_SESSIONS_SINCE:
                 head = bytes(frame.head) if isinstance(frame, Gathered) else frame
                 reason = RESET_REASONS.get(fetch_error_code(api_version, head) or 0)
@@ -148,4 +219,4 @@ class TrafficMeter:
         """The responses ``client_sent`` returned have been written to the client."""
         for api_key, arrival in done:
             if arrival == arrival:  # not NaN
-                self.metrics.client_request_duration(api_key, max(0.0, now - arrival))
+                self._client_durations(api_key, max(0.0, now - arrival))

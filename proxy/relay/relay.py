@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..protocol import codec
-from ..protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_HANDSHAKE
+from ..protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import Gathered, Payload
 from ..protocol.varint import read_uvarint
@@ -73,6 +73,12 @@ _I16 = struct.Struct(">h")
 _CID_MAX = 2**31 - 1
 
 ResponseCallback = Callable[[bytes], None]
+
+UpstreamKind = tuple[int, bool]
+"""What the relay knows of a frame it queued upstream: (api_key, whether a response will
+come).  A raw SASL v0 token is (SaslAuthenticate, True), the API KIP-152 later wrapped
+them in.  The edge hands these to its traffic meter, which then reads nothing back from
+the frame."""
 
 
 class Upstream(Protocol):
@@ -235,11 +241,15 @@ class Relay:
         self._slots: deque[_Slot] = deque()
         self._pending: deque[_Pending] = deque()
         self._to_upstream: list[bytes] = []
+        self._upstream_kinds: list[UpstreamKind] = []
+        """One entry per frame of ``_to_upstream``, in the same order."""
         self._to_client: list[Payload] = []
         self._next_cid = 0
         self._raw_tokens = 0  # SASL v0 token frames still expected from the client
         self.last_header: codec.RequestHeader | None = None
         """The header of the latest client request (for log context)."""
+        self.last_expects = True
+        """Whether the latest client request takes a response (False: Produce with acks=0)."""
         self._upstream_port: Upstream = _Port(self._send, resolve)
 
     # --- state the edge reads ------------------------------------------------------------
@@ -263,7 +273,14 @@ class Relay:
 
     def take_upstream(self) -> list[bytes]:
         out, self._to_upstream = self._to_upstream, []
+        self._upstream_kinds = []
         return out
+
+    def take_upstream_with_kinds(self) -> tuple[list[bytes], list[UpstreamKind]]:
+        """``take_upstream()`` and, for each frame, its ``UpstreamKind``."""
+        kinds, self._upstream_kinds = self._upstream_kinds, []
+        out, self._to_upstream = self._to_upstream, []
+        return out, kinds
 
     def take_client(self) -> list[Payload]:
         out, self._to_client = self._to_client, []
@@ -280,6 +297,8 @@ class Relay:
             raw_slot = _Slot(0, raw=True)
             self._slots.append(raw_slot)
             self._to_upstream.append(frame)
+            self._upstream_kinds.append((SASL_AUTHENTICATE, True))
+            self.last_expects = True
             token = ClientRequest(_RAW_HEADER, frame, self._flush_slots, raw_slot)
             self._pending.append(_Pending(None, -1, 0, token.reply))
             return None
@@ -293,6 +312,7 @@ class Relay:
                 " would carry broker addresses the proxy does not rewrite"
             )
         expects = not (header.api_key == PRODUCE and produce_acks(header, frame) == 0)
+        self.last_expects = expects
         slot = _Slot(header.correlation_id) if expects else None
         if slot is not None:
             self._slots.append(slot)
@@ -356,6 +376,7 @@ class Relay:
         cid = self._next_cid
         self._next_cid = 0 if cid == _CID_MAX else cid + 1
         self._to_upstream.append(frame[:4] + _I32.pack(cid) + frame[8:])
+        self._upstream_kinds.append((api_key, on_response is not None))
         if on_response is not None:
             self._pending.append(_Pending(cid, api_key, api_version, on_response))
 

@@ -27,11 +27,21 @@ Limits (each a setting, see ``proxy.config``):
     the connection closes (``idle_timeout``) when no request awaits its
     response and no byte has moved to or from the client for that long; a
     request waiting upstream (a long-poll Fetch) keeps it open, unless its
-    answer is stuck behind responses the client does not read.
+    answer is stuck behind responses the client does not read.  The check
+    costs one timer per timeout period, not a wake-up per message: the timer
+    fires at the earliest moment the connection could be idle long enough and
+    re-arms itself from the latest activity.
+
+Scheduler turns: a request and its response cost the tasks that move them and
+nothing else.  The writer is woken only when responses are queued; the loops
+waiting for room (client full, requests in flight) only when slots or queued
+bytes change; an uncontended upstream write takes its lock without a
+checkpoint.
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -52,7 +62,11 @@ UPSTREAM_RECEIVE_BYTES = 256 * 1024
 """Upstream reads are larger than the allocator's mmap threshold (``proxy.server.allocator``),
 so the pieces a large Fetch response arrives in are mapped, each given back to the system when
 the frame is joined, rather than left as holes in the heap that keep the RSS above the budget
-(bench/fetch_memory.py: RSS growth +51..59 MiB against +56..72 with 64 KiB reads, once +176)."""
+(bench/fetch_memory.py: RSS growth +51..59 MiB against +56..72 with 64 KiB reads, once +176).
+They are that large only while data streams in (the previous read filled its buffer): a read
+after a short one asks for ``RECEIVE_BYTES``, served from the heap, so a small answer costs
+no ``mmap``/``mremap``/``munmap`` (and page fault) of its own; at most the first piece of a
+large response comes from the heap."""
 DEFAULT_MAX_CLIENT_BUFFER_BYTES = 1024 * 1024
 UPSTREAM_CLOSE_FLUSH_SECONDS = 5.0
 """When the broker closes, how long the responses it sent before may take to reach the client."""
@@ -110,7 +124,10 @@ class Connection:
         self.fetch_path = fetch_path
         """The relay's fetch handler, when it holds memory budget (None: it holds none)."""
         self._upstream_lock = trio.Lock()
-        self._changed = trio.Event()
+        self._changed = trio.lowlevel.ParkingLot()
+        """Tasks waiting for slots or queued bytes to change (``_notify`` wakes them)."""
+        self._queued = trio.lowlevel.ParkingLot()
+        """The writer, while nothing is queued for the client."""
         self._out: list[Payload] = []
         self.buffered = 0
         """Bytes (with length prefixes) queued for the client and not yet taken by its socket."""
@@ -118,6 +135,8 @@ class Connection:
         """The most ``buffered`` ever was (what a test of the limit reads)."""
         self._last_active = 0.0
         self._client_id: str | None = None
+        self._log_requests = True
+        """Whether each request gets a debug line (``run()`` asks the logging configuration)."""
 
     @property
     def client_id(self) -> str | None:
@@ -130,12 +149,13 @@ class Connection:
         return self.buffered > self.max_client_buffer_bytes
 
     async def wait_changed(self) -> None:
-        """Return at the next change of the connection's state (slots, queued bytes, activity)."""
-        await self._changed.wait()
+        """Return at the next change of the connection's state (slots freed, queued bytes)."""
+        await self._changed.park()
 
     async def run(self) -> str:
         """Relay until one side ends; returns the reason (see ``proxy.logs``)."""
         self._last_active = trio.current_time()
+        self._log_requests = _debug_enabled()
         async with trio.open_nursery() as nursery:
             scope = nursery.cancel_scope
             nursery.start_soon(self._guard, self._client_loop, scope)
@@ -184,23 +204,29 @@ class Connection:
     # --- state changes ---------------------------------------------------------------------
 
     def _notify(self) -> None:
-        """Something the loops wait on changed (slots, queued bytes, activity)."""
-        self._changed.set()
-        self._changed = trio.Event()
+        """Something the loops wait on changed (slots freed, queued bytes)."""
+        if self._changed:  # usually nobody waits: not even a call into the parking lot
+            self._changed.unpark_all()
 
     async def _until(self, ready: Callable[[], bool]) -> None:
         while not ready():
-            await self._changed.wait()
+            await self._changed.park()
 
     def _take_replies(self) -> None:
-        """Move what the relay answered to the writer's queue (call after every relay input)."""
+        """Move what the relay answered to the writer's queue (call after every relay input).
+
+        Answers free slots and queue bytes: the writer and the loops waiting for
+        either are woken.  Without answers nothing they wait on changed.
+        """
         frames = self.relay.take_client()
         if frames:
             self._last_active = trio.current_time()  # an answer is activity too
             self._out += frames
             self.buffered += sum(4 + len(f) for f in frames)
             self.peak_buffered = max(self.peak_buffered, self.buffered)
-        self._notify()
+            if self._queued:
+                self._queued.unpark_all()
+            self._notify()
 
     def _can_read_client(self) -> bool:
         return self.relay.can_accept and not self.client_full
@@ -210,6 +236,7 @@ class Connection:
     async def _client_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         relay = self.relay
+        arrived = self._last_active
         while True:
             # Back-pressure: nothing more is read while max_in_flight requests await
             # their responses or the client leaves more than its buffer unread.  What the
@@ -228,13 +255,13 @@ class Connection:
                     decoder.close()  # TruncatedFrame if the client left half a frame
                     self._finish("client_closed")
                     return
-                self._last_active = trio.current_time()
+                arrived = self._last_active = trio.current_time()
                 decoder.feed(data)
                 continue
             header = relay.client_frame(frame)
             self._take_replies()
             if self.meter is not None:
-                self.meter.client_frame(header, frame, trio.current_time())
+                self.meter.client_frame(header, frame, arrived, expects=relay.last_expects)
             if header is None:  # a raw SASL v0 token: nothing to log
                 continue
             if header.client_id != self._client_id:
@@ -242,21 +269,25 @@ class Connection:
                 structlog.contextvars.bind_contextvars(client_id=header.client_id)
             if self.on_request is not None:
                 self.on_request(header.api_key, header.api_version, len(frame))
-            log.debug(
-                "request",
-                api_key=header.api_key,
-                api_version=header.api_version,
-                correlation_id=header.correlation_id,
-            )
+            if self._log_requests:
+                log.debug(
+                    "request",
+                    api_key=header.api_key,
+                    api_version=header.api_version,
+                    correlation_id=header.correlation_id,
+                )
 
     async def _upstream_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         relay = self.relay
+        size = RECEIVE_BYTES
         while True:
             # A client that does not read its responses stops this connection's
             # upstream reads: its broker's answers wait in the broker's socket.
-            await self._until(lambda: not self.client_full)
-            data = await self.upstream.receive_some(UPSTREAM_RECEIVE_BYTES)
+            while self.client_full:
+                await self._changed.park()
+            data = await self.upstream.receive_some(size)
+            size = UPSTREAM_RECEIVE_BYTES if len(data) >= size else RECEIVE_BYTES
             if not data:
                 # Kafka answers and then closes (a failed SASL authentication, for one):
                 # what it answered reaches the client before the client's connection closes.
@@ -265,9 +296,10 @@ class Connection:
                 self._finish("upstream_closed")
                 return
             decoder.feed(data)
+            now = trio.current_time() if self.meter is not None else 0.0
             while (frame := decoder.next_frame()) is not None:
                 if self.meter is not None:
-                    self.meter.upstream_frame(frame, trio.current_time())
+                    self.meter.upstream_frame(frame, now)
                 relay.upstream_frame(frame)
             self._take_replies()
             await self._send_upstream()
@@ -275,7 +307,8 @@ class Connection:
     async def _writer_loop(self) -> None:
         """Write the queued responses in order; each buffer is let go once written."""
         while True:
-            await self._until(lambda: bool(self._out))
+            while not self._out:
+                await self._queued.park()
             frames, self._out = self._out, []
             done = self.meter.client_sent(frames) if self.meter is not None else None
             chunks = frame_chunks(frames)
@@ -315,27 +348,52 @@ class Connection:
             await self._send_upstream()
 
     async def _idle_loop(self) -> None:
-        """Close the connection once it has been idle for ``idle_timeout`` seconds."""
+        """Close the connection once it has been idle for ``idle_timeout`` seconds.
+
+        No wake-up per message: the timer sleeps until the earliest moment the
+        connection could have been idle for the whole timeout and then looks at
+        the state (the latest activity, what is in flight), re-arming itself
+        from it.  Activity only moves ``_last_active``; a request in flight
+        upstream with nothing queued for the client (a long poll) is activity
+        that lasts, so the timer looks again a whole timeout later.
+        """
         while True:
+            now = trio.current_time()
             if self.relay.in_flight and not self.buffered:
-                await self._changed.wait()  # a request awaits upstream (e.g. a long poll)
-                continue
-            deadline = self._last_active + self.idle_timeout
-            if trio.current_time() >= deadline:
-                self._finish("idle_timeout")
-                return
-            with trio.move_on_at(deadline):
-                await self._changed.wait()
+                deadline = now + self.idle_timeout  # a request awaits upstream (a long poll)
+            else:
+                deadline = self._last_active + self.idle_timeout
+                if now >= deadline:
+                    self._finish("idle_timeout")
+                    return
+            await trio.sleep_until(deadline)
 
     async def _send_upstream(self) -> None:
         if not self.relay.upstream_queued:
             return  # nothing to send: no lock, no scheduler turn
-        async with self._upstream_lock:
-            frames = self.relay.take_upstream()
+        lock = self._upstream_lock
+        try:
+            lock.acquire_nowait()  # uncontended (the usual case): no checkpoint
+        except trio.WouldBlock:
+            await lock.acquire()  # another task is writing upstream: queue behind it
+        try:
+            if self.meter is not None:
+                frames, kinds = self.relay.take_upstream_with_kinds()
+                if frames:
+                    self.meter.upstream_sent(frames, trio.current_time(), kinds=kinds)
+            else:
+                frames = self.relay.take_upstream()
             if frames:
-                if self.meter is not None:
-                    self.meter.upstream_sent(frames, trio.current_time())
                 await _write(self.upstream, frames)
+        finally:
+            lock.release()
+
+
+def _debug_enabled() -> bool:
+    """Whether the logging configuration passes debug lines (read once per connection, so a
+    request's debug line costs nothing when it would be dropped anyway)."""
+    check = getattr(log.bind(), "is_enabled_for", None)
+    return True if check is None else bool(check(logging.DEBUG))
 
 
 async def _write(stream: trio.abc.Stream, frames: list[bytes] | list[Payload]) -> None:

@@ -43,6 +43,7 @@ from ..relay.apiversions import kio_range
 from ..relay.relay import FetchHandler, FetchHandlerFactory, Relay
 from ..sessions.downstream import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
+from .sockets import lean
 from .upstream import client_ssl_context, open_upstream, server_ssl_context
 
 log = structlog.get_logger("proxy.server")
@@ -410,10 +411,10 @@ class Proxy:
                 fetch_handler=fetch_handler,
                 max_in_flight=self.settings.max_in_flight,
             )
-            drainable = DrainableStream(client)
+            drainable = DrainableStream(lean(client))
             conn = Connection(
                 drainable,
-                upstream,
+                lean(upstream),
                 relay,
                 max_frame_bytes=self.settings.max_frame_bytes,
                 max_client_buffer_bytes=self.settings.max_client_buffer_bytes,

@@ -8,16 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.index import api_key_map
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.observe.labels import (
+    REQUEST_DIRECTIONS,
     BoundedLabel,
     CloseCause,
     DecisionOutcome,
     Direction,
     api_name,
 )
-from proxy.observe.metrics import CATALOGUE, CLIENT_ID_SPEC, PREFIX, Metrics, spec
+from proxy.observe.metrics import CATALOGUE, CLIENT_ID_SPEC, PREFIX, ByApi, Metrics, spec
 from proxy.protocol.apis import API_NAMES
 from proxy.sessions.resets import ResetReason, Side
 from proxy.shaping.limits import LimitKind
@@ -279,3 +280,77 @@ def test_process_metrics_are_on_the_same_registry_unless_disabled() -> None:
     bare = CollectorRegistry()
     Metrics(bare, process_metrics=False)
     assert bare.get_sample_value("process_resident_memory_bytes") is None
+
+
+# --- per-message series resolved once --------------------------------------------------------
+
+
+def _exposition_without_created(registry: CollectorRegistry) -> list[str]:
+    """The text exposition, minus the ``_created`` lines (timestamps of series creation)."""
+    text = generate_latest(registry).decode()
+    return [line for line in text.splitlines() if "_created" not in line]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0, 1, 3, 18, 36, 999, -1, 32767]),  # known and unknown API keys
+            st.sampled_from(list(Direction)),
+            st.integers(min_value=0, max_value=1 << 24),
+            st.sampled_from([None, 1, 2]),
+            st.floats(min_value=0.0, max_value=60.0),
+        ),
+        max_size=40,
+    )
+)
+def test_cached_children_expose_what_labels_per_message_exposed(
+    events: list[tuple[int, Direction, int, int | None, float]],
+) -> None:
+    """The legs, durations, node bytes, fetch data and session savings resolved once give
+    the exposition that a ``labels()`` call per message gave (the reference below is that
+    old code path)."""
+    cached, reference = Metrics(process_metrics=False), Metrics(process_metrics=False)
+    for api_key, direction, size, node, seconds in events:
+        if direction in (Direction.CLIENT_TO_PROXY, Direction.PROXY_TO_BROKER):
+            cached.request(api_key, direction, size, node=node)
+        else:
+            cached.response(api_key, direction, size, node=node)
+        cached.client_request_duration(api_key, seconds)
+        cached.broker_request_duration(api_key, seconds)
+
+        api = api_name(api_key)
+        stem = f"{direction.value}_{'request' if direction in REQUEST_DIRECTIONS else 'response'}"
+        reference._counters[f"{stem}s_total"].labels(api=api).inc()
+        reference._histograms[f"{stem}_size_bytes"].labels(api=api).observe(size)
+        if direction is Direction.PROXY_TO_BROKER:
+            n = "unknown" if node is None else str(node)
+            reference._counters["proxy_to_broker_bytes_total"].labels(node=n).inc(size)
+        if direction is Direction.BROKER_TO_PROXY:
+            n = "unknown" if node is None else str(node)
+            reference._counters["broker_to_proxy_bytes_total"].labels(node=n).inc(size)
+        reference._histograms["client_request_duration_seconds"].labels(api=api).observe(seconds)
+        reference._histograms["broker_request_duration_seconds"].labels(api=api).observe(seconds)
+
+        cached.upstream_fetch_data(node, records=size % 7, record_bytes=size)
+        n = "unknown" if node is None else str(node)
+        reference._counters["broker_to_proxy_fetch_records_total"].labels(node=n).inc(size % 7)
+        reference._counters["broker_to_proxy_fetch_record_bytes_total"].labels(node=n).inc(size)
+        cached.fetch_session_saved(request_bytes=size % 3, response_bytes=size % 5)
+        saved = reference._counters["incremental_fetch_saved_bytes_total"]
+        if size % 3:
+            saved.labels(kind="request").inc(size % 3)
+        if size % 5:
+            saved.labels(kind="response").inc(size % 5)
+    assert _exposition_without_created(cached.registry) == _exposition_without_created(
+        reference.registry
+    )
+
+
+def test_the_cache_of_children_holds_only_keys_of_the_api_table() -> None:
+    metrics = fresh()[0]
+    leg = ByApi(metrics._counters["client_to_proxy_requests_total"])
+    for api_key in range(-5, 5000):  # input-controlled keys, mostly outside the table
+        leg(api_key)
+    assert set(leg._children) <= set(API_NAMES)
+    assert leg(4999) == leg(-5)  # every unknown key is the one "unknown" series
+    assert leg(1) is leg(1)  # a known key is resolved once
