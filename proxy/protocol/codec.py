@@ -5,10 +5,10 @@ else stays opaque bytes.  The request header's first eight bytes (api key,
 version, correlation id) are readable for *any* request, which is all that
 pass-through needs.
 
-Every body is checked by one walk of its layout (``walk.check``) before kio
-sees it: kio reserves memory for the array counts a message declares before
-reading the entries, and decodes a null array as None even where the schema
-has no null.
+Every body is decoded by one compiled, validating pass (:mod:`.readers`), which
+refuses what kio's native reader would not (array counts that cannot fit in
+the message, nulls where the schema has none) and what it would, and gives a
+Fetch response's records as views of the frame when asked (``views``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from functools import lru_cache
 from typing import Any
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
-from kio.serial import entity_reader
 
-from . import walk, writers
+from . import readers, writers
 from .apis import API_VERSIONS, CONTROLLED_SHUTDOWN
 from .errors import DecodeError, ProtocolError
 from .framing import COPY_BELOW, Buffer, Gathered
@@ -163,25 +162,20 @@ def peek_correlation_id(frame: bytes | memoryview) -> int:
 
 
 def _decode(
-    schema: Any, frame: bytes, offset: int, *, strict: bool, hook: walk.Hook | None = None
+    schema: Any,
+    frame: bytes,
+    offset: int,
+    *,
+    strict: bool,
+    views: frozenset[str] = readers.NO_VIEWS,
 ) -> Any:
-    # kio must only see a body whose counts fit and whose nulls are allowed (module docstring)
     try:
-        walk.check(schema, frame, offset, hook)
+        obj, end = readers.read(schema, frame, offset, views)
     except DecodeError as exc:
         raise DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}") from exc
-    try:
-        obj, size = entity_reader(schema)(frame, offset)
-    except ProtocolError:
-        raise
-    except Exception as exc:  # kio raises KeyError/ValueError/BufferUnderflow/...
+    if strict and end != len(frame):
         raise DecodeError(
-            f"cannot decode {schema.__name__} v{schema.__version__}: {type(exc).__name__}: {exc}"
-        ) from exc
-    if strict and offset + size != len(frame):
-        raise DecodeError(
-            f"{schema.__name__} v{schema.__version__}: {len(frame) - offset - size}"
-            " trailing bytes after body"
+            f"{schema.__name__} v{schema.__version__}: {len(frame) - end} trailing bytes after body"
         )
     return obj
 
@@ -219,17 +213,17 @@ def decode_response(
     frame: bytes,
     *,
     strict: bool = False,
-    hook: walk.Hook | None = None,
+    views: frozenset[str] = readers.NO_VIEWS,
 ) -> tuple[int, Any]:
     """Decode a response frame (header and body); returns (correlation_id, body).
 
-    *hook* rides along the check walk (``walk.check``), e.g. to learn where fields are.
+    The bytes fields named in *views* (e.g. ``readers.FETCH_RECORDS``) are views of *frame*.
     """
     schema = response_schema(api_key, api_version)
     hv = response_header_version(api_key, api_version)
     if schema is None or hv is None:
         raise DecodeError(f"unsupported response api_key={api_key} version={api_version}")
-    body = _decode(schema, frame, response_body_offset(frame, hv), strict=strict, hook=hook)
+    body = _decode(schema, frame, response_body_offset(frame, hv), strict=strict, views=views)
     return peek_correlation_id(frame), body
 
 

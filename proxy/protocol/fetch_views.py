@@ -1,14 +1,14 @@
 """Decode a Fetch response with its records left as views into the received frame.
 
 kio copies every records field out of the frame, and the frame stays alive
-until the response is answered anyway: pointing into it frees the copies at
-once (a Fetch response's data is then held once, not twice).  The shaping
-layer copies what it keeps (``Run.split_view``), so no view outlives the
-exchange.  Anything unexpected keeps kio's copies.
+until the response is answered anyway: pointing into it avoids the copies
+(a Fetch response's data is then held once, not twice).  The shaping layer
+copies what it keeps (``Run.split_view``), so no view outlives the exchange.
 
-:func:`decode_fetch_response` learns where the records are from the walk that
-checks the frame before kio decodes it (``codec.decode_response(hook=...)``),
-so a response is walked once and decoded once.
+:func:`decode_fetch_response` decodes the frame in one validating pass
+(:mod:`.readers`) that takes each partition's records as a view of the frame
+directly: no check walk, no kio copy, no second pass to replace the copies.
+:func:`records_as_views` does the replacement for a response kio already decoded.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import codec, walk
+from . import codec, readers, walk
 from .apis import FETCH
 from .errors import DecodeError
 
@@ -26,10 +26,9 @@ def _is_partition_data(cls: type) -> bool:
 
 
 def decode_fetch_response(version: int, frame: bytes) -> Any:
-    """The kio FetchResponse in *frame*, its records views of *frame*."""
-    records = walk.SpanHook(_is_partition_data, "records")
-    _, response = codec.decode_response(FETCH, version, frame, hook=records)
-    return _point_into(response, frame, records.spans)
+    """The kio FetchResponse in *frame*, its records (when not empty) views of *frame*."""
+    _, response = codec.decode_response(FETCH, version, frame, views=readers.FETCH_RECORDS)
+    return response
 
 
 def records_as_views(response: Any, version: int, frame: bytes) -> Any:

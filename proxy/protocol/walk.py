@@ -19,8 +19,10 @@ each non-tagged field and returns replacement bytes (``b""`` drops an array
 element) or None to keep the entity.  The result is the new frame, or the very
 same ``bytes`` object when nothing changed.
 
-``check(schema, frame, offset)`` is the same walk with no hook: the codec runs
-it before handing network bytes to kio (``codec._decode``).  kio's native array
+``check(schema, frame, offset)`` is the same walk with no hook.  The codec ran
+it before handing network bytes to kio; the codec's compiled readers
+(:mod:`.readers`) now refuse the same inputs while they decode, and
+``tests/unit/test_readers.py`` holds them to this walk's verdicts.  kio's native array
 readers reserve the count a message declares before reading its entries (a
 44-byte request can announce 2**32 - 2 of them, and the failed allocation
 aborts the process), and kio decodes a null (-1) count as None even where the
@@ -133,7 +135,7 @@ def _is_optional(tp: Any) -> bool:
     return get_origin(tp) in (UnionType, Union) and NoneType in get_args(tp)
 
 
-def _nullable(f: Field[Any]) -> bool:
+def field_nullable(f: Field[Any]) -> bool:
     """Is the field itself nullable (``X | None``, ``tuple[X, ...] | None``)?
 
     Not kio's ``is_optional``, which also says yes for an array of nullable
@@ -142,7 +144,7 @@ def _nullable(f: Field[Any]) -> bool:
     return _is_optional(f.type)
 
 
-def _entries_nullable(f: Field[Any]) -> bool:
+def entries_nullable(f: Field[Any]) -> bool:
     """Are the entries of the array field *f* nullable (``tuple[X | None, ...]``)?"""
     array = f.type
     if _is_optional(array):
@@ -166,13 +168,13 @@ def plan_for(cls: type) -> Plan:
     for f in fields(cls):
         tag = get_field_tag(f)
         kind = classify_field(f)
-        nullable = _nullable(f)
+        nullable = field_nullable(f)
         name = f"{cls.__name__}.{f.name}"
         step: Step
         if isinstance(kind, PrimitiveField):
             step = _primitive_step(f.metadata["kafka_type"], nullable, name)
         elif isinstance(kind, PrimitiveTupleField):
-            entry = _primitive_step(f.metadata["kafka_type"], _entries_nullable(f), name)
+            entry = _primitive_step(f.metadata["kafka_type"], entries_nullable(f), name)
             step = ("parray", entry, nullable, name)
         elif isinstance(kind, EntityField):
             # tagged struct fields carry no null marker (presence is the tag itself)

@@ -65,7 +65,7 @@ def test_records_become_views_of_the_frame(version: int) -> None:
 
 
 @pytest.mark.parametrize("version", [4, 11, 12, 13, 16, 17, 18])
-def test_decoding_points_records_into_the_frame_from_the_check_walk(version: int) -> None:
+def test_decoding_reads_records_as_views_of_the_frame_in_one_pass(version: int) -> None:
     frame = codec.encode_response(_response(version), 7)
     decoded = decode_fetch_response(version, frame)
     assert decoded == codec.decode_response(1, version, frame)[1]

@@ -1,5 +1,6 @@
-"""The codec's check before kio (``walk.check``): counts that cannot fit and nulls the schema
-has no room for are refused; every valid message of every API and version passes."""
+"""The check walk (``walk.check``), through the codec whose readers refuse what it refuses
+(``tests/unit/test_readers.py``): counts that cannot fit and nulls the schema has no room for
+are refused; every valid message of every API and version passes."""
 
 from __future__ import annotations
 
