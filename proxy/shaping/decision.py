@@ -66,8 +66,33 @@ class ShapingDecision:
         buffered_bytes: int = 0,
         max_starvation: int = 0,
     ) -> ShapingDecision:
-        outs = list(result.outcomes.values())
-        with_data = [o for o in outs if o.had_data]
+        # one pass over the outcomes (this runs for every shaped fetch)
+        outs = result.outcomes.values()
+        with_data: list[PartitionOutcome] = []
+        served = trimmed = starved = unshaped = 0
+        upstream_bytes = upstream_records = reused = dropped = 0
+        trimmed_records = trimmed_bytes = 0
+        exempt = False
+        for o in outs:
+            upstream_bytes += o.upstream_bytes
+            upstream_records += o.upstream_records
+            reused += o.reused_bytes
+            dropped += o.dropped_partial_bytes
+            if o.delivered_batches:
+                served += 1
+            if not o.shaped:
+                unshaped += 1
+            if o.exempt:
+                exempt = True
+            if o.had_data:
+                with_data.append(o)
+                remainder = o.remainder
+                if remainder.headers:
+                    trimmed += 1
+                if not o.delivered_batches:
+                    starved += 1
+                trimmed_records += remainder.records
+                trimmed_bytes += remainder.size
         return cls(
             api_version=api_version,
             requested_max_bytes=requested_max_bytes,
@@ -75,23 +100,23 @@ class ShapingDecision:
             limits=limits,
             partitions=len(outs),
             partitions_with_data=len(with_data),
-            partitions_served=sum(1 for o in outs if o.delivered_batches),
-            partitions_trimmed=sum(1 for o in with_data if o.remainder.headers),
-            partitions_starved=sum(1 for o in with_data if not o.delivered_batches),
+            partitions_served=served,
+            partitions_trimmed=trimmed,
+            partitions_starved=starved,
             max_starvation=max_starvation,
-            upstream_bytes=sum(o.upstream_bytes for o in outs),
-            upstream_records=sum(o.upstream_records for o in outs),
-            reused_bytes=sum(o.reused_bytes for o in outs),
+            upstream_bytes=upstream_bytes,
+            upstream_records=upstream_records,
+            reused_bytes=reused,
             delivered_bytes=result.delivered_bytes,
             delivered_records=result.delivered_records,
             buffered_bytes=buffered_bytes,
-            dropped_partial_bytes=sum(o.dropped_partial_bytes for o in outs),
-            unshaped_partitions=sum(1 for o in outs if not o.shaped),
+            dropped_partial_bytes=dropped,
+            unshaped_partitions=unshaped,
             limited_by=result.limited_by,
-            progress_exemption=any(o.exempt for o in outs),
-            trimmed_records=sum(o.remainder.records for o in with_data),
-            trimmed_bytes=sum(o.remainder.size for o in with_data),
-            trimmed_by_limit=_by_limit(with_data),
+            progress_exemption=exempt,
+            trimmed_records=trimmed_records,
+            trimmed_bytes=trimmed_bytes,
+            trimmed_by_limit=_by_limit(with_data) if trimmed else (),
         )
 
     def as_log_fields(self) -> dict[str, object]:
