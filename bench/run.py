@@ -12,8 +12,10 @@ alternating order (direct, haproxy, proxy, direct, ...) ``--repetitions`` times.
 Output: ``bench/results/<timestamp>/`` (``--out`` elsewhere) gets ``results.json``,
 one PNG per scenario, ``BENCHMARKS.md``, the processes' logs and, for each missed
 target, a py-spy flame graph of the proxy (``--no-flamegraphs``: none).  A complete
-non-smoke run also publishes: ``BENCHMARKS.md`` at the repository root, and its plots,
-flame graphs and ``results.json`` in ``bench/plots/`` (``--no-publish``: it does not).  ``--smoke`` never publishes.
+non-smoke run also publishes: ``BENCHMARKS.md`` at the repository root (keeping the
+hand-written discussion after ``DISCUSSION_MARK``, which names the run it was written
+for), and its plots, flame graphs and ``results.json`` in ``bench/plots/``
+(``--no-publish``: it does not).  ``--smoke`` never publishes.
 
 Not a test: it asserts nothing about speed.  Run it on a quiet machine.
 """
@@ -42,6 +44,8 @@ from .stack import REPO, Stack, use_bench_jvm_opts
 
 RESULTS = REPO / "bench" / "results"
 PLOTS = REPO / "bench" / "plots"
+DISCUSSION_MARK = "<!-- discussion: written by hand; a published run keeps it -->"
+"""BENCHMARKS.md's hand-written discussion of the targets starts at this line."""
 REQUIREMENTS = REPO / "bench" / "requirements.txt"
 
 
@@ -304,13 +308,25 @@ def main(argv: list[str] | None = None) -> int:
             if t.get("flamegraph"):
                 shutil.copy(out / t["flamegraph"], PLOTS / t["flamegraph"])
         shutil.copy(json_path, PLOTS / "results.json")
-        (REPO / "BENCHMARKS.md").write_text(
+        published = REPO / "BENCHMARKS.md"
+        discussion = kept_discussion(published)
+        published.write_text(
             report.markdown(results, PLOTS.relative_to(REPO).as_posix(), plotted)
+            + ("\n" + discussion if discussion else "")
         )
     for t in results["targets"]:
         _log(f"target {t['status']}: {t['target']} [{t['case'] or '-'}] {t['numbers']}")
     _log(f"results in {out}" + (" (published BENCHMARKS.md, bench/plots/)" if publish else ""))
     return 0
+
+
+def kept_discussion(path: Path) -> str:
+    """The hand-written discussion at the end of *path* (from DISCUSSION_MARK on), or ''."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    at = text.find(DISCUSSION_MARK)
+    return "" if at < 0 else text[at:]
 
 
 def _short(numbers: dict[str, float | None]) -> str:
