@@ -17,21 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
-from kio.static.primitive import Records
+from support.kio_classes import SCHEMAS, schema_id
 
 from proxy.protocol import codec, readers, walk
 from proxy.protocol.errors import DecodeError
 from proxy.protocol.messages import make
 
-st.register_type_strategy(Records, st.binary(max_size=40).map(Records.parse))
-
-SCHEMAS = [
-    schema
-    for api_key in range(100)
-    for version in range(30)
-    for schema in (codec.request_schema(api_key, version), codec.response_schema(api_key, version))
-    if schema is not None
-]
 _PREFIX = b"\xaa\xbb\xcc"
 """Bytes before every body: the readers must honour the offset they are given."""
 
@@ -91,7 +82,7 @@ def _encoded(data: st.DataObject) -> tuple[type, bytes]:
     return schema, codec.encode_body(obj)
 
 
-@pytest.mark.parametrize("schema", SCHEMAS, ids=lambda s: f"{s.__module__}.{s.__name__}")
+@pytest.mark.parametrize("schema", SCHEMAS, ids=schema_id)
 def test_each_class_compiles(schema: type) -> None:
     """Every request and response class (and every entity in it) has a reader, both ways."""
     assert callable(readers.reader_for(schema))

@@ -12,20 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
-from kio.static.primitive import Records
+from support.kio_classes import SCHEMAS, schema_id
 
-from proxy.protocol import codec, writers
+from proxy.protocol import writers
 from proxy.protocol.messages import make, request_module, response_module
-
-st.register_type_strategy(Records, st.binary(max_size=40).map(Records.parse))
-
-SCHEMAS = [
-    schema
-    for api_key in range(100)
-    for version in range(30)
-    for schema in (codec.request_schema(api_key, version), codec.response_schema(api_key, version))
-    if schema is not None
-]
 
 
 def kio_bytes(obj: Any) -> bytes:
@@ -59,7 +49,7 @@ def test_every_message_is_written_as_kio_writes_it(data: st.DataObject) -> None:
     assert compiled_bytes(obj) == kio_bytes(obj)
 
 
-@pytest.mark.parametrize("schema", SCHEMAS, ids=lambda s: f"{s.__module__}.{s.__name__}")
+@pytest.mark.parametrize("schema", SCHEMAS, ids=schema_id)
 def test_each_class_compiles(schema: type) -> None:
     """Every request and response class (and so every entity they hold) has a writer."""
     assert callable(writers.writer_for(schema))
