@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
@@ -99,7 +99,14 @@ def test_each_class_compiles(schema: type) -> None:
 def test_every_message_decodes_as_kio_decodes_it(data: st.DataObject) -> None:
     schema, body = _encoded(data)
     buf = _PREFIX + body
-    expected, size = entity_reader(schema)(buf, len(_PREFIX))
+    try:
+        expected, size = entity_reader(schema)(buf, len(_PREFIX))
+    except ValueError as exc:
+        # kio encodes any int64 millisecond duration but decodes only what a
+        # datetime.timedelta holds: such an example says nothing about the reader.
+        if "timedelta milliseconds overflow" in str(exc):
+            reject()
+        raise
     for views in (readers.NO_VIEWS, readers.FETCH_RECORDS):
         obj, end = readers.read(schema, buf, len(_PREFIX), views)
         assert end == len(_PREFIX) + size == len(buf)  # consumed exactly what kio consumed
