@@ -59,6 +59,7 @@ from .upstream import (
     MIN_CLIENT_VERSION,
     ClientReply,
     TranslationError,
+    consumer_fetch,
     group_runs,
     replica_id,
 )
@@ -216,20 +217,7 @@ def _sessionless_request(
     topics = _listed_as_is(request, effective, on_ids)
     if topics is None:
         topics = _rebuilt_topics(mod, effective, on_ids)
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=request.max_wait,
-        min_bytes=request.min_bytes,
-        max_bytes=getattr(request, "max_bytes", 2**31 - 1),
-        isolation_level=getattr(request, "isolation_level", 0),
-        session_id=0,
-        session_epoch=-1,
-        topics=topics,
-        forgotten_topics_data=(),
-        rack_id=getattr(request, "rack_id", ""),
-        cluster_id=getattr(request, "cluster_id", None),
-    )
+    return consumer_fetch(mod, request, session_id=0, session_epoch=-1, topics=topics, forgotten=())
 
 
 _TOPIC_FIELDS = frozenset({"topic", "topic_id", "partitions"})

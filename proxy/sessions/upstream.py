@@ -289,19 +289,13 @@ class FetchTranslator:
             )
             for topic, keys in group_runs(sreq.to_forget, lambda k: k.topic)
         ]
-        return make(
-            mod.FetchRequest,
-            replica_id=-1,
-            max_wait=client.max_wait,
-            min_bytes=client.min_bytes,
-            max_bytes=getattr(client, "max_bytes", 2**31 - 1),
-            isolation_level=getattr(client, "isolation_level", 0),
+        return consumer_fetch(
+            mod,
+            client,
             session_id=sreq.metadata.session_id,
             session_epoch=sreq.metadata.epoch,
             topics=tuple(topics),
-            forgotten_topics_data=tuple(forgotten),
-            rack_id=getattr(client, "rack_id", ""),
-            cluster_id=getattr(client, "cluster_id", None),
+            forgotten=tuple(forgotten),
         )
 
     def _resend(self, pending: _Pending) -> UpstreamFetch:
@@ -537,6 +531,34 @@ def _dedupe(partitions: list[_ClientPartition]) -> list[_ClientPartition]:
             seen.add(ident)
             out.append(cp)
     return out
+
+
+def consumer_fetch(
+    mod: ModuleType,
+    client: Any,
+    *,
+    session_id: int,
+    session_epoch: int,
+    topics: Any,
+    forgotten: Any,
+) -> Any:
+    """A consumer's FetchRequest of module *mod* with *client*'s request-wide settings
+    (wait, sizes, isolation, rack, cluster; Kafka's defaults where its version has none)
+    and the given session and partitions."""
+    return make(
+        mod.FetchRequest,
+        replica_id=-1,
+        max_wait=client.max_wait,
+        min_bytes=client.min_bytes,
+        max_bytes=getattr(client, "max_bytes", 2**31 - 1),
+        isolation_level=getattr(client, "isolation_level", 0),
+        session_id=session_id,
+        session_epoch=session_epoch,
+        topics=topics,
+        forgotten_topics_data=forgotten,
+        rack_id=getattr(client, "rack_id", ""),
+        cluster_id=getattr(client, "cluster_id", None),
+    )
 
 
 def group_runs(items: Any, key: Any) -> Iterator[tuple[Any, list[Any]]]:
