@@ -51,6 +51,7 @@ from kio.serial.errors import SerialError
 from .errors import DecodeError
 from .varint import read_uvarint
 from .walk import entries_nullable, field_nullable
+from .writers import STRUCT_CODES
 
 Reader = Callable[[Any, int], tuple[Any, int]]
 """``(buffer, offset) -> (value, offset after it)``."""
@@ -59,20 +60,9 @@ NO_VIEWS: frozenset[str] = frozenset()
 FETCH_RECORDS: frozenset[str] = frozenset({"PartitionData.records"})
 """The *views* that leave a Fetch response's records in the frame."""
 
-# struct codes of the fixed-size kafka types read with a plain unpack (as writers.py packs them)
-_PACKED = {
-    "int8": "b",
-    "int16": "h",
-    "int32": "i",
-    "int64": "q",
-    "uint8": "B",
-    "uint16": "H",
-    "uint32": "I",
-    "uint64": "Q",
-    "float64": "d",
-    "bool": "B",
-    "error_code": "h",
-}
+# struct codes of the fixed-size kafka types read with a plain unpack: the writers' codes,
+# but a bool is read as a byte so that anything other than 0 or 1 can be refused (as kio does)
+_PACKED = {**STRUCT_CODES, "bool": "B"}
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _ERROR_CODES: dict[int, ErrorCode] = {int(c): c for c in ErrorCode}

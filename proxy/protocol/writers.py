@@ -54,8 +54,7 @@ class Pieces(Protocol):
 
 Writer = Callable[[Pieces, Any], None]
 
-# struct codes of the fixed-size kafka types kio writes with a plain struct.pack
-_PACKED = {
+STRUCT_CODES = {
     "int8": "b",
     "int16": "h",
     "int32": "i",
@@ -68,6 +67,7 @@ _PACKED = {
     "bool": "?",
     "error_code": "h",  # an IntEnum: packs as its value, as kio's write_error_code does
 }
+"""struct codes of the fixed-size kafka types kio writes with a plain struct.pack."""
 _SMALL = tuple(bytes((n,)) for n in range(128))
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -121,7 +121,7 @@ def writer_for(cls: type) -> Writer:
             continue
         kind = classify_field(f)
         code = (
-            _PACKED.get(f.metadata.get("kafka_type", ""))
+            STRUCT_CODES.get(f.metadata.get("kafka_type", ""))
             if isinstance(kind, PrimitiveField)
             else None
         )
