@@ -17,6 +17,7 @@ names the key, where the value came from, the value, and what is allowed.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,20 @@ from .shaping.limits import LIMIT_NAMES, InvalidLimits, Limits
 from .shaping.policy import DEFAULT_POLICY, Policy
 
 ENV_PREFIX = "KAFKA_FETCH_PROXY_"
+
+NOT_SETTINGS = frozenset(
+    {
+        "KAFKA_FETCH_PROXY_CACHE",  # scripts/setup, tests/support: where downloads are cached
+        "KAFKA_FETCH_PROXY_SPARK_JARS",  # pipeline/spark.py: the Spark Kafka connector's jars
+        "KAFKA_FETCH_PROXY_KAFKA_JVM_OPTS",  # tests/support/kafka.py, bench/: the brokers' JVM
+        "KAFKA_FETCH_PROXY_FAULT_RECORDS",  # tests/support/verifier.py: the fault tests' length
+        "KAFKA_FETCH_PROXY_FAULT_RATE",
+        "KAFKA_FETCH_PROXY_FAULT_MAX_RECORDS",
+    }
+)
+"""Variables with the proxy's prefix that belong to the project's scripts and tests, not to
+a setting: the proxy started by those (which inherits their environment) ignores them.  Any
+other ``KAFKA_FETCH_PROXY_*`` variable that names no setting is refused at start."""
 
 
 class ConfigError(Exception):
@@ -368,7 +383,45 @@ def load(
                 value = _convert(option, value)
             _put(merged, option.path, value)
             source[option.key] = f"flag {option.flag}"
-    return validate(merged, source)
+    unknown = unknown_env_errors(env or {}, options)
+    try:
+        settings = validate(merged, source)
+    except ConfigError as exc:
+        raise ConfigError(unknown + exc.errors) from None
+    if unknown:
+        raise ConfigError(unknown)
+    return settings
+
+
+def unknown_env_errors(
+    env: Mapping[str, str], options: Sequence[_Option] | None = None
+) -> list[str]:
+    """One message per ``KAFKA_FETCH_PROXY_*`` variable in *env* that names no setting.
+
+    A typo must not start the proxy as if the variable were absent (an unknown key in
+    the file is refused too); each message names the variable and the closest setting's
+    variable.  The project's own tooling variables (``NOT_SETTINGS``) are not settings.
+    """
+    by_env = {o.env: o for o in (options if options is not None else _options())}
+    out = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in by_env or name in NOT_SETTINGS:
+            continue
+        # compared without the prefix, which every name shares
+        suffixes = {o.removeprefix(ENV_PREFIX): o for o in by_env}
+        close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1)
+        hint = (
+            f"no setting has this name; did you mean {suffixes[close[0]]}"
+            f" (key '{by_env[suffixes[close[0]]].key}')?"
+            if close
+            else "no setting has this or a similar name"
+        )
+        out.append(
+            f"unknown environment variable {name}: {hint}"
+            f" (each key's variable is {ENV_PREFIX} + the key in upper case;"
+            " `kafka-fetch-proxy run --help` lists them)"
+        )
+    return out
 
 
 def validate(values: Mapping[str, Any], source: Mapping[str, str] | None = None) -> Settings:
@@ -402,7 +455,7 @@ def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> st
         extra = sorted(set(error.instance) - set(known)) if isinstance(error.instance, dict) else []
         scope = f"table '{key}'" if path else "the top level"
         return (
-            f"unknown key(s) {', '.join(repr(x) for x in extra)} in {scope}{where};"
+            f"unknown key(s) {', '.join(_with_closest(x, known) for x in extra)} in {scope}{where};"
             f" allowed keys: {', '.join(known)}"
         )
     if v == "required":
@@ -434,6 +487,11 @@ def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> st
         if isinstance(desc_spec, dict) and desc_spec.get("description"):
             desc = f" ({desc_spec['description']})"
     return f"key '{key}'{where}: value {json.dumps(error.instance)} is not allowed; expected {allowed}{desc}"
+
+
+def _with_closest(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
 def _semantic_errors(values: Mapping[str, Any], source: Mapping[str, str]) -> list[str]:

@@ -182,6 +182,86 @@ def test_unreadable_or_invalid_toml(tmp_path: Path) -> None:
         config.load(config_file=write(tmp_path, "upstream = ["), env={})
 
 
+# -- typos refused: unknown KAFKA_FETCH_PROXY_* variables -----------------------------------
+
+
+def test_an_unknown_env_var_is_refused_naming_it_and_the_closest_setting() -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.load(
+            env={
+                "KAFKA_FETCH_PROXY_UPSTREAM": "k:1",
+                "KAFKA_FETCH_PROXY_LISTN": "0.0.0.0:9092",
+                "KAFKA_FETCH_PROXY_UPSTREAM_TLS_CAFILE": "/ca.pem",
+                "KAFKA_FETCH_PROXY_ZQXJ": "1",
+                "KAFKA_FETCH_PROXYLISTEN": "not our prefix",  # not ours: ignored
+            }
+        )
+    errors = info.value.errors
+    assert len(errors) == 3, errors
+    listen, cafile, zqxj = errors  # sorted by variable name
+    assert listen.startswith("unknown environment variable KAFKA_FETCH_PROXY_LISTN:")
+    assert "did you mean KAFKA_FETCH_PROXY_LISTEN (key 'listen')?" in listen
+    assert "did you mean KAFKA_FETCH_PROXY_UPSTREAM_TLS_CA_FILE" in cafile
+    assert "'upstream_tls.ca_file'" in cafile
+    assert "KAFKA_FETCH_PROXY_ZQXJ: no setting has this or a similar name" in zqxj
+
+
+def test_an_unknown_env_var_is_reported_with_the_other_errors() -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.load(
+            env={"KAFKA_FETCH_PROXY_LOG_LEVLE": "debug", "KAFKA_FETCH_PROXY_LOG_LEVEL": "x"}
+        )
+    text = str(info.value)
+    assert "KAFKA_FETCH_PROXY_LOG_LEVLE" in text and "KAFKA_FETCH_PROXY_LOG_LEVEL" in text
+    assert "'upstream' is required" in text and '"x"' in text
+
+
+def test_an_unknown_file_key_names_the_closest_key(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.load(config_file=write(tmp_path, 'upstream = ["k:1"]\nlisen = "x"\n'), env={})
+    assert "'lisen' (did you mean 'listen'?)" in str(info.value)
+
+
+TYPO_TESTS = {"tests/unit/test_config.py"}
+"""The test that misspells variables on purpose."""
+
+
+def test_the_projects_own_variables_are_settings_or_known_tooling() -> None:
+    """Every KAFKA_FETCH_PROXY_* name the repository mentions is a setting's variable or one
+    of the scripts' and tests' own (which the proxy they start inherits): none of them may
+    become a start-up error by accident."""
+    import re
+
+    settings = {env for _key, _flag, env in config.option_names()}
+    placeholders = {
+        "KAFKA_FETCH_PROXY_",
+        "KAFKA_FETCH_PROXY_KEY_NAME",
+        "KAFKA_FETCH_PROXY_TABLE_KEY",
+    }
+    listed = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    seen: dict[str, str] = {}
+    for name in listed:
+        path = REPO / name
+        if not path.is_file() or path.suffix in {".png", ".jar", ".gz"} or name in TYPO_TESTS:
+            continue
+        text = path.read_text(errors="replace")
+        for var in re.findall(r"KAFKA_FETCH_PROXY_[A-Z0-9_]*", text):
+            seen.setdefault(var, name)
+    assert config.NOT_SETTINGS <= set(seen)  # the allowance names only what is used
+    strays = {
+        v: f for v, f in seen.items() if v not in settings | config.NOT_SETTINGS | placeholders
+    }
+    assert not strays, strays
+    assert not config.NOT_SETTINGS & settings
+    # and the tooling variables are accepted
+    s = config.load(
+        env={"KAFKA_FETCH_PROXY_UPSTREAM": "k:1", **dict.fromkeys(config.NOT_SETTINGS, "1")}
+    )
+    assert [str(u) for u in s.upstream] == ["k:1"]
+
+
 def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "proxy", *argv],
@@ -206,6 +286,17 @@ def test_check_config_command(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "log_level" in bad.stderr and '"x"' in bad.stderr
+
+
+def test_check_config_and_run_refuse_a_misspelt_env_var() -> None:
+    env = {"KAFKA_FETCH_PROXY_UPSTREAM": "k:1", "KAFKA_FETCH_PROXY_MAX_RECORD": "5"}
+    for command in ("check-config", "run"):
+        done = run_cli(command, env=env)
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stdout == ""  # nothing printed as if it had started
+        assert "unknown environment variable KAFKA_FETCH_PROXY_MAX_RECORD:" in done.stderr
+        assert "did you mean KAFKA_FETCH_PROXY_MAX_RECORDS (key 'max_records')?" in done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_run_refuses_an_invalid_file_before_starting(tmp_path: Path) -> None:
