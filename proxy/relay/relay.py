@@ -23,6 +23,13 @@ SASL
     forwards that many token frames (PLAIN and OAUTHBEARER: one exchange,
     SCRAM-SHA-256/512: two) untouched, one raw response each, then resumes
     normal relaying.  Other mechanisms over v0 close the connection.
+    While a SaslHandshake v1+ exchange is in progress (a first authentication or a
+    KIP-368 re-authentication, ``sasl.SaslExchange``), requests the FetchHandler
+    sends (its own, or a held-back client Fetch it starts) wait in the relay and go
+    upstream, in the order they were made, once the exchange is over: the broker
+    closes a connection that sends anything else between SaslHandshake and the
+    final SaslAuthenticate response.  At most one per request in flight, plus the
+    handler's own per fetch, so bounded by ``max_in_flight``.
 Fail closed
     A request at a version whose response would carry broker addresses the
     proxy does not rewrite (``endpoints.refused``; never advertised) closes
@@ -66,7 +73,7 @@ from ..protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SAS
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import Gathered, Payload
 from ..protocol.varint import read_uvarint
-from . import apiversions, endpoints, rewrite
+from . import apiversions, endpoints, rewrite, sasl
 
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
@@ -250,7 +257,11 @@ class Relay:
         """The header of the latest client request (for log context)."""
         self.last_expects = True
         """Whether the latest client request takes a response (False: Produce with acks=0)."""
-        self._upstream_port: Upstream = _Port(self._send, resolve)
+        self.sasl = sasl.SaslExchange()
+        """The connection's SASL exchange (its counts are what tests and logs read)."""
+        self._held: list[tuple[bytes, int, int, ResponseCallback | None]] = []
+        """The FetchHandler's sends made while ``sasl.active``, in order."""
+        self._upstream_port: Upstream = _Port(self._send_or_hold, resolve)
 
     # --- state the edge reads ------------------------------------------------------------
 
@@ -311,6 +322,8 @@ class Relay:
                 f"api_key={header.api_key} v{header.api_version} is not relayed: its response"
                 " would carry broker addresses the proxy does not rewrite"
             )
+        if self.sasl.client_request(header.api_key):
+            self._release_held()  # the client has finished authenticating
         expects = not (header.api_key == PRODUCE and produce_acks(header, frame) == 0)
         self.last_expects = expects
         slot = _Slot(header.correlation_id) if expects else None
@@ -352,8 +365,12 @@ class Relay:
             return
 
         mechanism = _sasl_v0_mechanism(h, request.frame)
+        if h.api_key == SASL_HANDSHAKE and h.api_version >= 1:
+            self.sasl.begin(sasl.handshake_mechanism(h, request.frame) or "")
 
         def on_response(frame: bytes) -> None:
+            if self.sasl.active and self.sasl.answered(h.api_key, h.api_version, frame):
+                self._release_held()
             if mechanism is not None and frame[4:6] == b"\x00\x00":  # error_code NONE
                 exchanges = _SASL_V0_EXCHANGES.get(mechanism)
                 if exchanges is None:
@@ -379,6 +396,22 @@ class Relay:
         self._upstream_kinds.append((api_key, on_response is not None))
         if on_response is not None:
             self._pending.append(_Pending(cid, api_key, api_version, on_response))
+
+    def _send_or_hold(
+        self, frame: bytes, api_key: int, api_version: int, on_response: ResponseCallback | None
+    ) -> None:
+        """The FetchHandler's send: held while a SASL exchange is in progress."""
+        if self.sasl.active:
+            if len(frame) < 8:
+                raise ProtocolError("request frame too short for a header")
+            self._held.append((frame, api_key, api_version, on_response))
+        else:
+            self._send(frame, api_key, api_version, on_response)
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for frame, api_key, api_version, on_response in held:
+            self._send(frame, api_key, api_version, on_response)
 
     def _flush_slots(self) -> None:
         slots = self._slots

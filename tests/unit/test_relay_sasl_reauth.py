@@ -1,0 +1,313 @@
+"""SASL (re-)authentication in the sans-I/O relay: the proxy's own requests wait for it.
+
+A broker closes the connection when anything but SaslAuthenticate arrives between
+a SaslHandshake and the exchange's final SaslAuthenticate response (KIP-368
+re-authentication happens on a live connection, under load).  The client sends
+nothing else then, but the Fetch path does: a held-back fetch starting, a resend,
+its Metadata for topic ids.  Here: client frames into the Relay, the upstream
+frames it queues looked at and answered by hand (SASL) or by the dev broker's
+dispatcher (Fetch, Metadata).
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from typing import Any
+
+from support.dev_upstream import batch, client_fetch
+
+from devbroker.build import build
+from devbroker.fetch import NodeFetcher
+from devbroker.membership import GroupCoordinator
+from devbroker.node import NodeDispatcher
+from devbroker.outcome import Reply, Wait
+from devbroker.state import ClusterState
+from proxy.config import FetchPathConfig
+from proxy.fetchpath import FetchPath
+from proxy.protocol import codec
+from proxy.protocol.apis import FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from proxy.protocol.framing import payload_bytes
+from proxy.relay.relay import ClientRequest, Relay, Upstream
+from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.shaping.limits import Limits
+
+SASL_AUTHENTICATION_FAILED = 58
+
+
+def resolve(node_id: int, host: str, port: int) -> tuple[str, int] | None:
+    return None
+
+
+def request(api_key: int, version: int, cid: int, **data: Any) -> bytes:
+    schema = codec.request_schema(api_key, version)
+    assert schema is not None
+    return codec.encode_request(build(schema, data), cid, "app")
+
+
+def handshake(cid: int, mechanism: str) -> bytes:
+    return request(SASL_HANDSHAKE, 1, cid, mechanism=mechanism)
+
+
+def authenticate(cid: int, token: bytes) -> bytes:
+    return request(SASL_AUTHENTICATE, 2, cid, auth_bytes=token)
+
+
+def response(api_key: int, version: int, upstream_frame: bytes, **data: Any) -> bytes:
+    """The answer to *upstream_frame* (the relay's correlation id)."""
+    schema = codec.response_schema(api_key, version)
+    assert schema is not None
+    (cid,) = struct.unpack_from(">i", upstream_frame, 4)
+    return codec.encode_response(build(schema, data), cid)
+
+
+def handshake_ok(upstream_frame: bytes) -> bytes:
+    return response(SASL_HANDSHAKE, 1, upstream_frame, error_code=0, mechanisms=["PLAIN"])
+
+
+def authenticate_answer(upstream_frame: bytes, *, lifetime_ms: int = 0, error: int = 0) -> bytes:
+    return response(
+        SASL_AUTHENTICATE,
+        2,
+        upstream_frame,
+        error_code=error,
+        error_message=None,
+        auth_bytes=b"server-token",
+        session_lifetime_ms=lifetime_ms,
+    )
+
+
+def api_key(frame: bytes) -> int:
+    return int(struct.unpack_from(">h", frame)[0])
+
+
+def fetch_v4(cid: int) -> bytes:
+    """A Fetch header (v4, non-flexible) and a body the test handler never decodes."""
+    return struct.pack(">hhi", FETCH, 4, cid) + b"\x00\x03app" + b"fetch-body"
+
+
+class HeldBack:
+    """A FetchHandler that holds every fetch back until the test starts it (as the Fetch path
+    does while a fetch waits for memory budget or for the connection's previous fetch), and
+    sends Metadata of its own (as the Fetch path does for topic ids)."""
+
+    def __init__(self) -> None:
+        self.queue: list[ClientRequest] = []
+        self.port: Upstream | None = None
+        self.metadata_answers: list[bytes] = []
+
+    def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
+        self.port = upstream
+        self.queue.append(request)
+
+    def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
+        return None
+
+    def start(self) -> None:
+        assert self.port is not None
+        fetch = self.queue.pop(0)
+        self.port.send(fetch.frame, api_key=FETCH, api_version=4, on_response=fetch.reply)
+
+    def own_metadata(self) -> None:
+        assert self.port is not None
+        frame = (
+            struct.pack(">hhi", METADATA, 1, 0) + b"\x00\x11kafka-fetch-proxy" + b"\x00\x00\x00\x00"
+        )
+        self.port.send(
+            frame, api_key=METADATA, api_version=1, on_response=self.metadata_answers.append
+        )
+
+
+def echo(frame: bytes) -> bytes:
+    """An answer to an opaque upstream request: its correlation id and a marker."""
+    return frame[4:8] + b"answer"
+
+
+def client_cids(relay: Relay) -> list[int]:
+    return [codec.peek_correlation_id(payload_bytes(p)) for p in relay.take_client()]
+
+
+def test_requests_the_proxy_makes_mid_reauthentication_wait_for_the_final_response() -> None:
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))  # held back by the handler
+    assert relay.take_upstream() == []
+
+    relay.client_frame(handshake(2, "SCRAM-SHA-512"))
+    [h] = relay.take_upstream()
+    handler.start()  # the held-back fetch starts between SaslHandshake and SaslAuthenticate
+    handler.own_metadata()
+    assert relay.take_upstream() == [], "sent into the broker's authenticator: it closes"
+
+    relay.upstream_frame(handshake_ok(h))
+    relay.client_frame(authenticate(3, b"client-first"))
+    [s1] = relay.take_upstream()
+    assert api_key(s1) == SASL_AUTHENTICATE
+    relay.upstream_frame(authenticate_answer(s1))  # SCRAM's first round trip of two
+    assert relay.take_upstream() == []
+    relay.client_frame(authenticate(4, b"client-final"))
+    [s2] = relay.take_upstream()
+    assert relay.sasl.active
+    relay.upstream_frame(authenticate_answer(s2, lifetime_ms=5000))
+
+    held = relay.take_upstream()
+    assert [api_key(f) for f in held] == [FETCH, METADATA]  # in the order the proxy made them
+    assert not relay.sasl.active
+    for f in held:
+        relay.upstream_frame(echo(f))
+    assert client_cids(relay) == [1, 2, 3, 4]  # the client's own order
+    assert handler.metadata_answers and relay.sasl.authentications == 1
+
+
+def test_what_was_queued_before_the_handshake_goes_before_it() -> None:
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))
+    handler.start()
+    relay.client_frame(handshake(2, "PLAIN"))
+    assert [api_key(f) for f in relay.take_upstream()] == [FETCH, SASL_HANDSHAKE]
+
+
+def test_one_round_trip_ends_plain_without_a_session_lifetime() -> None:
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))
+    relay.client_frame(handshake(2, "PLAIN"))
+    [h] = relay.take_upstream()
+    handler.start()
+    relay.upstream_frame(handshake_ok(h))
+    relay.client_frame(authenticate(3, b"\x00alice\x00pw"))
+    [s] = relay.take_upstream()
+    assert relay.take_upstream() == []
+    relay.upstream_frame(authenticate_answer(s))  # no re-authentication configured
+    assert [api_key(f) for f in relay.take_upstream()] == [FETCH]
+    assert relay.sasl.authentications == 1
+
+
+def test_a_failed_exchange_releases_what_was_held() -> None:
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))
+    relay.client_frame(handshake(2, "SCRAM-SHA-256"))
+    [h] = relay.take_upstream()
+    handler.start()
+    relay.upstream_frame(handshake_ok(h))
+    relay.client_frame(authenticate(3, b"client-first"))
+    [s] = relay.take_upstream()
+    relay.upstream_frame(authenticate_answer(s, error=SASL_AUTHENTICATION_FAILED))
+    assert [api_key(f) for f in relay.take_upstream()] == [FETCH]  # the broker closes anyway
+    assert not relay.sasl.active and relay.sasl.authentications == 0
+
+
+def test_a_mechanism_of_unknown_length_ends_at_the_clients_next_request() -> None:
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))
+    relay.client_frame(handshake(2, "GSSAPI"))
+    [h] = relay.take_upstream()
+    handler.start()
+    relay.upstream_frame(handshake_ok(h))
+    for cid in (3, 4, 5):  # no session lifetime: the broker re-authenticates nobody
+        relay.client_frame(authenticate(cid, b"token"))
+        [s] = relay.take_upstream()
+        relay.upstream_frame(authenticate_answer(s))
+        assert relay.take_upstream() == []
+    relay.client_frame(request(METADATA, 1, 6, topics=[]))  # the client is done
+    assert [api_key(f) for f in relay.take_upstream()] == [FETCH, METADATA]
+
+
+def test_each_reauthentication_is_counted() -> None:
+    relay = Relay(resolve)
+    cid = 0
+    for _ in range(3):
+        cid += 1
+        relay.client_frame(handshake(cid, "SCRAM-SHA-512"))
+        [h] = relay.take_upstream()
+        relay.upstream_frame(handshake_ok(h))
+        for _ in range(2):
+            cid += 1
+            relay.client_frame(authenticate(cid, b"t"))
+            [s] = relay.take_upstream()
+            relay.upstream_frame(authenticate_answer(s, lifetime_ms=5000))
+    assert (relay.sasl.handshakes, relay.sasl.authentications) == (3, 3)
+    assert client_cids(relay) == list(range(1, cid + 1))
+
+
+# -- the real Fetch path: pipelined fetches, one at a time, and a re-authentication ------
+
+
+class Broker:
+    """The dev broker's sans-I/O dispatcher, answering the proxy's upstream fetches."""
+
+    def __init__(self) -> None:
+        self.state = ClusterState("dev", [1])
+        self.state.create_topic("orders", 2)
+        for p in range(2):
+            part = self.state.partition("orders", p)
+            assert part is not None
+            part.log.append(batch(20), part.leader_epoch)
+        self.dispatcher = NodeDispatcher(
+            1,
+            self.state,
+            GroupCoordinator(self.state),
+            fetcher=NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(1))),
+        )
+
+    def answer(self, frame: bytes) -> bytes:
+        outcome = self.dispatcher.handle(frame)
+        if isinstance(outcome, Wait):
+            assert outcome.pending.poll(0.0)
+            return codec.encode_response(outcome.pending.complete(), outcome.correlation_id)
+        assert isinstance(outcome, Reply), outcome
+        return codec.encode_response(outcome.response, outcome.correlation_id)
+
+
+def test_the_fetch_paths_next_fetch_waits_for_the_reauthentication() -> None:
+    broker = Broker()
+    path = FetchPath(FetchPathConfig(limits=Limits(max_records=5)))
+    relay = Relay(resolve, fetch_handler=path.handler(1))
+
+    class Up:
+        state = broker.state
+
+    parts = [("orders", 0, 0), ("orders", 1, 0)]
+    first = codec.encode_request(client_fetch(Up(), 12, parts), 1, "app")  # type: ignore[arg-type]
+    second = codec.encode_request(client_fetch(Up(), 12, parts), 2, "app")  # type: ignore[arg-type]
+    relay.client_frame(first)
+    relay.client_frame(second)  # pipelined: waits until the first is answered
+    [f1] = relay.take_upstream()
+    assert api_key(f1) == FETCH
+
+    relay.client_frame(handshake(3, "SCRAM-SHA-512"))
+    [h] = relay.take_upstream()
+    relay.upstream_frame(broker.answer(f1))  # the first is answered: the second starts...
+    assert relay.take_upstream() == [], "...but not into the broker's authenticator"
+    relay.upstream_frame(handshake_ok(h))
+    relay.client_frame(authenticate(4, b"client-first"))
+    [s1] = relay.take_upstream()
+    relay.upstream_frame(authenticate_answer(s1))
+    relay.client_frame(authenticate(5, b"client-final"))
+    [s2] = relay.take_upstream()
+    relay.upstream_frame(authenticate_answer(s2, lifetime_ms=5000))
+
+    [f2] = relay.take_upstream()
+    assert api_key(f2) == FETCH
+    relay.upstream_frame(broker.answer(f2))
+    out = [payload_bytes(p) for p in relay.take_client()]
+    assert [codec.peek_correlation_id(f) for f in out] == [1, 2, 3, 4, 5]
+    for frame in out[:2]:
+        _, body = codec.decode_response(FETCH, 12, frame)
+        assert int(body.error_code) == 0
+        records = sum(
+            h.records_count
+            for t in body.responses
+            for p in t.partitions
+            for h in _batches(p.records)
+        )
+        assert records > 0
+
+
+def _batches(records: Any) -> list[Any]:
+    from proxy.protocol.records import iter_batches
+
+    return list(iter_batches(records or b""))
