@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import ipaddress
 import json
 import os
 import signal
@@ -101,6 +102,7 @@ def check_report(
             }
         ),
     }
+    effective["listeners"] = listeners(settings)
     observe = _observe_settings(settings, environ)
     if observe is not None:
         effective["decision_log"] = {
@@ -109,6 +111,39 @@ def check_report(
             "instance": observe.instance,
         }
     return {"ok": True, "settings": values, "sources": sources, "effective": effective}
+
+
+def listeners(settings: config.Settings) -> dict[str, Any]:
+    """The addresses the proxy will listen on, and whether each stays on loopback.
+
+    The bootstrap listener binds ``listen``; every broker listener binds the same
+    host (``broker_port_base`` + node id, or ``broker_ports``); the HTTP endpoint
+    binds ``metrics_listen``.  A listener on loopback is reachable only from the
+    same network namespace (the pod); any other address from every network that
+    reaches that address (0.0.0.0, ``::``: all of them).
+    """
+    host = settings.listen.host
+    metrics = settings.metrics_listen
+    return {
+        "bootstrap": str(settings.listen),
+        "brokers": {
+            "host": host,
+            "port_base": settings.broker_port_base,
+            "ports": {str(n): p for n, p in sorted(settings.broker_ports.items())},
+        },
+        "metrics": None if metrics is None else str(metrics),
+        "kafka_on_loopback_only": _is_loopback(host),
+        "metrics_on_loopback_only": None if metrics is None else _is_loopback(metrics.host),
+    }
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: whatever it resolves to, not known to be loopback
+        return False
 
 
 def _run(args: argparse.Namespace) -> int:

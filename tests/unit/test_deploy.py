@@ -45,14 +45,15 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def settings_for(args: list[str], env: dict[str, str], files: dict[str, Path]) -> config.Settings:
-    """Parse ``kafka-fetch-proxy run ARGS`` with the real parser and load its settings.
+    """Parse ``kafka-fetch-proxy run ARGS`` with the real parser and load its settings,
+    in the image's environment (its ENV lines) under ``env``.
 
     ``files`` maps in-container paths to files in the repository.
     """
     args = [str(files.get(a, a)) for a in args]
     namespace = cli.build_parser().parse_args(["run", *args])
     assert namespace.func.__module__ == "proxy.server.cli"
-    return config.from_args(namespace, env)
+    return config.from_args(namespace, {**image_env(), **env})
 
 
 def check_config_ok(
@@ -62,6 +63,24 @@ def check_config_ok(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert cli.main(["check-config", *[str(files.get(a, a)) for a in args]]) == 0
+
+
+def check_config(
+    args: list[str],
+    env: dict[str, str],
+    files: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> dict[str, Any]:
+    """What ``kafka-fetch-proxy check-config ARGS`` prints in the container: the image's
+    environment (its ENV lines) under the deployment's own, as the container runtime
+    merges them."""
+    for name, value in {**image_env(), **env}.items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    assert cli.main(["check-config", *[str(files.get(a, a)) for a in args]]) == 0
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return report
 
 
 # -- Dockerfile ----------------------------------------------------------------------------
@@ -115,6 +134,16 @@ def test_dockerfile_healthcheck_uses_a_module_of_the_package() -> None:
     assert healthcheck.main([*argv[3:], "--address", "127.0.0.1:1", "--timeout", "1"]) == 1
 
 
+def image_env() -> dict[str, str]:
+    """The environment the Dockerfile's ENV lines give every container of the image."""
+    env: dict[str, str] = {}
+    for line in instructions("ENV"):
+        for item in shlex.split(line):
+            key, _, value = item.partition("=")
+            env[key] = value
+    return env
+
+
 def test_dockerfile_is_small_non_root_and_configured_by_env() -> None:
     bases = [line.split()[0] for line in instructions("FROM")]
     assert bases and all(base == "python:3.11-slim" for base in bases)
@@ -126,13 +155,10 @@ def test_dockerfile_is_small_non_root_and_configured_by_env() -> None:
     assert any(
         f"install -d -o {uid} -g {uid} {DECISION_LOG_DIR}" in run for run in instructions("RUN")
     )
-    env: dict[str, str] = {}
-    for line in instructions("ENV"):
-        for item in shlex.split(line):
-            key, _, value = item.partition("=")
-            env[key] = value
-    proxy_env = {k: v for k, v in env.items() if k.startswith(config.ENV_PREFIX)}
+    proxy_env = {k: v for k, v in image_env().items() if k.startswith(config.ENV_PREFIX)}
     assert set(proxy_env) <= ENV_NAMES, set(proxy_env) - ENV_NAMES
+    # environment beats the file: the image sets nothing a mounted file should decide
+    assert set(proxy_env) == {healthcheck.ENV}, proxy_env
     settings = config.load(env={**proxy_env, "KAFKA_FETCH_PROXY_UPSTREAM": "broker:9092"})
     assert settings.metrics_listen is not None
     exposed = " ".join(instructions("EXPOSE")).split()
@@ -182,13 +208,15 @@ def test_kustomization_lists_every_manifest() -> None:
     assert set(kustomization["resources"]) == files
 
 
-def test_sidecar_matches_the_proxy_flags_endpoints_and_config(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+Rendered = tuple[list[str], dict[str, str], dict[str, Path]]
+"""A deployment's proxy container: its arguments, its environment (beside the image's),
+and the repository or test files standing in for the container's paths."""
+
+
+def k8s_render(tmp_path: Path) -> Rendered:
+    """The sidecar of the Kubernetes example, its ConfigMap written where --config points."""
     objects = k8s_objects()
-    deployment = objects["Deployment"]
-    template = deployment["spec"]["template"]
-    pod = template["spec"]
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
     proxy = proxy_container(pod)
 
     # the config file comes from the ConfigMap, mounted where --config points
@@ -203,10 +231,85 @@ def test_sidecar_matches_the_proxy_flags_endpoints_and_config(
     toml_file = tmp_path / key
     toml_file.write_text(configmap["data"][key])
 
-    env = {e["name"]: e["value"] for e in proxy.get("env", [])}
+    env = {e["name"]: e["value"] for e in proxy.get("env", []) if "value" in e}
     assert set(env) <= ENV_NAMES, set(env) - ENV_NAMES
-    settings = settings_for(proxy["args"], env, {config_path: toml_file})
-    check_config_ok(proxy["args"], env, {config_path: toml_file}, monkeypatch)
+    return proxy["args"], env, {config_path: toml_file}
+
+
+def compose_render(tmp_path: Path) -> Rendered:
+    """The proxy service of the compose example, its bind-mounted files from the repository."""
+    proxy = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())["services"][
+        "kafka-fetch-proxy"
+    ]
+    files: dict[str, Path] = {}
+    for volume in proxy["volumes"]:
+        host, container, *_ = volume.split(":")
+        if host.startswith("."):
+            files[container] = (COMPOSE / host).resolve()
+    env = {k: str(v) for k, v in proxy["environment"].items()}
+    assert set(env) <= ENV_NAMES, set(env) - ENV_NAMES
+    return proxy["command"], env, files
+
+
+def image_render(tmp_path: Path) -> Rendered:
+    """The image run with nothing but its one required setting (``docker run -e UPSTREAM``)."""
+    return [], {"KAFKA_FETCH_PROXY_UPSTREAM": "broker:9092"}, {}
+
+
+LOOPBACK_KAFKA = {
+    "bootstrap": "127.0.0.1:9092",
+    "brokers": {"host": "127.0.0.1", "port_base": 9093, "ports": {}},
+    "kafka_on_loopback_only": True,
+}
+REACHABLE = {
+    # what the README's threat model says about each deployment
+    "image": {**LOOPBACK_KAFKA, "metrics": "127.0.0.1:9464", "metrics_on_loopback_only": True},
+    # the kubelet's probes and Prometheus reach the HTTP endpoint on the pod IP
+    "kubernetes": {**LOOPBACK_KAFKA, "metrics": "0.0.0.0:9464", "metrics_on_loopback_only": False},
+    # every interface of the container, published on the host's loopback only (below)
+    "compose": {
+        "bootstrap": "0.0.0.0:9092",
+        "brokers": {"host": "0.0.0.0", "port_base": 9093, "ports": {}},
+        "kafka_on_loopback_only": False,
+        "metrics": "0.0.0.0:9464",
+        "metrics_on_loopback_only": False,
+    },
+}
+RENDER = {"image": image_render, "kubernetes": k8s_render, "compose": compose_render}
+
+
+@pytest.mark.parametrize("deployment", sorted(RENDER))
+def test_each_shipped_deployment_listens_only_where_the_threat_model_says(
+    deployment: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Private by default: the image's environment, the deployment's environment and its
+    file, merged as the container sees them, through ``check-config``."""
+    args, env, files = RENDER[deployment](tmp_path)
+    report = check_config(args, env, files, monkeypatch, capsys)
+    assert report["effective"]["listeners"] == REACHABLE[deployment]
+    if deployment == "compose":  # published on the host's loopback only, every service
+        compose = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+        for name, service in compose["services"].items():
+            for mapping in service.get("ports", []):
+                assert str(mapping).startswith("127.0.0.1:"), (name, mapping)
+
+
+def test_sidecar_matches_the_proxy_flags_endpoints_and_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = k8s_objects()
+    deployment = objects["Deployment"]
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    proxy = proxy_container(pod)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    args, env, files = k8s_render(tmp_path)
+    settings = settings_for(args, env, files)
+    check_config_ok(args, {**image_env(), **env}, files, monkeypatch)
 
     # ports: the Kafka listener the app uses, and the metrics endpoint the probes use
     ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
@@ -277,26 +380,22 @@ def test_service_monitor_reaches_the_metrics_port() -> None:
 # -- docker compose ------------------------------------------------------------------------
 
 
-def test_compose_example_matches_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compose_example_matches_the_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     compose = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
     services = compose["services"]
     proxy = services["kafka-fetch-proxy"]
     assert (COMPOSE / proxy["build"]["context"] / "Dockerfile").is_file()
 
-    files: dict[str, Path] = {}
     named: dict[str, str] = {}  # container path -> named volume
     for volume in proxy["volumes"]:
         host, container, *_ = volume.split(":")
-        if host.startswith("."):
-            files[container] = (COMPOSE / host).resolve()
-            assert files[container].is_file()
-        else:
+        if not host.startswith("."):
             assert host in compose["volumes"], host
             named[container] = host
-    env = {k: str(v) for k, v in proxy["environment"].items()}
-    assert set(env) <= ENV_NAMES, set(env) - ENV_NAMES
-    settings = settings_for(proxy["command"], env, files)
-    check_config_ok(proxy["command"], env, files, monkeypatch)
+    args, env, files = compose_render(tmp_path)
+    assert all(path.is_file() for path in files.values())
+    settings = settings_for(args, env, files)
+    check_config_ok(args, {**image_env(), **env}, files, monkeypatch)
 
     # the decision log is written to a volume mounted over the image's directory
     observe = ObserveSettings.from_settings(settings, environ={})
@@ -310,7 +409,8 @@ def test_compose_example_matches_the_proxy(monkeypatch: pytest.MonkeyPatch) -> N
     # clients on the host reach every advertised port under the same number
     published = {}
     for mapping in proxy["ports"]:
-        host_port, container_port = str(mapping).split(":")
+        host_ip, host_port, container_port = str(mapping).split(":")
+        assert host_ip == "127.0.0.1"
         published[int(container_port)] = int(host_port)
     assert settings.metrics_listen is not None
     broker_port = settings.broker_port(int(kafka_env["KAFKA_NODE_ID"]))
@@ -389,3 +489,32 @@ def test_metrics_table_in_the_docs_is_generated_from_the_catalogue() -> None:
     table = text[text.index(begin) + len(begin) : text.index(end)]
     assert table == markdown_table()
     assert spec(f"{PREFIX}trimmed_records_total").name in table
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    taken: dict[tuple[int, int], str] = {}
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in taken, (panel["title"], taken.get((x, y)))
+                taken[(x, y)] = panel["title"]
+
+
+def test_dashboard_shows_in_rack_and_cross_rack_bytes_and_the_cost_avoided() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    row = next(i for i, p in enumerate(panels) if p["type"] == "row" and "Rack" in p["title"])
+    end = next((i for i in range(row + 1, len(panels)) if panels[i]["type"] == "row"), len(panels))
+    exprs = [t["expr"] for p in panels[row + 1 : end] for t in p["targets"]]
+    rack_bytes = f"{PREFIX}broker_to_proxy_fetch_rack_record_bytes_total"
+    assert any(rack_bytes in e and "by (locality)" in e for e in exprs)
+    assert any('locality="same_rack"' in e for e in exprs)  # the in-rack share
+    cost = [p for p in panels[row + 1 : end] if "cost avoided" in p["title"].lower()]
+    assert cost and all(p["fieldConfig"]["defaults"]["unit"].startswith("currency") for p in cost)
+    assert any(f"{PREFIX}cross_zone_cost_avoided" in t["expr"] for p in cost for t in p["targets"])
+    assert any(f"{PREFIX}cross_zone_price_per_gb" in t["expr"] for p in cost for t in p["targets"])
+    reasons = [e for e in exprs if f"{PREFIX}preferred_replica_fallbacks_total" in e]
+    assert reasons and all("by (reason)" in e for e in reasons)
