@@ -24,10 +24,16 @@ Sampling: a :class:`Sampler` decides per response whether to write an event.
 first ``n``).  Each event records its ``sample_rate`` so readers can scale counts
 back up (weight = 1 / sample_rate).
 
-The sink is a text stream, line-buffered: a file opened for append, or stdout.
-Writes are small and synchronous on the event loop; a failing sink drops events
-(counted in ``kafka_fetch_proxy_decision_log_events_total{outcome="dropped"}``)
-and never fails the fetch.
+The sink is a text stream: a file opened for append, or stdout.  Nothing is
+written on the event loop: ``log`` builds the event's line and queues it for a
+writer thread (``proxy.observe.linewriter``), in a queue bounded by
+``decision_log_queue_bytes``.  When the queue is full (the disk is slower than
+the decisions) the event is dropped at once, never waited for, and counted in
+``kafka_fetch_proxy_decision_log_events_total{outcome="queue_full"}``; a failing
+sink drops events (``outcome="dropped"``); ``written`` counts lines the sink
+took.  Neither ever fails or delays the fetch.  ``close()`` (at shutdown, after
+the last connection) writes everything queued, flushes and closes the file,
+waiting at most :data:`CLOSE_TIMEOUT_SECONDS` for a stuck disk.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import structlog
 
 from ..shaping.limits import LIMIT_NAMES, limit_kind
 from .labels import DecisionOutcome
+from .linewriter import LineWriter
 from .metrics import Metrics
 
 SCHEMA_VERSION = 1
@@ -54,6 +61,10 @@ MAX_POLICY_CHARS = 64
 MAX_INSTANCE_CHARS = 253  # a Kubernetes pod name
 MAX_TOPIC_CHARS = 255
 MAX_STARVED_PARTITIONS = 100
+DEFAULT_QUEUE_BYTES = 4 * 1024 * 1024
+"""Bytes of event lines waiting for the writer thread (the ``decision_log_queue_bytes`` default)."""
+CLOSE_TIMEOUT_SECONDS = 10.0
+"""How long ``close()`` waits for the writer to write what is queued."""
 
 _log = structlog.get_logger("proxy.observe.decisionlog")
 
@@ -312,7 +323,7 @@ class FractionSampler:
 
 
 class DecisionLog:
-    """Writes sampled :class:`DecisionEvent` lines to a text sink."""
+    """Queues sampled :class:`DecisionEvent` lines for a writer thread (see the module docstring)."""
 
     def __init__(
         self,
@@ -323,14 +334,25 @@ class DecisionLog:
         instance: str | None = None,
         clock: Callable[[], float] = time.time,
         close_sink: bool = False,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
         self.sink = sink
         self.sampler = sampler
         self.metrics = metrics
         self.instance = instance
         self.clock = clock
-        self._close_sink = close_sink
+        self._writer = LineWriter(
+            sink,
+            max_queued_bytes=queue_bytes,
+            on_written=self._written,
+            on_failed=self._failed,
+            close_sink=close_sink,
+            name="decision-log-writer",
+        )
         self._failing = False
+        """The sink's latest write failed (one warning per failing stretch); the writer's."""
+        self._full = False
+        """The latest event found the queue full (one warning per stretch); the loop's."""
 
     @classmethod
     def open(
@@ -340,17 +362,31 @@ class DecisionLog:
         sample_rate: float,
         metrics: Metrics | None = None,
         instance: str | None = None,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> DecisionLog:
-        """``target`` is a file path (appended to, line-buffered) or ``-`` for stdout."""
+        """``target`` is a file path (appended to) or ``-`` for stdout."""
         sampler = RandomSampler(sample_rate)
         if target in ("-", "stdout"):
-            return cls(sys.stdout, sampler=sampler, metrics=metrics, instance=instance)
-        sink = open(target, "a", encoding="utf-8", buffering=1)
-        return cls(sink, sampler=sampler, metrics=metrics, instance=instance, close_sink=True)
+            return cls(
+                sys.stdout,
+                sampler=sampler,
+                metrics=metrics,
+                instance=instance,
+                queue_bytes=queue_bytes,
+            )
+        sink = open(target, "a", encoding="utf-8")  # the writer flushes after each batch
+        return cls(
+            sink,
+            sampler=sampler,
+            metrics=metrics,
+            instance=instance,
+            close_sink=True,
+            queue_bytes=queue_bytes,
+        )
 
-    def _count(self, outcome: DecisionOutcome) -> None:
+    def _count(self, outcome: DecisionOutcome, n: int = 1) -> None:
         if self.metrics is not None:
-            self.metrics.decision_logged(outcome)
+            self.metrics.decision_logged(outcome, n)
 
     def log(
         self,
@@ -366,7 +402,7 @@ class DecisionLog:
         sessionless_fetch_bytes: int | None = None,
         topic_ids: TopicNames | None = None,
     ) -> DecisionEvent | None:
-        """Sample, then write one event; returns the event written (None if not).
+        """Sample, then queue one event; returns the event queued (None if not).
 
         Arguments as :func:`event_from_shaping`; nothing is built when sampled out.
         """
@@ -391,23 +427,56 @@ class DecisionLog:
         return event if self.write(event) else None
 
     def write(self, event: DecisionEvent) -> bool:
-        """Write an already-built event (no sampling); False if the sink failed."""
-        try:
-            self.sink.write(event.to_json_line())
-        except (OSError, ValueError) as exc:  # ValueError: write to a closed file
-            self._count(DecisionOutcome.DROPPED)
-            if not self._failing:
-                _log.warning("decision_log_write_failed", error=repr(exc))
-                self._failing = True
-            return False
-        self._failing = False
-        self._count(DecisionOutcome.WRITTEN)
-        return True
+        """Queue an already-built event (no sampling); False if it was dropped (queue full).
+
+        Never blocks: the writer thread writes it (``written``) or finds the sink
+        failing (``dropped``); ``flush()`` waits for that.
+        """
+        if self._writer.put(event.to_json_line()):
+            self._full = False
+            return True
+        self._count(DecisionOutcome.QUEUE_FULL)
+        if not self._full:
+            self._full = True
+            _log.warning(
+                "decision_log_queue_full",
+                queued_bytes=self._writer.queued_bytes,
+                limit_bytes=self._writer.max_queued_bytes,
+                hint="the decision log's sink is slower than the decisions: events are dropped"
+                ' (kafka_fetch_proxy_decision_log_events_total{outcome="queue_full"}) until'
+                " it catches up; lower decision_log_sample_rate or raise"
+                " decision_log_queue_bytes",
+            )
+        return False
+
+    @property
+    def queue_bytes(self) -> int:
+        """The queue's bound (``decision_log_queue_bytes``)."""
+        return self._writer.max_queued_bytes
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait (blocking: not on the event loop) until every queued event is written."""
+        return self._writer.flush(timeout)
 
     def close(self) -> None:
-        try:
-            self.sink.flush()
-        except (OSError, ValueError):
-            pass
-        if self._close_sink:
-            self.sink.close()
+        """Write what is queued (at most ``CLOSE_TIMEOUT_SECONDS``), flush and close the sink."""
+        left = self._writer.close(CLOSE_TIMEOUT_SECONDS)
+        if left:
+            _log.warning(
+                "decision_log_close_timeout",
+                events=left,
+                timeout_seconds=CLOSE_TIMEOUT_SECONDS,
+                hint="the decision log's sink did not take the queued events in time",
+            )
+
+    # --- the writer thread's reports ---------------------------------------------------------
+
+    def _written(self, n: int) -> None:
+        self._failing = False
+        self._count(DecisionOutcome.WRITTEN, n)
+
+    def _failed(self, n: int, error: BaseException) -> None:
+        self._count(DecisionOutcome.DROPPED, n)
+        if not self._failing:
+            _log.warning("decision_log_write_failed", error=repr(error))
+            self._failing = True

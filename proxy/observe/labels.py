@@ -56,6 +56,7 @@ class DecisionOutcome(StrEnum):
     WRITTEN = "written"
     SAMPLED_OUT = "sampled_out"
     DROPPED = "dropped"  # the sink failed
+    QUEUE_FULL = "queue_full"  # the writer thread was behind: dropped, never waited for
 
 
 def enum_label(enum: type[StrEnum], value: str, fallback: StrEnum) -> str:

@@ -308,7 +308,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "decision_log_events_total",
         "counter",
         ["outcome"],
-        "Decision-log events, by outcome (written, sampled_out, dropped).",
+        "Decision-log events, by outcome (written, sampled_out, dropped, queue_full).",
     ),
 )
 
@@ -643,8 +643,8 @@ class Metrics:
     def config_reloaded(self, *, ok: bool) -> None:
         self._counters["config_reloads_total" if ok else "config_reload_failures_total"].inc()
 
-    def decision_logged(self, outcome: DecisionOutcome) -> None:
-        self._counters["decision_log_events_total"].labels(outcome=outcome.value).inc()
+    def decision_logged(self, outcome: DecisionOutcome, count: int = 1) -> None:
+        self._counters["decision_log_events_total"].labels(outcome=outcome.value).inc(count)
 
 
 def markdown_table() -> str:

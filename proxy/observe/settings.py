@@ -1,7 +1,7 @@
 """The observability settings of ``kafka-fetch-proxy run``, read from the validated config.
 
 The keys live in the config schema like every other (``debug_sessions``,
-``decision_log``, ``decision_log_sample_rate``, ``instance``,
+``decision_log``, ``decision_log_sample_rate``, ``decision_log_queue_bytes``, ``instance``,
 ``metrics_client_id_label_cap``; each also a flag and
 a ``KAFKA_FETCH_PROXY_*`` variable); this module turns them into what the
 observability code needs, with the schema's defaults, so ``proxy.config`` does
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import config
-from .decisionlog import MAX_INSTANCE_CHARS, DecisionLog
+from .decisionlog import DEFAULT_QUEUE_BYTES, MAX_INSTANCE_CHARS, DecisionLog
 from .metrics import Metrics
 
 STDOUT = "-"
@@ -34,6 +34,7 @@ class ObserveSettings:
     instance: str | None = None
     client_id_label_cap: int = 0
     """Client ids admitted as a metrics label (then ``other``); 0: no such label."""
+    decision_log_queue_bytes: int = DEFAULT_QUEUE_BYTES
 
     @classmethod
     def from_settings(
@@ -51,6 +52,7 @@ class ObserveSettings:
             debug_sessions=bool(get("debug_sessions")),
             decision_log=target or None,
             decision_log_sample_rate=float(get("decision_log_sample_rate")),
+            decision_log_queue_bytes=int(get("decision_log_queue_bytes")),
             instance=instance[:MAX_INSTANCE_CHARS] if instance else None,
             client_id_label_cap=int(get("metrics_client_id_label_cap")),
         )
@@ -62,6 +64,7 @@ class ObserveSettings:
         return DecisionLog.open(
             self.decision_log,
             sample_rate=self.decision_log_sample_rate,
+            queue_bytes=self.decision_log_queue_bytes,
             metrics=metrics,
             instance=self.instance,
         )

@@ -327,11 +327,13 @@ def test_shaped_responses_reach_the_decision_log_and_metrics() -> None:
         ),
         metrics=metrics,
     )
-    w.path.decision_log = DecisionLog(sink, sampler=FractionSampler(1.0), metrics=metrics)
+    decisions = DecisionLog(sink, sampler=FractionSampler(1.0), metrics=metrics)
+    w.path.decision_log = decisions
     c = Conn(w, "rdkafka", node_id=1)
     w.append("orders", 0, 1, times=3)
     w.append("orders", 1, 1, times=3)
     c.fetch(7, [("orders", 0, 0), ("orders", 1, 0)])
+    assert decisions.flush(10)  # written by the decision log's thread
     [event] = [json.loads(line) for line in sink.getvalue().splitlines()]
     assert event["policy"] == "rd" and event["node_id"] == 1 and event["correlation_id"] == 7
     assert event["delivered_records"] == 3 and event["partitions_trimmed"] == 2

@@ -5,19 +5,22 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import jsonschema
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from proxy.observe.decisionlog import (
+    DEFAULT_QUEUE_BYTES,
     SCHEMA_VERSION,
     DecisionEvent,
     DecisionLog,
@@ -27,6 +30,8 @@ from proxy.observe.decisionlog import (
 )
 from proxy.observe.metrics import Metrics
 from proxy.shaping.limits import limit_kind
+
+TIMEOUT = 10
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "decision-log.schema.json"
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
@@ -70,6 +75,26 @@ class FakeDecision:
     limits: FakeLimits = FakeLimits({"max_records": 5000, "max_response_bytes": None})
 
 
+class Flushed(DecisionLog):
+    """A DecisionLog whose ``log`` returns once the writer thread wrote the line (the
+    tests read the sink right after)."""
+
+    def log(self, *args: Any, **kwargs: Any) -> Any:
+        event = super().log(*args, **kwargs)
+        assert self.flush(TIMEOUT)
+        return event
+
+
+DECISIONS = "kafka_fetch_proxy_decision_log_events_total"
+
+
+def event_line() -> str:
+    """The line of the event ``log(FakeDecision(), **log_kwargs())`` writes."""
+    sink = io.StringIO()
+    Flushed(sink, sampler=FractionSampler(1.0)).log(FakeDecision(), **log_kwargs())
+    return sink.getvalue()
+
+
 def log_kwargs(**overrides: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "client_id": "orders-consumer",
@@ -102,7 +127,7 @@ def test_schema_is_valid_and_documents_every_field() -> None:
 def test_logged_event_validates_and_carries_the_context() -> None:
     sink = io.StringIO()
     metrics = Metrics(CollectorRegistry())
-    log = DecisionLog(
+    log = Flushed(
         sink, sampler=FractionSampler(1.0), metrics=metrics, instance="pod-7", clock=lambda: 1700.5
     )
     event = log.log(FakeDecision(), **log_kwargs())
@@ -249,7 +274,7 @@ def test_every_event_validates_against_the_schema(
 def test_starved_partitions_and_session_savings() -> None:
     topic_id = uuid.UUID(int=7)
     sink = io.StringIO()
-    log = DecisionLog(sink, sampler=FractionSampler(1.0))
+    log = Flushed(sink, sampler=FractionSampler(1.0))
     log.log(
         FakeDecision(),
         **log_kwargs(),
@@ -275,7 +300,7 @@ def test_starved_partitions_of_fetch_v13_clients_are_named_from_the_topic_map() 
     topics.learn("orders", orders)
     topics.learn("payments", payments)
     sink = io.StringIO()
-    DecisionLog(sink, sampler=FractionSampler(1.0)).log(
+    Flushed(sink, sampler=FractionSampler(1.0)).log(
         FakeDecision(api_version=13),
         **log_kwargs(),
         starved_partitions={(orders, 0): 5, (payments, 2): 3, (unknown, 1): 1},
@@ -290,7 +315,7 @@ def test_starved_partitions_of_fetch_v13_clients_are_named_from_the_topic_map() 
     ]
     # a client on names (Fetch < 13) gets the id alongside when Metadata told it
     sink = io.StringIO()
-    DecisionLog(sink, sampler=FractionSampler(1.0)).log(
+    Flushed(sink, sampler=FractionSampler(1.0)).log(
         FakeDecision(), **log_kwargs(), starved_partitions={("orders", 4): 2}, topic_ids=topics
     )
     obj = json.loads(sink.getvalue())
@@ -303,7 +328,7 @@ def test_starved_partitions_of_fetch_v13_clients_are_named_from_the_topic_map() 
 def test_events_without_topic_id_still_validate() -> None:
     """topic_id is optional: files written before it was added stay valid."""
     sink = io.StringIO()
-    DecisionLog(sink, sampler=FractionSampler(1.0)).log(
+    Flushed(sink, sampler=FractionSampler(1.0)).log(
         FakeDecision(), **log_kwargs(), starved_partitions={("orders", 0): 1}
     )
     obj = json.loads(sink.getvalue())
@@ -353,7 +378,7 @@ def test_random_sampler_uses_the_injected_source() -> None:
 def test_sampled_out_events_are_counted_not_written() -> None:
     sink = io.StringIO()
     metrics = Metrics(CollectorRegistry())
-    log = DecisionLog(sink, sampler=FractionSampler(0.5), metrics=metrics)
+    log = Flushed(sink, sampler=FractionSampler(0.5), metrics=metrics)
     results = [log.log(FakeDecision(), **log_kwargs()) for _ in range(10)]
     assert sum(r is not None for r in results) == 5
     assert len(sink.getvalue().splitlines()) == 5
@@ -369,7 +394,8 @@ def test_file_sink_appends_json_lines(tmp_path: Path) -> None:
     log = DecisionLog.open(str(path), sample_rate=1.0, instance="i-1")
     for correlation_id in range(3):
         log.log(FakeDecision(), **log_kwargs(correlation_id=correlation_id))
-    # line-buffered: visible before close
+    # the writer flushes after each batch: visible before close
+    assert log.flush(TIMEOUT)
     lines = path.read_text().splitlines()
     assert [json.loads(line)["correlation_id"] for line in lines] == [0, 1, 2]
     log.close()
@@ -395,16 +421,120 @@ def test_a_failing_sink_drops_events_and_keeps_going() -> None:
 
     metrics = Metrics(CollectorRegistry())
     log = DecisionLog(BrokenSink(), sampler=FractionSampler(1.0), metrics=metrics)
-    assert log.log(FakeDecision(), **log_kwargs()) is None
-    assert log.log(FakeDecision(), **log_kwargs()) is None
+    assert log.log(FakeDecision(), **log_kwargs()) is not None  # queued; the writer fails
+    assert log.flush(TIMEOUT)
+    assert log.log(FakeDecision(), **log_kwargs()) is not None
+    assert log.flush(TIMEOUT)
     value = metrics.registry.get_sample_value
     assert value("kafka_fetch_proxy_decision_log_events_total", {"outcome": "dropped"}) == 2
+    assert value("kafka_fetch_proxy_decision_log_events_total", {"outcome": "written"}) == 0
     closed = io.StringIO()
     closed.close()
-    assert (
-        DecisionLog(closed, sampler=FractionSampler(1.0)).log(FakeDecision(), **log_kwargs())
-        is None
-    )
+    log = DecisionLog(closed, sampler=FractionSampler(1.0), metrics=metrics)
+    log.log(FakeDecision(), **log_kwargs())
+    log.close()
+    assert value("kafka_fetch_proxy_decision_log_events_total", {"outcome": "dropped"}) == 3
+
+
+class StuckSink(io.StringIO):
+    """A sink whose writes block until ``release`` is set, as a stalled disk does.
+
+    A write on the event loop's thread does not block (it would hang the test): it is
+    recorded in ``on_loop``, which the tests expect to stay empty."""
+
+    def __init__(self, loop_thread: int) -> None:
+        super().__init__()
+        self.loop_thread = loop_thread
+        self.on_loop: list[str] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, s: str) -> int:
+        if threading.get_ident() == self.loop_thread:
+            self.on_loop.append(s)
+        else:
+            self.entered.set()
+            assert self.release.wait(TIMEOUT)
+        return super().write(s)
+
+
+async def test_a_stuck_sink_never_blocks_the_loop_and_drops_are_counted() -> None:
+    metrics = Metrics(CollectorRegistry())
+    value = metrics.registry.get_sample_value
+    line = len(event_line())
+    sink = StuckSink(threading.get_ident())
+    log = DecisionLog(sink, sampler=FractionSampler(1.0), metrics=metrics, queue_bytes=3 * line)
+    with trio.fail_after(TIMEOUT):
+        assert log.log(FakeDecision(), **log_kwargs()) is not None
+        if not sink.on_loop:  # today's code wrote it on the loop: the asserts below say so
+            await trio.to_thread.run_sync(sink.entered.wait, TIMEOUT)  # the writer is stuck
+        # While the disk is stuck the loop runs on: every decision returns at once, two
+        # more fit in the queue (the stuck line still counts against it), the rest drop.
+        results = []
+        for _ in range(50):
+            results.append(log.log(FakeDecision(), **log_kwargs()))
+            await trio.lowlevel.checkpoint()
+        assert sink.on_loop == []
+        assert sum(r is not None for r in results) == 2
+        assert value(DECISIONS, {"outcome": "queue_full"}) == 48
+        assert value(DECISIONS, {"outcome": "written"}) == 0
+        sink.release.set()
+        assert await trio.to_thread.run_sync(log.flush, TIMEOUT)
+    assert value(DECISIONS, {"outcome": "written"}) == 3
+    assert len(sink.getvalue().splitlines()) == 3
+    assert log.log(FakeDecision(), **log_kwargs()) is not None  # room again
+    log.close()
+    assert len(sink.getvalue().splitlines()) == 4
+
+
+def test_close_writes_everything_queued_then_closes_the_file(tmp_path: Path) -> None:
+    """What a clean SIGTERM does (``kafka-fetch-proxy run`` closes the log after the
+    connections): nothing queued is lost, even when the disk is slow at that moment."""
+
+    class SlowFile(StuckSink):
+        def __init__(self, file: IO[str]) -> None:
+            super().__init__(loop_thread=-1)
+            self.file = file
+
+        def write(self, s: str) -> int:
+            super().write(s)  # blocks until released
+            return self.file.write(s)
+
+        def flush(self) -> None:
+            self.file.flush()
+
+        def close(self) -> None:
+            self.file.close()
+            super().close()
+
+    path = tmp_path / "decisions.jsonl"
+    sink = SlowFile(path.open("a", encoding="utf-8"))
+    log = DecisionLog(sink, sampler=FractionSampler(1.0), close_sink=True)
+    for correlation_id in range(100):
+        assert log.log(FakeDecision(), **log_kwargs(correlation_id=correlation_id)) is not None
+    assert sink.entered.wait(TIMEOUT)
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    sink.release.set()  # the disk recovers while close() waits
+    closer.join(TIMEOUT)
+    assert not closer.is_alive()
+    assert sink.file.closed
+    ids = [json.loads(line)["correlation_id"] for line in path.read_text().splitlines()]
+    assert ids == list(range(100))
+
+
+def test_a_writer_that_cannot_finish_in_time_leaves_close_with_a_count() -> None:
+    from proxy.observe.linewriter import LineWriter
+
+    sink = StuckSink(loop_thread=-1)
+    writer = LineWriter(sink, max_queued_bytes=1 << 20)
+    assert writer.put("a\n") and sink.entered.wait(TIMEOUT)
+    assert writer.put("b\n") and writer.put("c\n")
+    assert writer.close(timeout=0.01) == 3  # the stuck line and two queued
+    assert not writer.put("d\n")  # closed: refused
+    sink.release.set()
+    assert writer.flush(TIMEOUT)
+    assert sink.getvalue() == "a\nb\nc\n"
 
 
 def test_converts_the_shaping_layers_decision_record() -> None:
@@ -433,7 +563,7 @@ def test_converts_the_shaping_layers_decision_record() -> None:
         progress_exemption=True,
     )
     sink = io.StringIO()
-    DecisionLog(sink, sampler=FractionSampler(1.0)).log(
+    Flushed(sink, sampler=FractionSampler(1.0)).log(
         decision, **log_kwargs(), starved_partitions={("orders", 5): 2}
     )
     obj = json.loads(sink.getvalue())
@@ -451,3 +581,29 @@ def test_converts_the_shaping_layers_decision_record() -> None:
     assert (obj["delivered_record_bytes"], obj["delivered_records"]) == (60_000, 150)
     assert obj["buffered_record_bytes"] == 11_000
     assert obj["progress_exemption"] is True
+
+
+def test_the_queue_bound_is_a_setting(tmp_path: Path) -> None:
+    from proxy import config
+    from proxy.observe.settings import ObserveSettings
+
+    env = {"KAFKA_FETCH_PROXY_UPSTREAM": "k:1"}
+    default = ObserveSettings.from_settings(config.load(env=env), {})
+    assert default.decision_log_queue_bytes == DEFAULT_QUEUE_BYTES == 4 * 1024 * 1024
+    env["KAFKA_FETCH_PROXY_DECISION_LOG"] = str(tmp_path / "d.jsonl")
+    env["KAFKA_FETCH_PROXY_DECISION_LOG_QUEUE_BYTES"] = "65536"
+    settings = config.load(env=env)
+    values, sources = config.effective(settings)  # what check-config shows
+    assert values["decision_log_queue_bytes"] == 65536
+    assert sources["decision_log_queue_bytes"] == (
+        "environment KAFKA_FETCH_PROXY_DECISION_LOG_QUEUE_BYTES"
+    )
+    log = ObserveSettings.from_settings(settings, {}).open_decision_log(None)
+    assert log is not None
+    try:
+        assert log.queue_bytes == 65536
+    finally:
+        log.close()
+    env["KAFKA_FETCH_PROXY_DECISION_LOG_QUEUE_BYTES"] = "1000"
+    with pytest.raises(config.ConfigError, match=r"decision_log_queue_bytes.*>= 65536"):
+        config.load(env=env)
