@@ -55,6 +55,14 @@ itself (:class:`~proxy.sessions.topic_ids.TopicIdRequests`).  The upstream Fetch
 version is the highest the upstream advertised in the ApiVersions response the
 handler observed (capped by the proxy), else the client's own version.
 
+Client id: every request the handler sends upstream (the reshaped Fetch, its
+resends, the topic-id Metadata) carries the client id of the client's Fetch it
+serves, byte for byte what the client put in its header (null stays null), so
+the broker's client-id quotas, request logs and KIP-714 metrics see the client.
+The handler sends nothing before the client's first Fetch, so there is always
+one; the proxy's own connections (broker discovery, ``proxy.server``) are not a
+client's and say ``kafka-fetch-proxy``.
+
 Reload: ``FetchPath.reload(config)``; live connections pick the new limits
 and policies at their next fetch.
 """
@@ -90,7 +98,6 @@ from .shaping.policy import select
 from .shaping.shaper import FetchShaper, PreparedFetch, ShapedResponse
 
 MAX_POLICY_CACHE = 1024
-PROXY_CLIENT_ID = "kafka-fetch-proxy"
 MIN_SESSION_FETCH_VERSION = 4
 """Older Fetch versions (and followers' fetches) pass through untouched."""
 DECODE_MEMO_MAX_BYTES = 1 << 20
@@ -456,12 +463,18 @@ class FetchPathHandler:
         self._send(translator.begin(fetch), upstream)
 
     def _send(self, step: UpstreamFetch, upstream: Upstream) -> None:
-        """Encode the upstream session's next request and send it."""
-        self._ask_topic_ids(step.missing_topic_ids, upstream)
-        version = int(step.request.__version__)
-        frame = codec.encode_request(step.request, 0, PROXY_CLIENT_ID)
+        """Encode the upstream session's next request and send it, as the client that asked.
+
+        Everything the proxy sends on a client's connection carries that client's
+        own client id (the header of the fetch being served), so the broker's quotas,
+        request logs and client metrics see the client, not the proxy.
+        """
         exchange = self._exchange
         assert exchange is not None
+        client_id = exchange.request.header.client_id
+        self._ask_topic_ids(step.missing_topic_ids, upstream, client_id)
+        version = int(step.request.__version__)
+        frame = codec.encode_request(step.request, 0, client_id)
         exchange.upstream_request_bytes += len(frame)
 
         def on_response(frame: bytes) -> None:
@@ -563,7 +576,9 @@ class FetchPathHandler:
         if reason is not None:
             self.metrics.fetch_session_reset(Side.UPSTREAM, reason)
 
-    def _ask_topic_ids(self, names: tuple[str, ...], upstream: Upstream) -> None:
+    def _ask_topic_ids(
+        self, names: tuple[str, ...], upstream: Upstream, client_id: str | None
+    ) -> None:
         request = self.topic_id_requests.request(
             names, fetch_number=self._fetches, upstream_max_version=self.upstream_metadata_max
         )
@@ -571,7 +586,7 @@ class FetchPathHandler:
             return
         version = int(request.__version__)
         upstream.send(
-            codec.encode_request(request, 0, PROXY_CLIENT_ID),
+            codec.encode_request(request, 0, client_id),
             api_key=METADATA,
             api_version=version,
             on_response=lambda frame: self.topic_id_requests.answered(version, frame),
