@@ -146,6 +146,8 @@ class FetchPathConfig:
     fetch_sessions: bool = True
     memory_budget_bytes: int | None = None
     reuse_buffer_bytes: int = DEFAULT_REUSE_BUFFER_BYTES
+    rack: str = ""
+    """The proxy's rack (``rack``): sent upstream in Fetch v11+ for clients that send none."""
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> FetchPathConfig:
@@ -161,6 +163,7 @@ class FetchPathConfig:
             fetch_sessions=bool(raw.get("fetch_sessions", True)),
             memory_budget_bytes=None if budget is None else int(budget),
             reuse_buffer_bytes=int(raw.get("reuse_buffer_bytes", DEFAULT_REUSE_BUFFER_BYTES)),
+            rack=str(raw.get("rack") or ""),
         )
 
 

@@ -83,6 +83,7 @@ from .protocol import codec
 from .protocol.apis import API_VERSIONS, FETCH, METADATA
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response
+from .relay import rack_fetch
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
 from .sessions.downstream import DownstreamFetch, DownstreamSessions
 from .sessions.downstream_cache import FetchSessionCache
@@ -94,7 +95,7 @@ from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_
 from .shaping.decision import ShapingDecision
 from .shaping.keys import topic_key
 from .shaping.limits import Limits, limit_kind
-from .shaping.policy import select
+from .shaping.policy import rack_override, select
 from .shaping.shaper import FetchShaper, PreparedFetch, ShapedResponse
 
 MAX_POLICY_CACHE = 1024
@@ -249,6 +250,10 @@ class _Exchange:
     """The client uses no fetch session (epoch -1; Fetch v4-v6 have none)."""
     upstream_request_bytes: int = 0
     upstream_response_bytes: int = 0
+    rack: rack_fetch.RackStep | None = None
+    """The rack sent upstream and whether the proxy set it (None: no ``rack`` setting)."""
+    redirects: Mapping[rack_fetch.PartitionKey, int] | None = None
+    """Partitions the answer sends to a preferred read replica (KIP-392), and which."""
 
 
 class FetchPathHandler:
@@ -286,7 +291,9 @@ class FetchPathHandler:
         """Fetch request and response bytes exchanged with the client (frames)."""
         self.budget_waits = 0
         self.closed = False
-        self._passthrough = PassThroughFetch()
+        self.rack = rack_fetch.RackFetch(config.rack) if config.rack else None
+        """The proxy's rack on this connection's fetches (None: no ``rack`` setting)."""
+        self._passthrough = PassThroughFetch(self.rack)
         self._upstream: Upstream | None = None
         self._queue: deque[tuple[ClientRequest, Any]] = deque()
         self._exchange: _Exchange | None = None
@@ -454,12 +461,17 @@ class FetchPathHandler:
             self._reply(request, opened.response, upstream, sessionless=sessionless)
             return
         fetch, prepared = opened.request, None
+        step = None
+        if self.rack is not None:
+            fetch, step = self._with_rack(request, fetch, self.rack)
         if self.path.shaping:
             self.shaper.limits = limits
             prepared = _shape(self.shaper, fetch, grant)
             fetch = prepared.upstream_request
         translator.use_sessions = self.path.config.fetch_sessions
-        self._exchange = _Exchange(request, opened, grant, prepared, policy, started, sessionless)
+        self._exchange = _Exchange(
+            request, opened, grant, prepared, policy, started, sessionless, rack=step
+        )
         self._send(translator.begin(fetch), upstream)
 
     def _send(self, step: UpstreamFetch, upstream: Upstream) -> None:
@@ -503,6 +515,8 @@ class FetchPathHandler:
         if exchange.prepared is not None and int(getattr(full, "error_code", 0)) == 0:
             shaped = self.shaper.finish(exchange.prepared, full)
             full = shaped.response
+        if self.rack is not None:
+            exchange.redirects = self.rack.answered(full)
         reply = self.downstream.answer(exchange.opened, full)
         self._hold_until_written(exchange.grant)
         self._reply(
@@ -556,6 +570,21 @@ class FetchPathHandler:
             grant.release()  # no edge to tell us when it is written
         else:
             self._unwritten.append(grant)
+
+    def _with_rack(
+        self, request: ClientRequest, fetch: Any, rack: rack_fetch.RackFetch
+    ) -> tuple[Any, rack_fetch.RackStep]:
+        """*fetch* (the full fetch this exchange covers) with the rack to send upstream."""
+        rack.asked(rack_fetch.requested(fetch))
+        h = request.header
+        own = str(getattr(fetch, "rack_id", "") or "")
+        override = bool(own) and rack_override(
+            self.path.config.policies, h.client_id, self.listener
+        )
+        step = rack.step(own, override=override, client_version=int(h.api_version))
+        if step.set_by_proxy:
+            fetch = dataclasses.replace(fetch, rack_id=step.rack_id)
+        return fetch, step
 
     def _translator(self, client_version: int) -> FetchTranslator:
         if self.translator is None:

@@ -71,9 +71,10 @@ from typing import Any, Protocol
 from ..protocol import codec
 from ..protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from ..protocol.errors import ProtocolError
+from ..protocol.fetch_views import decode_fetch_response
 from ..protocol.framing import Gathered, Payload
 from ..protocol.varint import read_uvarint
-from . import apiversions, endpoints, rewrite, sasl
+from . import apiversions, endpoints, rack_fetch, rewrite, sasl
 
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
@@ -121,17 +122,38 @@ FetchHandlerFactory = Callable[[], FetchHandler]
 
 
 class PassThroughFetch:
-    """The default FetchHandler: Fetch goes through unchanged, NodeEndpoints are rewritten."""
+    """The default FetchHandler: Fetch goes through unchanged, NodeEndpoints are rewritten.
+
+    With a ``rack_fetch.RackFetch`` (the proxy's ``rack`` setting), a consumer's Fetch
+    v11+ that names no rack goes up carrying the proxy's (``rack_fetch.patch_request``)
+    and its answer is read for the redirects the client is given; without one, or for
+    any other Fetch, the frame stays opaque bytes.
+    """
+
+    def __init__(self, rack: rack_fetch.RackFetch | None = None) -> None:
+        self.rack = rack
+        self.rack_override = False
+        """The client's own rack is replaced too (its policy's ``rack_override``)."""
 
     def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
         h = request.header
+        frame = request.frame
+        rack = self.rack
+        patched = None
+        if rack is not None and rack.active:
+            patched = rack_fetch.patch_request(h, frame, rack, override=self.rack_override)
+            if patched is not None:
+                frame = patched[0]
 
         def on_response(frame: bytes) -> None:
+            if patched is not None and rack is not None:
+                try:
+                    rack.answered(decode_fetch_response(h.api_version, frame))
+                except ProtocolError:
+                    rack.forget()  # the client gets the frame as it came, and judges it
             request.reply(upstream.rewrite_addresses(h.api_key, h.api_version, frame))
 
-        upstream.send(
-            request.frame, api_key=h.api_key, api_version=h.api_version, on_response=on_response
-        )
+        upstream.send(frame, api_key=h.api_key, api_version=h.api_version, on_response=on_response)
 
     def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
         return None

@@ -12,7 +12,7 @@
 rotates the partition order of full fetches round-robin (KIP-74), and takes
 matching batches out of the reuse buffer, moving those partitions' upstream
 fetch offsets past them.  ``finish`` applies upstream's word to the buffer
-(errors, leader epochs, high watermarks), trims the response in serve-rotation
+(errors, leader epochs, high watermarks, a preferred read replica), trims the response in serve-rotation
 order, keeps what was trimmed away in the buffer and builds the decision.
 
 Upstream fetch offsets are decided afresh by every ``prepare``: the end of the
@@ -188,6 +188,9 @@ class FetchShaper:
                     pd.error_code != 0
                     or pd.high_watermark < prefix.high_watermark
                     or (epoch not in (None, NO_EPOCH) and epoch != prepared.epochs.get(key, epoch))
+                    # KIP-392: the leader sends the client to a preferred read replica; the
+                    # answer goes out as the leader gave it (no records), as from a broker
+                    or getattr(pd, "preferred_read_replica", -1) >= 0
                 ):
                     del prefixes[key]
                     discarded.add(key)
