@@ -12,8 +12,9 @@ Conventions (house style, after Kroxylicious):
   ``api`` (a fixed table of Kafka API names, ``unknown`` for the rest), ``node``
   (the first ``node_label_cap`` node ids seen, then ``other``), ``limit``,
   ``cause``, ``reason``, ``side``, ``policy`` (the first ``policy_label_cap``
-  names, then ``other``).  Topic-partitions and client addresses are never
-  labels; a ``client_id`` label exists only when enabled with a cap.
+  names, then ``other``), ``locality`` (``same_rack``, ``other_rack``,
+  ``unknown``: where a broker is seen from the proxy's ``rack``).
+  Topic-partitions and client addresses are never labels; a ``client_id`` label exists only when enabled with a cap.
 
 Per-message series (the four legs by API, the two durations, the bytes per
 node) are resolved once: :class:`ByApi` keeps the labelled children of each API
@@ -33,9 +34,9 @@ README's table and the Grafana dashboard test are checked against it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -48,6 +49,7 @@ from prometheus_client import (
 
 from .. import __version__
 from ..protocol.apis import API_NAMES
+from ..relay.racks import FallbackReason, Locality, cost
 from ..sessions.resets import ResetReason, Side
 from ..shaping.limits import LimitKind
 from .labels import (
@@ -219,6 +221,55 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Bytes not sent between proxy and brokers thanks to incremental fetch sessions "
         "(kind=request|response), against the full fetches clients asked for.",
     ),
+    # rack-aware fetching (KIP-392): where record bytes came from, seen from the proxy's rack
+    _spec(
+        "broker_to_proxy_fetch_rack_record_bytes_total",
+        "counter",
+        ["node", "locality"],
+        "Record-batch bytes in Fetch responses received from brokers, by node and whether "
+        "the node is in the proxy's rack (locality=same_rack|other_rack|unknown).",
+    ),
+    _spec(
+        "preferred_replica_redirects_total",
+        "counter",
+        ["node"],
+        "Partitions a leader answered with a preferred_read_replica (KIP-392 redirect), "
+        "by the replica it named.",
+    ),
+    _spec(
+        "proxy_to_broker_preferred_replica_fetches_total",
+        "counter",
+        ["node"],
+        "Fetches served by a broker for partitions it does not lead (a preferred read "
+        "replica; leaders as last learnt from Metadata), by node.",
+    ),
+    _spec(
+        "preferred_replica_fallbacks_total",
+        "counter",
+        ["reason"],
+        "Fetches of partitions sent back to their leader instead of a preferred read "
+        "replica, by reason.",
+    ),
+    _spec(
+        "cross_zone_avoided_record_bytes_total",
+        "counter",
+        [],
+        "Record-batch bytes served by a replica in the proxy's rack that is not the "
+        "partition's leader, the leader being in another rack: cross-zone bytes avoided.",
+    ),
+    _spec(
+        "cross_zone_cost_avoided",
+        "gauge",
+        [],
+        "Estimated cost avoided since start: cross-zone bytes avoided / 1e9 x "
+        "cross_zone_price_per_gb at the time they were read.",
+    ),
+    _spec(
+        "cross_zone_price_per_gb",
+        "gauge",
+        [],
+        "The configured price of one GB (1e9 bytes) crossing zones (cross_zone_price_per_gb).",
+    ),
     # fetch sessions (Kafka: NumIncrementalFetchSessions, NumIncrementalFetchPartitionsCached,
     # IncrementalFetchSessionEvictionsPerSec)
     _spec("fetch_sessions_active", "gauge", ["side"], "Incremental fetch sessions in the cache."),
@@ -320,12 +371,45 @@ CLIENT_ID_SPEC = _spec(
     "Record-batch bytes delivered, by client id (opt-in; capped, then 'other').",
 )
 
-_BY_NAME = {spec.name: spec for spec in (*CATALOGUE, CLIENT_ID_SPEC)}
+# Only registered when Metrics(client_id_label_cap=N) with N > 0.
+CLIENT_ID_RACK_SPEC = _spec(
+    "broker_to_proxy_fetch_rack_record_bytes_by_client_total",
+    "counter",
+    ["client_id", "locality"],
+    "Record-batch bytes received from brokers for each client id, by whether the broker "
+    "is in the proxy's rack (opt-in; capped, then 'other').",
+)
+OPT_IN_SPECS = (CLIENT_ID_SPEC, CLIENT_ID_RACK_SPEC)
+"""The metrics registered only with a client id label cap."""
+
+_BY_NAME = {spec.name: spec for spec in (*CATALOGUE, *OPT_IN_SPECS)}
 
 
 def spec(name: str) -> MetricSpec:
     """The catalogue entry for a full metric name."""
     return _BY_NAME[name]
+
+
+class NodeBytesLike(Protocol):
+    """``proxy.relay.racks.NodeBytes``, read structurally."""
+
+    @property
+    def node(self) -> int | None: ...
+    @property
+    def locality(self) -> str: ...
+    @property
+    def record_bytes(self) -> int: ...
+    @property
+    def avoided_bytes(self) -> int: ...
+    @property
+    def follower_partitions(self) -> int: ...
+
+
+class RackUsageLike(Protocol):
+    """``proxy.relay.racks.RackUsage`` as the metrics read it."""
+
+    @property
+    def by_node(self) -> Sequence[NodeBytesLike]: ...
 
 
 def _node_key(node: int | None) -> str:
@@ -410,7 +494,7 @@ class Metrics:
         self._histograms: dict[str, Histogram] = {}
         specs = list(CATALOGUE)
         if client_id_label_cap > 0:
-            specs.append(CLIENT_ID_SPEC)
+            specs.extend(OPT_IN_SPECS)
         for s in specs:
             self._register(s)
         self._preset()
@@ -435,6 +519,9 @@ class Metrics:
         self._saved_request = saved.labels(kind="request")
         self._saved_response = saved.labels(kind="response")
         self._fetch_data_by_node: dict[str, tuple[Any, Any]] = {}
+        self._rack_bytes: dict[tuple[str, str], Any] = {}
+        self._cross_zone_price = 0.0
+        self._cross_zone_cost = 0.0
 
     # -- construction --------------------------------------------------------------
 
@@ -469,6 +556,8 @@ class Metrics:
             self._counters["incremental_fetch_saved_bytes_total"].labels(kind=kind)
         for outcome in DecisionOutcome:
             self._counters["decision_log_events_total"].labels(outcome=outcome.value)
+        for reason in FallbackReason:
+            self._counters["preferred_replica_fallbacks_total"].labels(reason=reason.value)
 
     def label_value_counts(self) -> dict[str, int]:
         """Distinct label sets per metric family (what a cardinality test looks at)."""
@@ -590,6 +679,54 @@ class Metrics:
         if response_bytes > 0:
             self._saved_response.inc(response_bytes)
 
+    # -- rack-aware fetching ---------------------------------------------------------
+
+    def rack_fetch_data(self, usage: RackUsageLike, *, client_id: str | None = None) -> None:
+        """Where one exchange's record bytes came from (``proxy.relay.racks.account``)."""
+        by_client = self._counters.get("broker_to_proxy_fetch_rack_record_bytes_by_client_total")
+        client = self._client_id(client_id or "") if by_client is not None else ""
+        avoided = 0
+        for n in usage.by_node:
+            locality = enum_label(Locality, str(n.locality), Locality.UNKNOWN)
+            if n.record_bytes:
+                node = self._node(_node_key(n.node))
+                child = self._rack_bytes.get((node, locality))
+                if child is None:  # bounded: node labels x 3 localities
+                    family = self._counters["broker_to_proxy_fetch_rack_record_bytes_total"]
+                    child = self._rack_bytes[(node, locality)] = family.labels(
+                        node=node, locality=locality
+                    )
+                child.inc(n.record_bytes)
+                if by_client is not None:
+                    by_client.labels(client_id=client, locality=locality).inc(n.record_bytes)
+            if n.follower_partitions:
+                self._counters["proxy_to_broker_preferred_replica_fetches_total"].labels(
+                    node=self._node(_node_key(n.node))
+                ).inc()
+            avoided += n.avoided_bytes
+        if avoided:
+            self._counters["cross_zone_avoided_record_bytes_total"].inc(avoided)
+            self._cross_zone_cost += cost(avoided, self._cross_zone_price)
+            self._gauges["cross_zone_cost_avoided"].set(self._cross_zone_cost)
+
+    def set_cross_zone_price(self, price_per_gb: float) -> None:
+        """The ``cross_zone_price_per_gb`` setting (at start and at each reload); bytes
+        avoided from now on are valued at it, those before keep their price."""
+        self._cross_zone_price = float(price_per_gb)
+        self._gauges["cross_zone_price_per_gb"].set(self._cross_zone_price)
+
+    def preferred_replica_redirected(self, replicas: Iterable[int]) -> None:
+        """A leader named these preferred read replicas, one per partition redirected."""
+        family = self._counters["preferred_replica_redirects_total"]
+        for replica in replicas:
+            family.labels(node=self._node(_node_key(replica))).inc()
+
+    def preferred_replica_fallback(self, reason: FallbackReason | str, count: int = 1) -> None:
+        """``count`` partition fetches went back to the leader for ``reason``."""
+        if count > 0:
+            label = enum_label(FallbackReason, str(reason), FallbackReason.OTHER)
+            self._counters["preferred_replica_fallbacks_total"].labels(reason=label).inc(count)
+
     # -- fetch sessions --------------------------------------------------------------
 
     def set_fetch_sessions(self, side: Side, *, active: int, partitions: int) -> None:
@@ -650,7 +787,7 @@ class Metrics:
 def markdown_table() -> str:
     """The metrics table of the documentation, generated from :data:`CATALOGUE`."""
     lines = ["| Metric | Type | Labels | Meaning |", "|---|---|---|---|"]
-    for s in (*CATALOGUE, CLIENT_ID_SPEC):
+    for s in (*CATALOGUE, *OPT_IN_SPECS):
         labels = ", ".join(f"`{label}`" for label in s.labels) or "-"
         lines.append(f"| `{s.name}` | {s.kind} | {labels} | {s.help} |")
     return "\n".join(lines) + "\n"

@@ -18,8 +18,17 @@ from proxy.observe.labels import (
     Direction,
     api_name,
 )
-from proxy.observe.metrics import CATALOGUE, CLIENT_ID_SPEC, PREFIX, ByApi, Metrics, spec
+from proxy.observe.metrics import (
+    CATALOGUE,
+    CLIENT_ID_SPEC,
+    OPT_IN_SPECS,
+    PREFIX,
+    ByApi,
+    Metrics,
+    spec,
+)
 from proxy.protocol.apis import API_NAMES
+from proxy.relay.racks import FallbackReason, Locality, NodeBytes, RackUsage
 from proxy.sessions.resets import ResetReason, Side
 from proxy.shaping.limits import LimitKind
 
@@ -42,7 +51,7 @@ def test_api_names_agree_with_kafka_message_definitions_known_to_kio() -> None:
 def test_catalogue_follows_the_naming_conventions() -> None:
     names = [s.name for s in CATALOGUE]
     assert len(names) == len(set(names))
-    for s in (*CATALOGUE, CLIENT_ID_SPEC):
+    for s in (*CATALOGUE, *OPT_IN_SPECS):
         assert re.fullmatch(r"kafka_fetch_proxy_[a-z0-9_]+", s.name), s.name
         assert s.kind in ("counter", "gauge", "histogram")
         assert (s.kind == "counter") == s.name.endswith("_total"), s.name
@@ -59,7 +68,7 @@ def test_every_catalogued_metric_is_registered_with_its_type_and_labels() -> Non
     metrics, registry = fresh(client_id_label_cap=4)
     exercise_everything(metrics)
     families = {f.name: f for f in registry.collect()}
-    for s in (*CATALOGUE, CLIENT_ID_SPEC):
+    for s in (*CATALOGUE, *OPT_IN_SPECS):
         # prometheus_client names a counter's family without the _total suffix
         family = families[s.name.removesuffix("_total") if s.kind == "counter" else s.name]
         assert family.type == s.kind
@@ -104,6 +113,12 @@ def exercise_everything(m: Metrics) -> None:
     m.config_reloaded(ok=True)
     m.config_reloaded(ok=False)
     m.decision_logged(DecisionOutcome.WRITTEN)
+    m.set_cross_zone_price(0.02)
+    m.rack_fetch_data(
+        RackUsage("b", (NodeBytes(2, Locality.SAME_RACK, 4000, 4000, 1),), ()), client_id="app-1"
+    )
+    m.preferred_replica_redirected([2])
+    m.preferred_replica_fallback(FallbackReason.OFFSET_OUT_OF_RANGE)
 
 
 def test_values_read_back_from_the_registry() -> None:
@@ -247,6 +262,11 @@ def test_label_sets_stay_bounded_whatever_the_input(
         metrics.fetch_session_reset(Side.UPSTREAM, text)
         metrics.connection_accepted()
         metrics.connection_closed(text)
+        metrics.rack_fetch_data(
+            RackUsage(text, (NodeBytes(node, Locality.UNKNOWN, n, 0, n % 2),), ()), client_id=text
+        )
+        metrics.preferred_replica_redirected([n])
+        metrics.preferred_replica_fallback(text)
     apis = len(API_NAMES) + 1
     nodes = NODE_CAP + 1
     policies = POLICY_CAP + 1
@@ -268,6 +288,11 @@ def test_label_sets_stay_bounded_whatever_the_input(
         "shaped_responses": policies,
         "fetch_session_resets": len(Side) * len(ResetReason),
         "client_connections_closed": causes,
+        "broker_to_proxy_fetch_rack_record_bytes": nodes * len(Locality),
+        "broker_to_proxy_fetch_rack_record_bytes_by_client": (CLIENT_CAP + 1) * len(Locality),
+        "preferred_replica_redirects": nodes,
+        "proxy_to_broker_preferred_replica_fetches": nodes,
+        "preferred_replica_fallbacks": len(FallbackReason),
     }
     counts = metrics.label_value_counts()
     for short, limit in bound.items():
