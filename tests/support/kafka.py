@@ -22,6 +22,14 @@ test run can keep the logs of any cluster a failing test used, wherever it was c
 ``server.log``, ``stdout.log`` and ``server.properties`` there (:meth:`KafkaCluster.copy_logs`).
 :func:`clusters_in` finds the clusters among a test's fixture values.
 
+Racks are opt-in (``racks=("a", "b", "c")``, one per node): each node then runs with that
+``broker.rack``; with ``config=RACK_AWARE`` a leader sends a consumer that names its rack
+in Fetch v11+ to a replica in that rack (KIP-392, ``preferred_read_replica``)::
+
+    cluster = KafkaCluster(3, workdir=tmp, racks=("a", "b", "c"), config=RACK_AWARE).start()
+    cluster.node_in_rack("b")                                     # -> 2
+    cluster.create_topic("orders", 6)                             # replication factor 3
+
 Security is opt-in (``security=Security(...)``): every node then also serves a
 ``SECURE`` listener (SASL_SSL or SASL_PLAINTEXT) with SCRAM-SHA-512 and PLAIN, and the
 cluster runs the StandardAuthorizer with ``allow.everyone.if.no.acl.found=false``::
@@ -50,7 +58,7 @@ import subprocess
 import time
 import types
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -294,6 +302,10 @@ class Security:
         return args
 
 
+RACK_AWARE = {"replica.selector.class": "org.apache.kafka.common.replica.RackAwareReplicaSelector"}
+"""Broker config for rack-aware fetching (KIP-392): leaders name a preferred read replica in
+the consumer's rack.  Give the nodes racks with ``KafkaCluster(racks=...)``."""
+
 MAX_PARTITIONS_PER_REQUEST = 5000
 """Partitions created (or added) by one Admin request: KRaft refuses a batch of more than
 10,000 metadata records, and a partition is one record per replica set."""
@@ -312,6 +324,7 @@ class KafkaCluster:
         listeners: Mapping[str, int] | None = None,
         security: Security | None = None,
         name: str | None = None,
+        racks: Sequence[str] | None = None,
     ) -> None:
         if version not in VERSIONS:
             raise ValueError(f"unknown Kafka line {version!r}: one of {sorted(VERSIONS)}")
@@ -337,6 +350,12 @@ class KafkaCluster:
             for node in self.nodes.values():
                 node.secure_port = free_port()
         self.start_seconds = 0.0
+        if racks is not None and len(racks) != brokers:
+            raise ValueError(f"{len(racks)} racks for {brokers} brokers: one per broker")
+        self.racks: dict[int, str] = (
+            {} if racks is None else {n: str(r) for n, r in zip(self.nodes, racks, strict=True)}
+        )
+        """node id -> its ``broker.rack`` (empty: no racks)."""
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -500,6 +519,16 @@ class KafkaCluster:
     def new_topic(self, partitions: int, prefix: str = "t", **kwargs: Any) -> str:
         return self.create_topic(f"{prefix}-{uuid.uuid4().hex[:10]}", partitions, **kwargs)
 
+    def node_in_rack(self, rack: str) -> int:
+        """The one node whose ``broker.rack`` is *rack*."""
+        [node] = [n for n, r in self.racks.items() if r == rack]
+        return node
+
+    def replicas_of(self, topic: str, partition: int) -> tuple[int, list[int], list[int]]:
+        """(leader, replicas, in-sync replicas) of a partition, from Metadata."""
+        p = self._admin().list_topics(topic, timeout=10).topics[topic].partitions[partition]
+        return int(p.leader), [int(r) for r in p.replicas], [int(r) for r in p.isrs]
+
     def leader_of(self, topic: str, partition: int) -> int:
         meta = self._admin().list_topics(topic, timeout=10)
         return int(meta.topics[topic].partitions[partition].leader)
@@ -544,6 +573,35 @@ class KafkaCluster:
         futures = admin.create_acls(bindings, request_timeout=timeout)
         for future in futures.values():
             future.result(timeout=timeout)
+
+    def set_client_quota(self, client_id: str, timeout: float = 30.0, **quotas: float) -> None:
+        """Client-id quotas (``consumer_byte_rate=...``, ``producer_byte_rate=...``), as
+        ``kafka-configs --alter --entity-type clients --entity-name ID --add-config`` sets them
+        (AlterClientQuotas v1); returns once the broker describes them (DescribeClientQuotas
+        answers from the metadata image the quota manager is updated from)."""
+        from .rawclient import RawClient
+
+        entity = [{"entity_type": "client-id", "entity_name": client_id}]
+        ops = [{"key": k, "value": float(v), "remove": False} for k, v in quotas.items()]
+        deadline = time.monotonic() + timeout
+        with RawClient(self.nodes[1].address, client_id="quota-admin", deadline=deadline) as c:
+            altered = c.call(49, 1, {"entries": [{"entity": entity, "ops": ops}], "validate_only": False})  # fmt: skip
+            errors = [int(e.error_code) for e in altered.entries]
+            if any(errors):
+                raise RuntimeError(f"AlterClientQuotas for {client_id!r}: errors {errors}")
+            match = [{"entity_type": "client-id", "match_type": 0, "match": client_id}]
+            while True:
+                described = c.call(48, 1, {"components": match, "strict": True})
+                values = {
+                    str(v.key): float(v.value)
+                    for entry in described.entries or ()
+                    for v in entry.values
+                }
+                if all(values.get(k) == float(v) for k, v in quotas.items()):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"quotas {quotas} of {client_id!r} not in effect: {values}")
+                time.sleep(0.1)
 
     def _wait_served(self, topic: str, partitions: int, timeout: float) -> None:
         """Until Metadata lists a leader for every partition and that leader answers for it.
@@ -639,6 +697,7 @@ class KafkaCluster:
             "share.coordinator.state.topic.replication.factor": rf,
             "share.coordinator.state.topic.min.isr": "1",
             "default.replication.factor": rf,
+            **({"broker.rack": self.racks[node.node_id]} if self.racks else {}),
             **(self.security.properties() if self.security is not None else {}),
             **self.config,
         }
