@@ -40,7 +40,8 @@ else:
     from .spark import session, spark_schema
 
 SCHEMA_FILE = "decision-log.schema.json"
-SUPPORTED_SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
+"""Version 2 added rack-aware fetching's fields; version 1 events read them as null (0)."""
 TABLES = (
     "starvation_by_partition",
     "limit_hits_by_policy",
@@ -96,8 +97,9 @@ def load_events(spark: SparkSession, files: list[str]) -> tuple[DataFrame, int, 
     )
     malformed = raw.filter(F.col("_corrupt_record").isNotNull()).count()
     ok = raw.filter(F.col("_corrupt_record").isNull()).drop("_corrupt_record")
-    other = ok.filter(F.col("schema_version") != SUPPORTED_SCHEMA_VERSION).count()
-    events = ok.filter(F.col("schema_version") == SUPPORTED_SCHEMA_VERSION)
+    supported = F.col("schema_version").isin(*SUPPORTED_SCHEMA_VERSIONS)
+    other = ok.filter(~supported).count()
+    events = ok.filter(supported)
     return events.withColumn("weight", 1.0 / F.col("sample_rate")), malformed, other
 
 

@@ -148,6 +148,9 @@ class FetchPathConfig:
     reuse_buffer_bytes: int = DEFAULT_REUSE_BUFFER_BYTES
     rack: str = ""
     """The proxy's rack (``rack``): sent upstream in Fetch v11+ for clients that send none."""
+    cross_zone_price_per_gb: float = 0.02
+    """``cross_zone_price_per_gb``: what the metrics and the decision log value a GB of
+    cross-zone bytes avoided at."""
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> FetchPathConfig:
@@ -164,6 +167,7 @@ class FetchPathConfig:
             memory_budget_bytes=None if budget is None else int(budget),
             reuse_buffer_bytes=int(raw.get("reuse_buffer_bytes", DEFAULT_REUSE_BUFFER_BYTES)),
             rack=str(raw.get("rack") or ""),
+            cross_zone_price_per_gb=float(raw.get("cross_zone_price_per_gb", 0.02)),
         )
 
 

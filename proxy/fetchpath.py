@@ -84,11 +84,12 @@ from .protocol.apis import API_VERSIONS, FETCH, METADATA
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response
 from .relay import rack_fetch
+from .relay.racks import FallbackReason, RackMap, RackUsage, account
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
 from .sessions.downstream import DownstreamFetch, DownstreamSessions
 from .sessions.downstream_cache import FetchSessionCache
 from .sessions.resets import RESET_REASONS, ResetReason, Side
-from .sessions.topic_ids import TopicIdMap, TopicIdRequests, learn_from_frame
+from .sessions.topic_ids import TopicIdMap, TopicIdRequests
 from .sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch, replica_id
 from .sessions.upstream_session import FetchSessionClient
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
@@ -120,6 +121,10 @@ class FetchMetrics(Protocol):
     def delivered_fetch_data(
         self, records: int, record_bytes: int, *, client_id: str | None = None
     ) -> None: ...
+    def rack_fetch_data(self, usage: Any, *, client_id: str | None = None) -> None: ...
+    def set_cross_zone_price(self, price_per_gb: float) -> None: ...
+    def preferred_replica_redirected(self, replicas: Any) -> None: ...
+    def preferred_replica_fallback(self, reason: Any, count: int = 1) -> None: ...
 
 
 class DecisionSink(Protocol):
@@ -138,6 +143,9 @@ class DecisionSink(Protocol):
         upstream_fetch_bytes: int = 0,
         sessionless_fetch_bytes: int | None = None,
         topic_ids: Any = None,
+        rack_usage: RackUsage | None = None,
+        cross_zone_price_per_gb: float | None = None,
+        preferred_replica_redirects: int = 0,
     ) -> Any: ...
 
 
@@ -163,6 +171,8 @@ class FetchPath:
         self.admission = FetchAdmission(config.memory_budget_bytes)
         self.budget: MemoryBudget = self.admission.budget
         self.topic_ids = TopicIdMap()
+        self.racks = RackMap(config.rack or None)
+        """Which broker is in which rack and which leads what, learnt from Metadata."""
         self.metrics = metrics
         self.decision_log = decision_log
         self.clock = clock
@@ -173,6 +183,7 @@ class FetchPath:
         self.generation = 0
         if metrics is not None:
             metrics.set_memory_budget(used=0, limit=config.memory_budget_bytes)
+            metrics.set_cross_zone_price(config.cross_zone_price_per_gb)
 
     @property
     def fetch_waits(self) -> int:
@@ -206,8 +217,10 @@ class FetchPath:
         self._policy_cache.clear()
         for h in list(self.handlers):
             h.shaper.buffer.capacity = config.reuse_buffer_bytes
+        self.racks.rack = config.rack or None
         if self.metrics is not None:
             self.metrics.set_memory_budget(used=self.budget.used, limit=config.memory_budget_bytes)
+            self.metrics.set_cross_zone_price(config.cross_zone_price_per_gb)
         self.admission.wake_waiters()  # room may have appeared: let waiting fetches try again
 
     def shed_buffers(self) -> bool:
@@ -317,7 +330,12 @@ class FetchPathHandler:
         if api_key == API_VERSIONS:
             self._learn_versions(api_version, frame)
         elif api_key == METADATA:
-            learn_from_frame(self.path.topic_ids, api_version, frame)
+            try:  # one decode: topic ids (v10+), brokers' racks (v1+), partition leaders
+                _, response = codec.decode_response(METADATA, api_version, frame)
+            except DecodeError:
+                return  # not ours to judge: the client gets the frame as it came
+            self.path.topic_ids.learn_metadata(response)
+            self.path.racks.learn_metadata(response)
 
     def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
         if self.closed:
@@ -575,7 +593,8 @@ class FetchPathHandler:
         self, request: ClientRequest, fetch: Any, rack: rack_fetch.RackFetch
     ) -> tuple[Any, rack_fetch.RackStep]:
         """*fetch* (the full fetch this exchange covers) with the rack to send upstream."""
-        rack.asked(rack_fetch.requested(fetch))
+        if rack.asked(rack_fetch.requested(fetch)) and self.metrics is not None:
+            self.metrics.preferred_replica_fallback(FallbackReason.CLIENT_IGNORES_REDIRECT)
         h = request.header
         own = str(getattr(fetch, "rack_id", "") or "")
         override = bool(own) and rack_override(
@@ -640,9 +659,22 @@ class FetchPathHandler:
         d = shaped.decision
         m = self.metrics
         policy = exchange.policy
+        # where the bytes came from: this connection's broker served every partition
+        usage = account(
+            self.path.racks,
+            (
+                (key, self.node_id, o.upstream_bytes)
+                for key, o in shaped.result.outcomes.items()
+                if o.upstream_bytes
+            ),
+        )
+        redirects = len(exchange.redirects) if exchange.redirects else 0
         if m is not None:
             # record batches from the broker vs to the client (batch headers, never payloads)
             m.upstream_fetch_data(self.node_id, d.upstream_records, d.upstream_bytes)
+            m.rack_fetch_data(usage, client_id=request.header.client_id)
+            if exchange.redirects:
+                m.preferred_replica_redirected(exchange.redirects.values())
             m.delivered_fetch_data(
                 d.delivered_records, d.delivered_bytes, client_id=request.header.client_id
             )
@@ -677,6 +709,9 @@ class FetchPathHandler:
                 if exchange.sessionless
                 else None,
                 topic_ids=self.path.topic_ids,  # names for Fetch v13+ topic ids
+                rack_usage=usage,
+                cross_zone_price_per_gb=self.path.config.cross_zone_price_per_gb,
+                preferred_replica_redirects=redirects,
             )
 
 

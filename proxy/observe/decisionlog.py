@@ -13,6 +13,16 @@ responses it relays (``proxy.sessions.topic_ids``), is passed in as
 ``topic_ids``; each starved partition carries the name (``topic``, the id when
 the name is not known) and the id (``topic_id``, null when not known).
 
+Rack-aware fetching (schema version 2): the proxy's ``rack``, the upstream
+record bytes split by where the broker that served them is (``same_rack``,
+``other_rack``, ``unknown``; :func:`proxy.relay.racks.account`), the cross-zone
+bytes avoided (in-rack bytes from a replica that is not the partition's
+leader, the leader being in another rack), the same by topic
+(``rack_by_topic``, at most ``MAX_TOPICS_PER_USAGE`` topics and one row for the
+rest), the ``cross_zone_price_per_gb`` in force, and how many partitions the
+leader redirected to a preferred read replica.  Version 1 events (without
+them) stay readable: the fleet report reads both.
+
 The format is specified field by field in ``schemas/decision-log.schema.json``
 (JSON Schema 2020-12); the fleet report (PySpark) reads these files, so every
 change to :class:`DecisionEvent` must change the schema and its
@@ -49,12 +59,13 @@ from typing import IO, Any, Protocol
 
 import structlog
 
+from ..relay.racks import RackUsage
 from ..shaping.limits import LIMIT_NAMES, limit_kind
 from .labels import DecisionOutcome
 from .linewriter import LineWriter
 from .metrics import Metrics
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 EVENT_TYPE = "fetch_shaped"
 MAX_CLIENT_ID_CHARS = 255
 MAX_POLICY_CHARS = 64
@@ -77,6 +88,19 @@ class StarvedPartition:
     partition: int
     rounds: int
     topic_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRack:
+    """One topic's upstream record bytes by where the serving broker is (rack-aware fetching)."""
+
+    topic: str | None
+    """The topic's name (else its id); None: the topics past the per-event cap, together."""
+    topic_id: str | None
+    same_rack_record_bytes: int
+    other_rack_record_bytes: int
+    unknown_rack_record_bytes: int
+    cross_zone_avoided_record_bytes: int
 
 
 class TopicNames(Protocol):
@@ -120,6 +144,14 @@ class DecisionEvent:
     progress_exemption: bool
     limits: Mapping[str, int | None]
     sample_rate: float
+    rack: str | None = None
+    same_rack_record_bytes: int = 0
+    other_rack_record_bytes: int = 0
+    unknown_rack_record_bytes: int = 0
+    cross_zone_avoided_record_bytes: int = 0
+    cross_zone_price_per_gb: float | None = None
+    preferred_replica_redirects: int = 0
+    rack_by_topic: tuple[TopicRack, ...] = ()
 
     def to_json_obj(self) -> dict[str, object]:
         obj: dict[str, object] = {"schema_version": SCHEMA_VERSION, "event": EVENT_TYPE}
@@ -130,6 +162,7 @@ class DecisionEvent:
         ]
         obj["limits_applied"] = list(self.limits_applied)
         obj["limits"] = dict(self.limits)
+        obj["rack_by_topic"] = [asdict(t) for t in self.rack_by_topic]
         return obj
 
     def to_json_line(self) -> str:
@@ -233,6 +266,9 @@ def event_from_shaping(
     upstream_fetch_bytes: int = 0,
     sessionless_fetch_bytes: int | None = None,
     topic_ids: TopicNames | None = None,
+    rack_usage: RackUsage | None = None,
+    cross_zone_price_per_gb: float | None = None,
+    preferred_replica_redirects: int = 0,
 ) -> DecisionEvent:
     """Convert the shaping layer's record plus the relay's context into a log event.
 
@@ -243,6 +279,8 @@ def event_from_shaping(
     response frames; ``sessionless_fetch_bytes`` what a full fetch would have
     cost (the session layer's estimate; defaults to ``upstream_fetch_bytes``,
     i.e. nothing saved, when no upstream session was used).
+    ``rack_usage`` splits the upstream record bytes by the serving broker's
+    rack (:func:`proxy.relay.racks.account`; None: all ``unknown``).
     """
     configured = decision.limits.as_dict()
     return DecisionEvent(
@@ -278,7 +316,38 @@ def event_from_shaping(
         progress_exemption=decision.progress_exemption,
         limits={name: configured.get(name) for name in LIMIT_NAMES},
         sample_rate=sample_rate,
+        **_rack_fields(decision.upstream_bytes, rack_usage, topic_ids),
+        cross_zone_price_per_gb=cross_zone_price_per_gb,
+        preferred_replica_redirects=max(0, int(preferred_replica_redirects)),
     )
+
+
+def _rack_fields(
+    upstream_bytes: int, usage: RackUsage | None, topic_ids: TopicNames | None
+) -> dict[str, Any]:
+    if usage is None:
+        return {"unknown_rack_record_bytes": upstream_bytes}
+    rows = []
+    for t in usage.by_topic:
+        name, topic_id = _topic(t.topic, topic_ids)
+        rows.append(
+            TopicRack(
+                name,
+                topic_id,
+                t.same_rack_bytes,
+                t.other_rack_bytes,
+                t.unknown_rack_bytes,
+                t.avoided_bytes,
+            )
+        )
+    return {
+        "rack": _clip(usage.rack, MAX_TOPIC_CHARS),
+        "same_rack_record_bytes": usage.same_rack_bytes,
+        "other_rack_record_bytes": usage.other_rack_bytes,
+        "unknown_rack_record_bytes": usage.unknown_rack_bytes,
+        "cross_zone_avoided_record_bytes": usage.avoided_bytes,
+        "rack_by_topic": tuple(rows),
+    }
 
 
 class Sampler(Protocol):
@@ -401,6 +470,9 @@ class DecisionLog:
         upstream_fetch_bytes: int = 0,
         sessionless_fetch_bytes: int | None = None,
         topic_ids: TopicNames | None = None,
+        rack_usage: RackUsage | None = None,
+        cross_zone_price_per_gb: float | None = None,
+        preferred_replica_redirects: int = 0,
     ) -> DecisionEvent | None:
         """Sample, then queue one event; returns the event queued (None if not).
 
@@ -423,6 +495,9 @@ class DecisionLog:
             upstream_fetch_bytes=upstream_fetch_bytes,
             sessionless_fetch_bytes=sessionless_fetch_bytes,
             topic_ids=topic_ids,
+            rack_usage=rack_usage,
+            cross_zone_price_per_gb=cross_zone_price_per_gb,
+            preferred_replica_redirects=preferred_replica_redirects,
         )
         return event if self.write(event) else None
 

@@ -240,8 +240,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "proxy_to_broker_preferred_replica_fetches_total",
         "counter",
         ["node"],
-        "Fetches served by a broker for partitions it does not lead (a preferred read "
-        "replica; leaders as last learnt from Metadata), by node.",
+        "Fetches in which a broker served record bytes of partitions it does not lead (a "
+        "preferred read replica; leaders as last learnt from Metadata), by node.",
     ),
     _spec(
         "preferred_replica_fallbacks_total",

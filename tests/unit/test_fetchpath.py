@@ -396,3 +396,78 @@ def test_a_waiting_fetch_sheds_the_reuse_buffers_first() -> None:
     assert delivered(b.fetch(2, [("orders", 0, 0)]))[("orders", 0)] == [(0, 1)]
     assert len(a.handler.shaper.buffer) == 0 and w.path.fetch_waits == 0
     assert delivered(a.fetch(3, [("orders", 0, 1)]))[("orders", 0)] == [(1, 1)]  # refetched
+
+
+def test_rack_accounting_reaches_the_metrics_and_the_decision_log() -> None:
+    """A proxy in rack b on broker 1's listener: bytes of a partition broker 1 follows
+    (leader 2, rack a) are in-rack and avoided cross-zone bytes; its own partition's are
+    in-rack only.  Racks and leaders come from a Metadata response the relay forwards."""
+    import datetime
+    import io
+    import json
+
+    from kio.schema.errors import ErrorCode
+    from kio.schema.metadata.v12 import response as md12
+    from kio.schema.types import BrokerId
+    from kio.static.primitive import i32, i32Timedelta
+
+    from proxy.observe.decisionlog import DecisionLog, FractionSampler
+
+    metrics = Metrics(process_metrics=False)
+    sink = io.StringIO()
+    w = World(FetchPathConfig(rack="b", cross_zone_price_per_gb=0.05), metrics=metrics)
+    decisions = DecisionLog(sink, sampler=FractionSampler(1.0), metrics=metrics)
+    w.path.decision_log = decisions
+    c = Conn(w, "rdkafka", node_id=1)
+    metadata = md12.MetadataResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        brokers=tuple(
+            md12.MetadataResponseBroker(node_id=BrokerId(n), host="k", port=i32(9092), rack=r)
+            for n, r in ((1, "b"), (2, "a"))
+        ),
+        cluster_id="dev",
+        controller_id=BrokerId(1),
+        topics=(
+            md12.MetadataResponseTopic(
+                error_code=ErrorCode.none,
+                name="orders",
+                topic_id=w.state.topics["orders"].topic_id,
+                is_internal=False,
+                partitions=tuple(
+                    md12.MetadataResponsePartition(
+                        error_code=ErrorCode.none,
+                        partition_index=i32(p),
+                        leader_id=BrokerId(leader),
+                        leader_epoch=i32(0),
+                        replica_nodes=(BrokerId(1), BrokerId(2)),
+                        isr_nodes=(BrokerId(1), BrokerId(2)),
+                        offline_replicas=(),
+                    )
+                    for p, leader in ((0, 2), (1, 1))
+                ),
+                topic_authorized_operations=i32(-2147483648),
+            ),
+        ),
+    )
+    c.handler.observe(3, 12, codec.encode_response(metadata, 5))
+    assert w.path.racks.same_rack_nodes() == (1,)
+    w.append("orders", 0, 3)
+    w.append("orders", 1, 2)
+    c.fetch(7, [("orders", 0, 0), ("orders", 1, 0)])
+    assert decisions.flush(10)
+    [event] = [json.loads(line) for line in sink.getvalue().splitlines()]
+    upstream = event["upstream_record_bytes"]
+    [orders] = event["rack_by_topic"]
+    avoided = orders["cross_zone_avoided_record_bytes"]
+    assert event["rack"] == "b" and event["cross_zone_price_per_gb"] == 0.05
+    assert event["same_rack_record_bytes"] == orders["same_rack_record_bytes"] == upstream > 0
+    assert event["cross_zone_avoided_record_bytes"] == avoided
+    assert 0 < avoided < upstream  # orders-0 (followed) only, not orders-1 (led by 1)
+    value = metrics.registry.get_sample_value
+    rack_bytes = f"{PREFIX}broker_to_proxy_fetch_rack_record_bytes_total"
+    assert value(rack_bytes, {"node": "1", "locality": "same_rack"}) == upstream
+    assert value(f"{PREFIX}cross_zone_avoided_record_bytes_total") == avoided
+    assert value(f"{PREFIX}cross_zone_cost_avoided") == pytest.approx(avoided * 0.05 / 1e9)
+    assert value(f"{PREFIX}proxy_to_broker_preferred_replica_fetches_total", {"node": "1"}) == 1
+    w.path.reload(FetchPathConfig(rack="b", cross_zone_price_per_gb=0.01))
+    assert value(f"{PREFIX}cross_zone_price_per_gb") == 0.01
