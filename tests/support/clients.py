@@ -59,6 +59,14 @@ def java_command() -> list[str]:
     ]
 
 
+def java_soak_command() -> list[str]:
+    """tests/clients/java/SoakClient.java: a producer and a consumer side by side for a while
+    (one step, ``soak,TOPIC,PARTITIONS,SECONDS,RATE[,PROPERTIES_FILE]``)."""
+    command = java_command()
+    _built(clients_dir() / "java" / "classes" / "SoakClient.class", "the Java soak client")
+    return [*command[:-1], "SoakClient"]
+
+
 def go_command(program: str) -> list[str]:
     if program not in GO_PROGRAMS:
         raise ValueError(f"no Go client {program!r}; there are {GO_PROGRAMS}")

@@ -95,6 +95,7 @@ class Verifier:
         rate: float = DEFAULT_RATE,
         records: int = DEFAULT_RECORDS,
         name: str = "fault",
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -102,6 +103,8 @@ class Verifier:
         self.rate = rate
         self.records = records
         self.name = name
+        self.config = dict(config or {})
+        """Added to every client's configuration (e.g. SASL settings)."""
         self.group_id = f"{name}-{topic}"
         self.consumers = [_Consumer(f"assign-{i + 1}", "assign") for i in range(assign)]
         self.consumers += [_Consumer(f"group-{i + 1}", "group") for i in range(group)]
@@ -148,15 +151,19 @@ class Verifier:
             self.marks.append((phase, round(time.monotonic() - self._began, 3)))
 
     def _produce(self) -> None:
-        conf = client_config(self.bootstrap, f"{self.name}-producer") | {
-            "acks": "all",
-            "enable.idempotence": True,
-            "message.timeout.ms": 0,  # never give up locally: a failure is a finding
-            "request.timeout.ms": CLIENT_TIMEOUT_MS,
-            "linger.ms": 5,
-            "retry.backoff.ms": 50,
-            "error_cb": self._producer_error,
-        }
+        conf = (
+            client_config(self.bootstrap, f"{self.name}-producer")
+            | self.config
+            | {
+                "acks": "all",
+                "enable.idempotence": True,
+                "message.timeout.ms": 0,  # never give up locally: a failure is a finding
+                "request.timeout.ms": CLIENT_TIMEOUT_MS,
+                "linger.ms": 5,
+                "retry.backoff.ms": 50,
+                "error_cb": self._producer_error,
+            }
+        )
         producer = confluent_kafka.Producer(conf)
         interval = 1.0 / self.rate
         due = time.monotonic()
@@ -202,15 +209,19 @@ class Verifier:
             self._cond.notify_all()
 
     def _consume(self, c: _Consumer) -> None:
-        conf = client_config(self.bootstrap, f"{self.name}-{c.name}") | {
-            "group.id": self.group_id if c.kind == "group" else f"{self.group_id}-{c.name}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": c.kind == "group",
-            "auto.commit.interval.ms": 500,
-            "session.timeout.ms": 10000,
-            "heartbeat.interval.ms": 1000,
-            "error_cb": lambda err: self._consumer_error(c, err),
-        }
+        conf = (
+            client_config(self.bootstrap, f"{self.name}-{c.name}")
+            | self.config
+            | {
+                "group.id": self.group_id if c.kind == "group" else f"{self.group_id}-{c.name}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": c.kind == "group",
+                "auto.commit.interval.ms": 500,
+                "session.timeout.ms": 10000,
+                "heartbeat.interval.ms": 1000,
+                "error_cb": lambda err: self._consumer_error(c, err),
+            }
+        )
         consumer = confluent_kafka.Consumer(conf)
         try:
             if c.kind == "assign":
