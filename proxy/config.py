@@ -103,6 +103,8 @@ class Settings:
     max_connections: int = 1000
     idle_timeout_seconds: float = 600.0
     """0: never close an idle client connection."""
+    first_request_timeout_seconds: float = 10.0
+    """A client connection must send a whole request this soon after its accept (0: no limit)."""
     max_client_buffer_bytes: int = 1048576
     max_fetch_session_partitions: int = 10000
     connect_timeout_seconds: float = 10.0
@@ -556,6 +558,7 @@ def _build(values: Mapping[str, Any], source: Mapping[str, str]) -> Settings:
         max_in_flight=int(get("max_in_flight")),
         max_connections=int(get("max_connections")),
         idle_timeout_seconds=float(get("idle_timeout_seconds")),
+        first_request_timeout_seconds=float(get("first_request_timeout_seconds")),
         max_client_buffer_bytes=int(get("max_client_buffer_bytes")),
         max_fetch_session_partitions=int(get("max_fetch_session_partitions")),
         connect_timeout_seconds=float(get("connect_timeout_seconds")),

@@ -48,6 +48,7 @@ class CloseCause(StrEnum):
     FRAME_TOO_LARGE = "frame_too_large"
     IO_ERROR = "io_error"  # reset, broken pipe, TLS failure
     IDLE_TIMEOUT = "idle_timeout"
+    FIRST_REQUEST_TIMEOUT = "first_request_timeout"  # no whole request soon after the accept
     SHUTDOWN = "shutdown"  # the proxy is stopping
     OTHER = OTHER
 

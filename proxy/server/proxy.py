@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import math
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -44,7 +45,7 @@ from ..relay.relay import FetchHandler, FetchHandlerFactory, Relay
 from ..sessions.downstream import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
 from .sockets import lean
-from .upstream import client_ssl_context, open_upstream, server_ssl_context
+from .upstream import LazyUpstream, client_ssl_context, open_upstream, server_ssl_context
 
 log = structlog.get_logger("proxy.server")
 
@@ -151,6 +152,12 @@ CLIENT_CLOSED_HINT = (
     " was closed; clients report e.g. 'Disconnected while requesting ApiVersion' until"
     " upstream is reachable"
 )
+FIRST_REQUEST_TIMEOUT_HINT = (
+    "the client sent no whole request within first_request_timeout_seconds of connecting"
+    " (Kafka's clients send ApiVersions at once); the connection held a connection slot and"
+    " was closed. Many of these: a client or scanner holding connections open, or raise"
+    " first_request_timeout_seconds ({flag}) for a slow TLS client"
+)
 
 
 @dataclass(slots=True, eq=False)
@@ -169,6 +176,7 @@ _CLOSE_CAUSES = {
     "protocol_error": "protocol_error",
     "io_error": "io_error",
     "idle_timeout": "idle_timeout",
+    "first_request_timeout": "first_request_timeout",
     "cancelled": "shutdown",
     "drained": "shutdown",
 }
@@ -382,56 +390,74 @@ class Proxy:
             self.metrics.connection_accepted()
         reason = "cancelled"
         client: trio.abc.Stream = stream
-        upstream: trio.abc.Stream | None = None
+        upstream: LazyUpstream | None = None
         fetch_handler: FetchHandler | None = None
         path_handler: FetchPathHandler | None = None
         conn: Connection | None = None
+        # Until the client's first whole request: TLS handshake and request within
+        # first_request_timeout_seconds of the accept, or the connection is closed.
+        # The broker connection opens when the first request is relayed (LazyUpstream).
+        timeout = self.settings.first_request_timeout_seconds
+        first = trio.CancelScope(deadline=trio.current_time() + timeout if timeout else math.inf)
         try:
-            if self.downstream_ssl is not None:
-                client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
-                with trio.fail_after(self.settings.connect_timeout_seconds):
-                    await client.do_handshake()
-            upstream = await self._connect_for(node_id)
-            if upstream is None:
+            with first:
+                if self.downstream_ssl is not None:
+                    client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
+                    with trio.fail_after(self.settings.connect_timeout_seconds):
+                        await client.do_handshake()
+                if self.fetch_path is not None:
+                    limit_session_partitions(
+                        self.fetch_path.sessions_for(node_id),
+                        self.settings.max_fetch_session_partitions,
+                    )
+                    fetch_handler = path_handler = self.fetch_path.handler(node_id)
+                elif self.fetch_handler_factory is not None:
+                    fetch_handler = self.fetch_handler_factory()
+                relay = Relay(
+                    self.book.resolve,
+                    fetch_handler=fetch_handler,
+                    max_in_flight=self.settings.max_in_flight,
+                )
+                upstream = LazyUpstream(
+                    partial(self._connect_for, node_id),
+                    on_open=lambda opened: self._upstream_opened(conn, node_id, opened),
+                    on_failure=first.cancel,
+                )
+                drainable = DrainableStream(lean(client))
+                conn = Connection(
+                    drainable,
+                    upstream,
+                    relay,
+                    max_frame_bytes=self.settings.max_frame_bytes,
+                    max_client_buffer_bytes=self.settings.max_client_buffer_bytes,
+                    idle_timeout=self.settings.idle_timeout_seconds,
+                    meter=self._meter(node_id),
+                    fetch_path=path_handler,
+                )
+                conn.on_request = partial(_first_request_arrived, first, conn)
+                self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
+                drainable.quiet = _answered(relay, conn)
+                self._drains.add(drainable)
+                if self.draining:  # accepted just before the listeners closed
+                    drainable.drain()
+                try:
+                    reason = await drainable.serve(conn.run)
+                finally:
+                    self._drains.discard(drainable)
+            if first.cancelled_caught and upstream is not None and upstream.failed:
                 reason = "upstream_unreachable"
                 log.warning("connection_closed", reason=reason, hint=CLIENT_CLOSED_HINT)
-                return
-            if self.metrics is not None:
-                self.metrics.broker_connection_opened(node_id)
-            if self.fetch_path is not None:
-                limit_session_partitions(
-                    self.fetch_path.sessions_for(node_id),
-                    self.settings.max_fetch_session_partitions,
+            elif first.cancelled_caught:
+                reason = "first_request_timeout"
+                log.info(
+                    "connection_closed",
+                    reason=reason,
+                    timeout_seconds=timeout,
+                    hint=FIRST_REQUEST_TIMEOUT_HINT.format(
+                        flag=_setting_hint("first_request_timeout_seconds")
+                    ),
                 )
-                fetch_handler = path_handler = self.fetch_path.handler(node_id)
-            elif self.fetch_handler_factory is not None:
-                fetch_handler = self.fetch_handler_factory()
-            relay = Relay(
-                self.book.resolve,
-                fetch_handler=fetch_handler,
-                max_in_flight=self.settings.max_in_flight,
-            )
-            drainable = DrainableStream(lean(client))
-            conn = Connection(
-                drainable,
-                lean(upstream),
-                relay,
-                max_frame_bytes=self.settings.max_frame_bytes,
-                max_client_buffer_bytes=self.settings.max_client_buffer_bytes,
-                idle_timeout=self.settings.idle_timeout_seconds,
-                meter=self._meter(node_id),
-                fetch_path=path_handler,
-            )
-            self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
-            drainable.quiet = _answered(relay, conn)
-            self._drains.add(drainable)
-            if self.draining:  # accepted just before the listeners closed
-                drainable.drain()
-            try:
-                reason = await drainable.serve(conn.run)
-            finally:
-                self._drains.discard(drainable)
-            if reason == "drained":
+            elif reason == "drained" and conn is not None:
                 log.info("connection_closed", reason=reason, client_id=conn.client_id)
         except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
             reason = "io_error"
@@ -447,7 +473,7 @@ class Proxy:
             # Accounting first: the awaits below are checkpoints, and a cancelled
             # close (the proxy stopping) must not skip it.
             if self.metrics is not None:
-                if upstream is not None:
+                if upstream is not None and upstream.stream is not None:
                     self.metrics.broker_connection_closed(node_id, cause)
                 self.metrics.connection_closed(cause)
             if path_handler is not None:
@@ -455,6 +481,15 @@ class Proxy:
             if upstream is not None:
                 await trio.aclose_forcefully(upstream)
             await trio.aclose_forcefully(client)
+
+    def _upstream_opened(
+        self, conn: Connection | None, node_id: int | None, stream: trio.abc.Stream
+    ) -> None:
+        """The client's first relayed request opened its broker connection."""
+        if conn is not None:  # the connection talks to the broker directly from now on
+            conn.upstream = lean(stream)
+        if self.metrics is not None:
+            self.metrics.broker_connection_opened(node_id)
 
     def _meter(self, node_id: int | None) -> Any:
         if self.metrics is None:
@@ -545,7 +580,7 @@ class Proxy:
             for address in self.settings.upstream:
                 try:
                     with trio.fail_after(self.settings.connect_timeout_seconds):
-                        brokers = await self._fetch_brokers(address)
+                        brokers, racks = await self._fetch_brokers(address)
                 except AuthenticationRequired:
                     log.info(
                         "upstream_requires_authentication",
@@ -578,6 +613,8 @@ class Proxy:
                     if node_id in self.bind_failures:
                         raise self.bind_failures[node_id]
                 log.info("upstream_discovered", upstream=str(address), count=len(brokers))
+                level, fields = rack_brokers(self.settings.rack, racks)
+                log.log(level, "rack_brokers", **fields)
                 assert self._nursery is not None
                 for node_id in sorted(brokers):
                     self._nursery.start_soon(self._probe, node_id)
@@ -611,7 +648,10 @@ class Proxy:
             self._mark(node_id, True)
             return
 
-    async def _fetch_brokers(self, address: HostPort) -> dict[int, tuple[str, int]]:
+    async def _fetch_brokers(
+        self, address: HostPort
+    ) -> tuple[dict[int, tuple[str, int]], dict[int, str | None]]:
+        """(each broker's upstream endpoint, each broker's ``broker.rack`` or None), by node id."""
         stream = await open_upstream(address, self.upstream_ssl)
         try:
             decoder = FrameDecoder(self.settings.max_frame_bytes)
@@ -640,9 +680,37 @@ class Proxy:
                     f"upstream answered Metadata v{version} with no brokers"
                     + (f" (error code {int(error)})" if error else "")
                 )
-            return brokers
+            try:  # Metadata v1+ carries each broker's rack; the endpoints are what matter
+                _, response = codec.decode_response(METADATA, version, frame)
+                racks = {int(b.node_id): b.rack for b in response.brokers}
+            except ProtocolError:
+                racks = dict.fromkeys(brokers)
+            return brokers, racks
         finally:
             await trio.aclose_forcefully(stream)
+
+
+def rack_brokers(rack: str, racks: dict[int, str | None]) -> tuple[int, dict[str, Any]]:
+    """The level and fields of the ``rack_brokers`` line: which brokers share the proxy's rack.
+
+    A warning when the proxy has a rack and no broker announces it (``broker.rack``
+    unset, or named differently: racks compare exactly): fetches cannot stay in the
+    rack, every byte still crosses zones.
+    """
+    same = sorted(n for n, r in racks.items() if rack and r == rack)
+    fields: dict[str, Any] = {
+        "rack": rack or None,
+        "node_ids": same,
+        "broker_racks": {str(n): r for n, r in sorted(racks.items())},
+    }
+    if rack and not same:
+        fields["hint"] = (
+            f"no broker announces broker.rack {rack!r} (racks compare exactly): fetches"
+            " cannot be served from this rack; check the brokers' broker.rack and this"
+            " proxy's rack setting"
+        )
+        return logging.WARNING, fields
+    return logging.INFO, fields
 
 
 def _metadata_version(versions: ApiVersionsResponse) -> int:
@@ -745,6 +813,12 @@ class DrainableStream(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def _first_request_arrived(first: trio.CancelScope, conn: Connection, *_request: int) -> None:
+    """The client's first whole request arrived: no deadline any more (and no more calls)."""
+    first.deadline = math.inf
+    conn.on_request = None
 
 
 def _answered(relay: Relay, conn: Connection) -> Callable[[], bool]:

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 import trio
+from support.loopback import API_VERSIONS
 from support.procs import devbroker, proxy
+
+from proxy.protocol.framing import encode_frame
 
 pytestmark = pytest.mark.integration
 
@@ -206,6 +209,8 @@ def test_upstream_unreachable_is_logged_with_address_error_and_what_clients_see(
             }
             host, port = p.lines["bootstrap"].rsplit(":", 1)
             with socket.create_connection((host, int(port)), timeout=30) as client:
+                # the broker connection opens with the client's first request
+                client.sendall(encode_frame(API_VERSIONS))
                 assert client.recv(1) == b""  # closed by the proxy: nothing to relay to
             deadline = time.monotonic() + 30
             while "connection_closed" not in p.stderr():
