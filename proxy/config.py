@@ -121,6 +121,14 @@ class Settings:
     """Where each key given came from (``file F``, ``environment VAR``, ``flag --f``), by
     key (``upstream_tls.ca_file`` for a table's key); keys not in it have their default."""
 
+    rack: str = ""
+    """The proxy's rack: the zone it runs in, named as the brokers' ``broker.rack`` names
+    theirs (``rack``, or the content of ``rack_file``); empty: rack-aware fetching off.
+    The fetch path sends it as the rack id of Fetch v11+ (KIP-392) for clients that send
+    none; discovery logs which brokers share it.  Compared exactly, as Kafka does."""
+    cross_zone_price_per_gb: float = 0.02
+    """US dollars per GB (1e9 bytes) crossing zones (``cross_zone_price_per_gb``): the
+    price the metrics multiply cross-zone bytes avoided by."""
     def broker_port(self, node_id: int) -> int:
         """The listener port for a broker (0: pick a free one)."""
         if node_id in self.broker_ports:
@@ -445,7 +453,8 @@ def validate(values: Mapping[str, Any], source: Mapping[str, str] | None = None)
             f" (flag --upstream, env {ENV_PREFIX}UPSTREAM, or upstream = [...] in the file)",
         )
     if not messages:
-        messages = _semantic_errors(values, source)
+        rack, rack_source, rack_errors = _rack(values, source)
+        messages = _semantic_errors(values, source) + rack_errors
     if messages:
         raise ConfigError(messages)
     return _build(values, source)
@@ -456,6 +465,9 @@ def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> st
     key = ".".join(path) or "(top level)"
     origin = source.get(key) or (source.get(path[0]) if path else None)
     where = f" (from {origin})" if origin else ""
+    if values.get("rack_file"):  # the rack read from the file is the rack
+        values = {**values, "rack": rack}
+        source = {**source, "rack": rack_source}
     spec = error.schema if isinstance(error.schema, dict) else {}
     v = error.validator
     allowed: str
@@ -495,6 +507,8 @@ def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> st
         desc_spec = top.get("properties", {}).get(path[1], {}) if len(path) > 1 else top
         if isinstance(desc_spec, dict) and desc_spec.get("description"):
             desc = f" ({desc_spec['description']})"
+    elif v == "maxLength":
+        allowed = f"a string of at most {error.validator_value} characters"
     return f"key '{key}'{where}: value {json.dumps(error.instance)} is not allowed; expected {allowed}{desc}"
 
 
@@ -511,6 +525,67 @@ def _semantic_errors(values: Mapping[str, Any], source: Mapping[str, str]) -> li
                 HostPort.parse(values[key])
             except ValueError as exc:
                 out.append(f"key '{key}' (from {source.get(key, 'default')}): {exc}")
+RACK_MAX_CHARS = 255
+"""A rack (Kafka's ``broker.rack`` / ``client.rack``) longer than this is refused: Kafka
+itself bounds it only by the protocol's string length; zone names are short."""
+
+
+def rack_problem(rack: str) -> str | None:
+    """What is wrong with *rack* as a rack name, or None.
+
+    Kafka checks nothing beyond "a string" for ``client.rack`` and ``broker.rack`` and
+    compares racks exactly, so a stray space or newline (a file written with ``echo``)
+    would silently match no broker: whitespace and control characters are refused, as
+    is a name longer than ``RACK_MAX_CHARS``.  Empty means no rack.
+    """
+    if len(rack) > RACK_MAX_CHARS:
+        return f"at most {RACK_MAX_CHARS} characters"
+    if any(c.isspace() or not c.isprintable() for c in rack):
+        return "no whitespace or control characters"
+    return None
+
+
+def _rack(values: Mapping[str, Any], source: Mapping[str, str]) -> tuple[str, str, list[str]]:
+    """(the rack, where it came from, errors): ``rack``, or the content of ``rack_file``."""
+    rack, path = values.get("rack", ""), values.get("rack_file", "")
+    origin = source.get("rack", "default")
+    expect = "expected a rack name as the brokers' broker.rack (e.g. us-east-1a) with"
+    if rack and path:
+        return (
+            "",
+            origin,
+            [
+                f"keys 'rack' (from {origin}) and 'rack_file' (from"
+                f" {source.get('rack_file', 'default')}) are both set; set one of them"
+            ],
+        )
+    if path:
+        origin = f"rack_file {path}"
+        try:
+            with open(path, encoding="utf-8") as fh:
+                rack = fh.read(RACK_MAX_CHARS + 64).strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            return (
+                "",
+                origin,
+                [
+                    f"key 'rack_file' (from {source.get('rack_file', 'default')}):"
+                    f" cannot read {path}: {reason}"
+                ],
+            )
+    problem = rack_problem(rack)
+    if problem is not None:
+        return (
+            "",
+            origin,
+            [
+                f"key 'rack' (from {origin}): value {json.dumps(rack)} is not allowed; {expect} {problem}"
+            ],
+        )
+    return rack, origin, []
+
+
     for item in values.get("upstream", []):
         try:
             if HostPort.parse(item).port == 0:
@@ -578,6 +653,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
 
 
 def effective(settings: Settings) -> tuple[dict[str, Any], dict[str, str]]:
+        rack=str(get("rack") or ""),
+        cross_zone_price_per_gb=float(get("cross_zone_price_per_gb")),
     """(every setting as the proxy uses it, where each came from), for ``check-config``.
 
     Every key of the schema appears, with its default when not given (tables key by

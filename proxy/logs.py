@@ -33,6 +33,9 @@ peak_bytes         most bytes reserved against the budget at once (only with a b
 overshoot_bytes    most the budget was exceeded by data already in memory
 setting            the config key a problem is about (e.g. listen_failed: listen)
 hint               what the event means for clients and what to do (no payload)
+rack               the proxy's rack (rack_configured, rack_brokers; null: none)
+node_ids           broker node ids (rack_brokers: those in the proxy's rack)
+broker_racks       each broker's broker.rack by node id, from Metadata (null: none)
 =================  ==========================================================
 
 Per-connection keys are bound with ``structlog.contextvars.bind_contextvars``
@@ -76,6 +79,9 @@ DOCUMENTED_KEYS = frozenset(
         "overshoot_bytes",
         "setting",
         "hint",
+        "rack",
+        "node_ids",
+        "broker_racks",
     }
 )
 

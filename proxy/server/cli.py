@@ -103,6 +103,16 @@ def check_report(
         ),
     }
     effective["listeners"] = listeners(settings)
+    effective["rack"] = {
+        "rack": settings.rack or None,
+        "source": sources["rack"],
+        "meaning": (
+            f"Fetch v11+ sent upstream carry rack id {settings.rack!r} when the client sets none"
+            if settings.rack
+            else "off: no rack id is added to fetches"
+        ),
+        "cross_zone_price_per_gb": settings.cross_zone_price_per_gb,
+    }
     observe = _observe_settings(settings, environ)
     if observe is not None:
         effective["decision_log"] = {
@@ -153,6 +163,13 @@ def _run(args: argparse.Namespace) -> int:
     logs.configure(settings.log_level)
     # Large buffers mapped and unmapped as they come and go: RSS follows the budget.
     log.info("allocator_policy", reason=fix_mmap_threshold(), limit_bytes=LARGE_BUFFER_BYTES)
+    # which brokers share it follows in rack_brokers, once discovery has their Metadata
+    rack_from = settings.sources.get("rack", "")
+    log.info(
+        "rack_configured",
+        rack=settings.rack or None,
+        setting="rack_file" if rack_from.startswith("rack_file ") else "rack",
+    )
     observe = _observe_settings(settings)
     metrics = _metrics(observe)
     try:

@@ -227,3 +227,25 @@ def test_upstream_unreachable_is_logged_with_address_error_and_what_clients_see(
     assert "Disconnected while requesting ApiVersion" in closed["hint"]
     failed = next(e for e in events if e["event"] == "upstream_connect_failed")
     assert failed["upstream"] == upstream and "ConnectionRefusedError" in failed["error"]
+
+
+def test_the_startup_log_shows_the_rack_and_which_brokers_share_it(tmp_path: Path) -> None:
+    """The rack from rack_file at start (rack_configured), then, once discovery has the
+    brokers' Metadata, which of them share it (rack_brokers): the dev cluster's brokers
+    announce no rack, so a proxy with one is warned that none shares it."""
+    rack = tmp_path / "rack"
+    rack.write_text("us-east-1b\n")
+    with devbroker("demo:1") as upstream, proxy(upstream, "--rack-file", str(rack)) as p:
+        deadline = time.monotonic() + 30
+        while '"rack_brokers"' not in p.stderr():
+            assert time.monotonic() < deadline, p.stderr()
+            time.sleep(0.05)
+        logs = p.stderr()
+    events = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    configured = next(e for e in events if e["event"] == "rack_configured")
+    assert configured["rack"] == "us-east-1b" and configured["setting"] == "rack_file"
+    shared = next(e for e in events if e["event"] == "rack_brokers")
+    assert shared["level"] == "warning" and shared["rack"] == "us-east-1b"
+    assert shared["node_ids"] == []
+    assert shared["broker_racks"] == {"0": None, "1": None, "2": None}
+    assert "no broker announces broker.rack 'us-east-1b'" in shared["hint"]
