@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
+from support.kube_api import fake_kube_api
 
-from proxy import cli, config
+from proxy import cli, config, nodezone
 from proxy.observe import healthcheck
 from proxy.observe.http import HEALTHZ_PATH, METRICS_PATH, PATHS, READYZ_PATH
 from proxy.observe.metrics import CATALOGUE, PREFIX, markdown_table, spec
@@ -228,12 +229,42 @@ def k8s_render(tmp_path: Path) -> Rendered:
     config_path = proxy["args"][proxy["args"].index("--config") + 1]
     directory, _, key = config_path.rpartition("/")
     assert directory == mount["mountPath"]
+    toml_text = configmap["data"][key]
+
+    # the rack file: written by the node-zone init container, run here for real against a
+    # fake API server whose node carries the zone label; the file stands in for its path
+    rack_path = tomllib.loads(toml_text)["rack_file"]
+    rack_file = run_node_zone(pod, tmp_path, zone=TEST_ZONE)
+    assert toml_text.count(f'"{rack_path}"') == 1
+    toml_text = toml_text.replace(f'"{rack_path}"', json.dumps(str(rack_file)))
     toml_file = tmp_path / key
-    toml_file.write_text(configmap["data"][key])
+    toml_file.write_text(toml_text)
 
     env = {e["name"]: e["value"] for e in proxy.get("env", []) if "value" in e}
     assert set(env) <= ENV_NAMES, set(env) - ENV_NAMES
     return proxy["args"], env, {config_path: toml_file}
+
+
+TEST_ZONE = "test-zone-1b"
+
+
+def run_node_zone(pod: dict[str, Any], tmp_path: Path, zone: str) -> Path:
+    """Run the pod's node-zone init container's command (the real CLI) against a fake
+    API server; return the file it wrote, which stands in for its --output path."""
+    (init,) = [c for c in pod["initContainers"] if c["name"] == "node-zone"]
+    command = init["command"]
+    assert command[:2] == ["kafka-fetch-proxy", "node-zone"]
+    output = command[command.index("--output") + 1]
+    node_env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in init["env"]}
+    assert node_env == {nodezone.NODE_ENV: "spec.nodeName"}  # the downward API
+    token = tmp_path / "token"
+    written = tmp_path / "rack"
+    with fake_kube_api({"node-1": {nodezone.ZONE_LABEL: zone}}) as api:
+        token.write_text(api.token)
+        argv = [a if a != output else str(written) for a in command[1:]]
+        argv += ["--node", "node-1", "--api-server", api.url, "--token-file", str(token)]
+        assert cli.main(argv) == 0
+    return written
 
 
 def compose_render(tmp_path: Path) -> Rendered:
@@ -295,6 +326,64 @@ def test_each_shipped_deployment_listens_only_where_the_threat_model_says(
         for name, service in compose["services"].items():
             for mapping in service.get("ports", []):
                 assert str(mapping).startswith("127.0.0.1:"), (name, mapping)
+
+
+def test_the_sidecar_gets_its_nodes_zone_as_its_rack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """node-zone (an init container of the proxy's image, its own token, RBAC: get nodes)
+    writes the node's zone label into an emptyDir; the sidecar reads it as rack_file."""
+    objects = k8s_objects()
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    names = [c["name"] for c in pod["initContainers"]]
+    assert names.index("node-zone") < names.index("kafka-fetch-proxy")  # runs first
+    (init,) = [c for c in pod["initContainers"] if c["name"] == "node-zone"]
+    proxy = proxy_container(pod)
+    assert "restartPolicy" not in init  # a one-shot init container, not a sidecar
+    assert init["image"] == proxy["image"]
+    assert init["securityContext"] == proxy["securityContext"]
+
+    # the file it writes is on a volume both mount, where the proxy's rack_file points
+    args, env, files = k8s_render(tmp_path)
+    report = check_config(args, env, files, monkeypatch, capsys)
+    assert report["effective"]["rack"]["rack"] == TEST_ZONE
+    assert report["sources"]["rack"].startswith("rack_file ")
+    configmap = objects["ConfigMap"]["data"]["proxy.toml"]
+    rack_path = tomllib.loads(configmap)["rack_file"]
+    output = init["command"][init["command"].index("--output") + 1]
+    assert output == rack_path
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    def volume_at(container: dict[str, Any], path: str) -> dict[str, Any]:
+        (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+        return {**mount, **volumes[mount["name"]]}
+
+    written, read = volume_at(init, output), volume_at(proxy, rack_path)
+    assert written["name"] == read["name"] and "emptyDir" in written
+    assert not written.get("readOnly") and read["readOnly"] is True
+
+    # only node-zone holds a service-account token, and that account may get nodes
+    assert pod["automountServiceAccountToken"] is False
+    token_dir = nodezone.SERVICE_ACCOUNT
+    token = volume_at(init, f"{token_dir}/token")
+    assert token["mountPath"] == token_dir and token["readOnly"] is True
+    sources = token["projected"]["sources"]
+    assert {"serviceAccountToken": {"path": "token", "expirationSeconds": 600}} in sources
+    (ca,) = [s["configMap"] for s in sources if "configMap" in s]
+    assert ca["name"] == "kube-root-ca.crt" and ca["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    for container in pod["containers"] + [proxy]:
+        assert not any(m["mountPath"] == token_dir for m in container.get("volumeMounts", []))
+    account = objects["ServiceAccount"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    role, binding = objects["ClusterRole"], objects["ClusterRoleBinding"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    (subject,) = binding["subjects"]
+    assert subject["kind"] == "ServiceAccount" and subject["name"] == account["metadata"]["name"]
 
 
 def test_sidecar_matches_the_proxy_flags_endpoints_and_config(
