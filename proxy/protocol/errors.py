@@ -8,8 +8,9 @@ class ProtocolError(Exception):
 class FrameTooLarge(ProtocolError):
     """A length prefix announced a frame larger than the configured maximum."""
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"frame of {size} bytes exceeds the maximum of {limit} bytes")
+    def __init__(self, size: int, limit: int, what: str = "") -> None:
+        of = f" ({what})" if what else ""
+        super().__init__(f"frame of {size} bytes{of} exceeds the maximum of {limit} bytes")
         self.size = size
         self.limit = limit
 

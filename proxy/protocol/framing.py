@@ -1,7 +1,11 @@
 """Size-prefixed framing (Kafka: a 4-byte big-endian length, then that many bytes).
 
 The decoder checks the announced size against the limit *before* buffering the
-body, so a hostile length prefix cannot make us allocate.
+body, so a hostile length prefix cannot make us allocate.  On the client leg a
+second, smaller limit applies to every request that is not a Produce: the API
+key follows the size, so it is read (two bytes) before any of the body is
+waited for.  What the decoder still expects of the frame in progress
+(``missing``) is what the edge reserves memory for before reading it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from .errors import FrameTooLarge, ProtocolError, TruncatedFrame
 _SIZE = struct.Struct(">i")
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes default
+_PRODUCE_KEY = _SIZE.pack(0)[2:]  # api key 0 as an int16: may use the whole max_frame_bytes
 COPY_BELOW = 64 * 1024
 """``frame_chunks`` joins payloads smaller than this; larger ones are written as they are."""
 
@@ -102,17 +107,37 @@ class FrameDecoder:
     A frame body is copied once.  Small frames are cut out of one receive
     buffer.  A body of *assemble_from* bytes or more (a large Fetch response)
     is collected as the pieces that arrive and joined once when complete, so
-    it is neither copied on every growth of a buffer nor sliced out of one.
+    it is neither copied on every growth of a buffer nor sliced out of one:
+    while it arrives it costs its size, and for the one join twice that.
+
+    *max_request_frame_bytes* (requests only): a frame larger than this whose
+    API key (the two bytes after the size) is not Produce is refused with
+    ``FrameTooLarge`` as soon as those two bytes are in, before its body.
     """
 
-    __slots__ = ("_buf", "_have", "_need", "_pieces", "assemble_from", "max_frame_bytes")
+    __slots__ = (
+        "_buf",
+        "_have",
+        "_need",
+        "_pieces",
+        "assemble_from",
+        "max_frame_bytes",
+        "max_request_frame_bytes",
+    )
 
     def __init__(
-        self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, assemble_from: int = COPY_BELOW
+        self,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        *,
+        assemble_from: int = COPY_BELOW,
+        max_request_frame_bytes: int | None = None,
     ) -> None:
         if max_frame_bytes <= 0:
             raise ValueError("max_frame_bytes must be positive")
+        if max_request_frame_bytes is not None and max_request_frame_bytes <= 0:
+            raise ValueError("max_request_frame_bytes must be positive")
         self.max_frame_bytes = max_frame_bytes
+        self.max_request_frame_bytes = max_request_frame_bytes
         self.assemble_from = assemble_from
         self._buf = bytearray()
         self._need: int | None = None  # body size of the frame being assembled
@@ -122,6 +147,18 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         return len(self._buf) + self._have
+
+    @property
+    def missing(self) -> int | None:
+        """Bytes still to come of the frame in progress, once its size is known (else None).
+
+        Between ``next_frame`` calls that returned None this is exactly what
+        completes the frame: nothing after it has been buffered yet.
+        """
+        need = self._need
+        if need is None:
+            return None
+        return need - (self._have if self._pieces is not None else len(self._buf))
 
     def feed(self, data: Buffer) -> None:
         pieces = self._pieces
@@ -149,6 +186,13 @@ class FrameDecoder:
                 raise ProtocolError(f"negative frame size {size}")
             if size > self.max_frame_bytes:
                 raise FrameTooLarge(size, self.max_frame_bytes)
+            small = self.max_request_frame_bytes
+            if small is not None and size > small:
+                if len(self._buf) < 6:
+                    return None  # the API key decides: wait for its two bytes, not the body
+                if self._buf[4:6] != _PRODUCE_KEY:
+                    (key,) = struct.unpack_from(">h", self._buf, 4)
+                    raise FrameTooLarge(size, small, f"api key {key}, not Produce")
             del self._buf[:4]
             self._need = size
         need = self._need
