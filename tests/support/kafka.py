@@ -529,6 +529,34 @@ class KafkaCluster:
         p = self._admin().list_topics(topic, timeout=10).topics[topic].partitions[partition]
         return int(p.leader), [int(r) for r in p.replicas], [int(r) for r in p.isrs]
 
+    def move_leader(self, topic: str, partition: int, to: int, timeout: float = 30.0) -> None:
+        """Make node *to* (a replica already) the partition's leader, with no broker stopped:
+        the replica list reordered so it comes first (AlterPartitionReassignments, the same
+        replicas), then a preferred leader election (ElectLeaders); returns once Metadata
+        names it."""
+        from .rawclient import RawClient
+
+        _, replicas, _ = self.replicas_of(topic, partition)
+        if to not in replicas:
+            raise ValueError(f"node {to} is not a replica of {topic}-{partition}: {replicas}")
+        order = [to, *(r for r in replicas if r != to)]
+        deadline = time.monotonic() + timeout
+        running = next(n for n in self.nodes.values() if n.proc is not None and not n.paused)
+        with RawClient(running.address, client_id="leader-mover", deadline=deadline) as c:
+            parts = [{"partition_index": partition, "replicas": order}]
+            moved = c.call(45, 0, {"timeout": 10_000, "topics": [{"name": topic, "partitions": parts}]})  # fmt: skip
+            codes = [int(moved.error_code)] + [
+                int(p.error_code) for t in moved.responses for p in t.partitions
+            ]
+            if any(codes):
+                raise RuntimeError(f"AlterPartitionReassignments {topic}-{partition}: {codes}")
+            while self.leader_of(topic, partition) != to:
+                tp = [{"topic": topic, "partitions": [partition]}]
+                c.call(43, 2, {"election_type": 0, "topic_partitions": tp, "timeout": 10_000})
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{topic}-{partition}: leader not {to} after {timeout} s")
+                time.sleep(0.1)
+
     def leader_of(self, topic: str, partition: int) -> int:
         meta = self._admin().list_topics(topic, timeout=10)
         return int(meta.topics[topic].partitions[partition].leader)
