@@ -36,7 +36,14 @@ Fail closed
     the connection, as Kafka does for a version it does not support.
 Bounds
     At most ``max_in_flight`` client requests are awaiting a response; the edge
-    stops reading from the client while ``can_accept`` is False.
+    stops reading from the client while ``can_accept`` is False.  ``held_bytes``
+    is what the relay holds of the client's requests: frames queued upstream and
+    not yet taken, and Fetch frames not yet answered (a fetch handler may keep
+    one while it waits); the edge counts it against its request-memory bounds
+    (``proxy.relay.request_memory``).  A relayed request's frame is let go once
+    it is queued upstream, and its correlation id is replaced with one copy of
+    the frame, never two, so a request costs at most twice its size for a moment
+    and once while it waits.
 
 Plug-in point for Fetch
     Fetch requests go to a ``FetchHandler``, one per client connection, created
@@ -79,6 +86,7 @@ from . import apiversions, endpoints, rack_fetch, rewrite, sasl
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _CID_MAX = 2**31 - 1
+_COPY_ONCE_FROM = 64 * 1024
 
 ResponseCallback = Callable[[bytes], None]
 
@@ -165,6 +173,8 @@ class _Slot:
     response: Payload | None = None
     raw: bool = False
     """A SASL v0 token exchange: the response has no correlation id to restore."""
+    held: int = 0
+    """Bytes of the request the relay counts as held until it is answered (a Fetch's frame)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -176,6 +186,8 @@ class ClientRequest:
     _flush: Callable[[], None] = field(repr=False)
     """The relay's: move answered slots, in order, to what the client is sent."""
     _slot: _Slot | None = field(repr=False)
+    _release: Callable[[int], None] | None = field(default=None, repr=False)
+    """The relay's: the request's bytes it counted (``_Slot.held``) are no longer held."""
 
     @property
     def expects_response(self) -> bool:
@@ -205,6 +217,9 @@ class ClientRequest:
                 slot.response = frame
             else:
                 slot.response = frame if frame.startswith(cid) else cid + frame[4:]
+        if slot.held and self._release is not None:
+            self._release(slot.held)
+            slot.held = 0
         self._flush()
 
 
@@ -270,6 +285,10 @@ class Relay:
         self._slots: deque[_Slot] = deque()
         self._pending: deque[_Pending] = deque()
         self._to_upstream: list[bytes] = []
+        self._queued_bytes = 0
+        """Bytes of the frames in ``_to_upstream``."""
+        self._fetch_bytes = 0
+        """Bytes of the client's Fetch frames not yet answered."""
         self._upstream_kinds: list[UpstreamKind] = []
         """One entry per frame of ``_to_upstream``, in the same order."""
         self._to_client: list[Payload] = []
@@ -304,15 +323,22 @@ class Relay:
         """Whether frames wait to be taken by ``take_upstream``."""
         return bool(self._to_upstream)
 
+    @property
+    def held_bytes(self) -> int:
+        """Request bytes the relay holds: frames queued upstream, Fetch frames not answered."""
+        return self._queued_bytes + self._fetch_bytes
+
     def take_upstream(self) -> list[bytes]:
         out, self._to_upstream = self._to_upstream, []
         self._upstream_kinds = []
+        self._queued_bytes = 0
         return out
 
     def take_upstream_with_kinds(self) -> tuple[list[bytes], list[UpstreamKind]]:
         """``take_upstream()`` and, for each frame, its ``UpstreamKind``."""
         kinds, self._upstream_kinds = self._upstream_kinds, []
         out, self._to_upstream = self._to_upstream, []
+        self._queued_bytes = 0
         return out, kinds
 
     def take_client(self) -> list[Payload]:
@@ -330,6 +356,7 @@ class Relay:
             raw_slot = _Slot(0, raw=True)
             self._slots.append(raw_slot)
             self._to_upstream.append(frame)
+            self._queued_bytes += len(frame)
             self._upstream_kinds.append((SASL_AUTHENTICATE, True))
             self.last_expects = True
             token = ClientRequest(_RAW_HEADER, frame, self._flush_slots, raw_slot)
@@ -351,9 +378,12 @@ class Relay:
         slot = _Slot(header.correlation_id) if expects else None
         if slot is not None:
             self._slots.append(slot)
-        request = ClientRequest(header, frame, self._flush_slots, slot)
+        request = ClientRequest(header, frame, self._flush_slots, slot, self._release_fetch)
         key = header.api_key
         if key == FETCH:
+            if slot is not None:
+                slot.held = len(frame)
+                self._fetch_bytes += len(frame)
             self.fetch_handler.handle_fetch(request, self._upstream_port)
         elif key == API_VERSIONS and not apiversions.supports_request_version(header.api_version):
             request.reply(apiversions.unsupported_version_response(header.correlation_id))
@@ -379,6 +409,9 @@ class Relay:
         entry.on_response(frame)
 
     # --- internals -----------------------------------------------------------------------
+
+    def _release_fetch(self, nbytes: int) -> None:
+        self._fetch_bytes -= nbytes
 
     def _forward(self, request: ClientRequest) -> None:
         h = request.header
@@ -406,6 +439,9 @@ class Relay:
             request.reply(frame)
 
         self._send(request.frame, h.api_key, h.api_version, on_response)
+        # The response callback keeps the request (to answer it), not its bytes: a large
+        # Produce is held once, queued upstream, not a second time until its answer.
+        request.frame = b""
 
     def _send(
         self, frame: bytes, api_key: int, api_version: int, on_response: ResponseCallback | None
@@ -414,7 +450,13 @@ class Relay:
             raise ProtocolError("request frame too short for a header")
         cid = self._next_cid
         self._next_cid = 0 if cid == _CID_MAX else cid + 1
-        self._to_upstream.append(frame[:4] + _I32.pack(cid) + frame[8:])
+        if len(frame) < _COPY_ONCE_FROM:
+            frame = frame[:4] + _I32.pack(cid) + frame[8:]
+        else:  # one copy of a large frame (slicing it first would make two)
+            with memoryview(frame) as view:
+                frame = b"".join((view[:4], _I32.pack(cid), view[8:]))
+        self._to_upstream.append(frame)
+        self._queued_bytes += len(frame)
         self._upstream_kinds.append((api_key, on_response is not None))
         if on_response is not None:
             self._pending.append(_Pending(cid, api_key, api_version, on_response))
