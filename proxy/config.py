@@ -113,14 +113,6 @@ class Settings:
     shutdown_grace_seconds: float = 10.0
     """On SIGTERM/SIGINT: how long in-flight requests may take before they are cut."""
     log_level: str = "info"
-    upstream_tls: UpstreamTls = UpstreamTls()
-    downstream_tls: DownstreamTls = DownstreamTls()
-    raw: Mapping[str, Any] = field(default_factory=dict)
-    """Every validated key, including those later features read themselves."""
-    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
-    """Where each key given came from (``file F``, ``environment VAR``, ``flag --f``), by
-    key (``upstream_tls.ca_file`` for a table's key); keys not in it have their default."""
-
     rack: str = ""
     """The proxy's rack: the zone it runs in, named as the brokers' ``broker.rack`` names
     theirs (``rack``, or the content of ``rack_file``); empty: rack-aware fetching off.
@@ -129,6 +121,14 @@ class Settings:
     cross_zone_price_per_gb: float = 0.02
     """US dollars per GB (1e9 bytes) crossing zones (``cross_zone_price_per_gb``): the
     price the metrics multiply cross-zone bytes avoided by."""
+    upstream_tls: UpstreamTls = UpstreamTls()
+    downstream_tls: DownstreamTls = DownstreamTls()
+    raw: Mapping[str, Any] = field(default_factory=dict)
+    """Every validated key, including those later features read themselves."""
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Where each key given came from (``file F``, ``environment VAR``, ``flag --f``), by
+    key (``upstream_tls.ca_file`` for a table's key); keys not in it have their default."""
+
     def broker_port(self, node_id: int) -> int:
         """The listener port for a broker (0: pick a free one)."""
         if node_id in self.broker_ports:
@@ -457,6 +457,9 @@ def validate(values: Mapping[str, Any], source: Mapping[str, str] | None = None)
         messages = _semantic_errors(values, source) + rack_errors
     if messages:
         raise ConfigError(messages)
+    if values.get("rack_file"):  # the rack read from the file is the rack
+        values = {**values, "rack": rack}
+        source = {**source, "rack": rack_source}
     return _build(values, source)
 
 
@@ -465,9 +468,6 @@ def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> st
     key = ".".join(path) or "(top level)"
     origin = source.get(key) or (source.get(path[0]) if path else None)
     where = f" (from {origin})" if origin else ""
-    if values.get("rack_file"):  # the rack read from the file is the rack
-        values = {**values, "rack": rack}
-        source = {**source, "rack": rack_source}
     spec = error.schema if isinstance(error.schema, dict) else {}
     v = error.validator
     allowed: str
@@ -499,6 +499,8 @@ def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> st
         allowed = f"at least {error.validator_value} item(s)"
     elif v == "minLength":
         allowed = "a non-empty string"
+    elif v == "maxLength":
+        allowed = f"a string of at most {error.validator_value} characters"
     else:
         allowed = error.message
     desc = ""
@@ -507,8 +509,6 @@ def _explain(error: jsonschema.ValidationError, source: Mapping[str, str]) -> st
         desc_spec = top.get("properties", {}).get(path[1], {}) if len(path) > 1 else top
         if isinstance(desc_spec, dict) and desc_spec.get("description"):
             desc = f" ({desc_spec['description']})"
-    elif v == "maxLength":
-        allowed = f"a string of at most {error.validator_value} characters"
     return f"key '{key}'{where}: value {json.dumps(error.instance)} is not allowed; expected {allowed}{desc}"
 
 
@@ -517,14 +517,6 @@ def _with_closest(name: str, known: Sequence[str]) -> str:
     return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
-def _semantic_errors(values: Mapping[str, Any], source: Mapping[str, str]) -> list[str]:
-    out = []
-    for key in ("listen", "metrics_listen"):
-        if key in values:
-            try:
-                HostPort.parse(values[key])
-            except ValueError as exc:
-                out.append(f"key '{key}' (from {source.get(key, 'default')}): {exc}")
 RACK_MAX_CHARS = 255
 """A rack (Kafka's ``broker.rack`` / ``client.rack``) longer than this is refused: Kafka
 itself bounds it only by the protocol's string length; zone names are short."""
@@ -586,6 +578,14 @@ def _rack(values: Mapping[str, Any], source: Mapping[str, str]) -> tuple[str, st
     return rack, origin, []
 
 
+def _semantic_errors(values: Mapping[str, Any], source: Mapping[str, str]) -> list[str]:
+    out = []
+    for key in ("listen", "metrics_listen"):
+        if key in values:
+            try:
+                HostPort.parse(values[key])
+            except ValueError as exc:
+                out.append(f"key '{key}' (from {source.get(key, 'default')}): {exc}")
     for item in values.get("upstream", []):
         try:
             if HostPort.parse(item).port == 0:
@@ -641,6 +641,8 @@ def _build(values: Mapping[str, Any], source: Mapping[str, str]) -> Settings:
         retry_backoff_max_seconds=float(get("retry_backoff_max_seconds")),
         shutdown_grace_seconds=float(get("shutdown_grace_seconds")),
         log_level=str(get("log_level")),
+        rack=str(get("rack") or ""),
+        cross_zone_price_per_gb=float(get("cross_zone_price_per_gb")),
         upstream_tls=UpstreamTls(**up_tls),
         downstream_tls=DownstreamTls(**down_tls),
         raw=_with_budget(values),
@@ -653,8 +655,6 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
 
 
 def effective(settings: Settings) -> tuple[dict[str, Any], dict[str, str]]:
-        rack=str(get("rack") or ""),
-        cross_zone_price_per_gb=float(get("cross_zone_price_per_gb")),
     """(every setting as the proxy uses it, where each came from), for ``check-config``.
 
     Every key of the schema appears, with its default when not given (tables key by
