@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 # subcommand modules, each exposing register(subparsers) -> None; the parser it
 # adds sets ``func`` (a callable taking the parsed namespace, returning an exit code).
-_SUBCOMMAND_MODULES: tuple[str, ...] = ("proxy.server.cli", "proxy.nodezone")
+_SUBCOMMAND_MODULES: tuple[str, ...] = ("proxy.server.cli", "proxy.server.nodezone")
 
 
 def build_parser() -> argparse.ArgumentParser:

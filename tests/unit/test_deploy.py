@@ -20,11 +20,12 @@ import pytest
 import yaml
 from support.kube_api import fake_kube_api
 
-from proxy import cli, config, nodezone
+from proxy import cli, config
 from proxy.observe import healthcheck
 from proxy.observe.http import HEALTHZ_PATH, METRICS_PATH, PATHS, READYZ_PATH
 from proxy.observe.metrics import CATALOGUE, PREFIX, markdown_table, spec
 from proxy.observe.settings import ObserveSettings
+from proxy.server import nodezone
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import rack_problem
+from ..config import rack_problem
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
