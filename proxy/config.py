@@ -106,6 +106,14 @@ class Settings:
     first_request_timeout_seconds: float = 10.0
     """A client connection must send a whole request this soon after its accept (0: no limit)."""
     max_client_buffer_bytes: int = 1048576
+    max_request_frame_bytes: int = 8388608
+    """Largest client request that is not a Produce (Produce: ``max_frame_bytes``)."""
+    request_frame_timeout_seconds: float = 30.0
+    """A request frame must be complete this long after its first bytes (0: no limit)."""
+    max_buffered_request_bytes: int = 33554432
+    """Request bytes all connections may hold beyond their 16 KiB shares."""
+    max_queued_request_bytes: int = 8388608
+    """Request bytes one connection may hold (unless one frame alone is larger)."""
     max_fetch_session_partitions: int = 10000
     connect_timeout_seconds: float = 10.0
     retry_backoff_initial_seconds: float = 0.1
@@ -635,6 +643,10 @@ def _build(values: Mapping[str, Any], source: Mapping[str, str]) -> Settings:
         idle_timeout_seconds=float(get("idle_timeout_seconds")),
         first_request_timeout_seconds=float(get("first_request_timeout_seconds")),
         max_client_buffer_bytes=int(get("max_client_buffer_bytes")),
+        max_request_frame_bytes=int(get("max_request_frame_bytes")),
+        request_frame_timeout_seconds=float(get("request_frame_timeout_seconds")),
+        max_buffered_request_bytes=int(get("max_buffered_request_bytes")),
+        max_queued_request_bytes=int(get("max_queued_request_bytes")),
         max_fetch_session_partitions=int(get("max_fetch_session_partitions")),
         connect_timeout_seconds=float(get("connect_timeout_seconds")),
         retry_backoff_initial_seconds=float(get("retry_backoff_initial_seconds")),

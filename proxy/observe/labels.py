@@ -46,6 +46,7 @@ class CloseCause(StrEnum):
     UPSTREAM_CLOSED = "upstream_closed"  # client connection closed because its broker link dropped
     PROTOCOL_ERROR = "protocol_error"  # malformed frame or header
     FRAME_TOO_LARGE = "frame_too_large"
+    FRAME_TIMEOUT = "frame_timeout"  # a request frame not complete in request_frame_timeout_seconds
     IO_ERROR = "io_error"  # reset, broken pipe, TLS failure
     IDLE_TIMEOUT = "idle_timeout"
     FIRST_REQUEST_TIMEOUT = "first_request_timeout"  # no whole request soon after the accept

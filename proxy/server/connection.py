@@ -1,8 +1,8 @@
 """One client connection: its upstream link and the loops that feed the relay.
 
 The client loop reads whole frames (size checked from the length prefix before
-buffering), hands them to the sans-I/O ``Relay`` and sends what it queues
-upstream; the upstream loop does the reverse; the writer sends what the relay
+buffering, memory for them reserved before reading them), hands them to the
+sans-I/O ``Relay`` and sends what it queues upstream; the upstream loop does the reverse; the writer sends what the relay
 answered to the client.  Whichever side ends first ends the connection: an
 upstream drop closes the client (Kafka clients reconnect), a malformed frame
 from either side closes this connection with one log line, and nothing that
@@ -13,8 +13,31 @@ Limits (each a setting, see ``proxy.config``):
 ``max_frame_bytes``
     a frame announcing more is refused from its length prefix, before its
     body is buffered, on both legs (``FrameDecoder``): the connection closes.
+``max_request_frame_bytes``
+    the same for a client's request that is not a Produce, refused from its
+    length prefix and API key (the two bytes after it), as Kafka's broker
+    refuses a request beyond ``socket.request.max.bytes``: closed with
+    ``FrameTooLarge`` (cause ``frame_too_large``).
+``request_frame_timeout``
+    a request frame must be complete this long after its first bytes arrived,
+    not counting the time the proxy itself did not read (back-pressure, the
+    request memory below): otherwise the connection closes (reason and cause
+    ``frame_timeout``), so trickled bytes cannot keep a partial frame, or the
+    memory reserved for it, forever.
+``max_buffered_request_bytes``, ``max_queued_request_bytes`` (``RequestMemory``)
+    the request bytes a connection holds (partial frames, whole frames not yet
+    written upstream, Fetch frames not yet answered) come from a per-process
+    pool beyond a 16 KiB share each, and are at most ``max_queued_request_bytes``
+    per connection unless one frame alone is larger.  A frame larger than the
+    share has its whole size reserved from its length prefix before its body is
+    read, and only that frame is read until it is complete; between frames the
+    connection reads within its share.  A connection the pool cannot serve is
+    not read until memory comes back (back-pressure, never an error;
+    ``proxy.relay.request_memory`` says in what order).
 ``max_in_flight`` (the relay's)
-    the client loop stops reading while that many requests await a response.
+    the client loop stops reading while that many requests await a response
+    (at most the frame it has started, within its share or reservation, is
+    read on).
 ``max_client_buffer_bytes``
     responses queued for the client and not yet taken by its socket; while
     more than this is queued, the client loop stops reading requests and the
@@ -53,6 +76,7 @@ import trio
 from ..protocol.errors import FrameTooLarge, ProtocolError
 from ..protocol.framing import FrameDecoder, Payload, frame_chunks
 from ..relay.relay import Relay
+from ..relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
 
 if TYPE_CHECKING:
     from ..observe.traffic import TrafficMeter
@@ -68,6 +92,8 @@ after a short one asks for ``RECEIVE_BYTES``, served from the heap, so a small a
 no ``mmap``/``mremap``/``munmap`` (and page fault) of its own; at most the first piece of a
 large response comes from the heap."""
 DEFAULT_MAX_CLIENT_BUFFER_BYTES = 1024 * 1024
+_UNBOUNDED = 1 << 62
+"""The request memory of a connection given no pool: no limit beyond the share's read sizes."""
 UPSTREAM_CLOSE_FLUSH_SECONDS = 5.0
 """When the broker closes, how long the responses it sent before may take to reach the client."""
 
@@ -109,6 +135,9 @@ class Connection:
         on_request: Callable[[int, int, int], None] | None = None,
         meter: TrafficMeter | None = None,
         fetch_path: FetchEdge | None = None,
+        max_request_frame_bytes: int | None = None,
+        request_frame_timeout: float = 0.0,
+        request_memory: RequestMemory | None = None,
     ) -> None:
         self.client = client
         self.upstream = upstream
@@ -137,11 +166,35 @@ class Connection:
         self._client_id: str | None = None
         self._log_requests = True
         """Whether each request gets a debug line (``run()`` asks the logging configuration)."""
+        self.request_frame_timeout = request_frame_timeout
+        """Seconds a request frame may take once its first bytes arrived; 0: no limit."""
+        self._decoder = FrameDecoder(
+            max_frame_bytes, max_request_frame_bytes=max_request_frame_bytes
+        )
+        """The client leg's decoder (what it holds counts as request memory)."""
+        if request_memory is None:
+            request_memory = RequestMemory(_UNBOUNDED, per_connection=_UNBOUNDED)
+        self.request_memory = request_memory
+        self._account = request_memory.account()
+        self._account.wake = self._notify
+        self._writing = 0
+        """Bytes of requests taken from the relay and being written upstream."""
+        self.peak_request_bytes = 0
+        """The most request bytes this connection ever held (what a test of the limits reads)."""
+        self.reading_paused: str | None = None
+        """Why the client is not read for request memory: ``"own"`` (its requests must
+        drain first) or ``"pool"`` (the process's request memory is taken); None: it is."""
 
     @property
     def client_id(self) -> str | None:
         """The client_id of the client's latest request header."""
         return self._client_id
+
+    @property
+    def request_bytes(self) -> int:
+        """Request bytes held: partial frames, frames not yet written upstream, Fetch frames
+        not yet answered."""
+        return self._decoder.buffered + self.relay.held_bytes + self._writing
 
     @property
     def client_full(self) -> bool:
@@ -156,15 +209,18 @@ class Connection:
         """Relay until one side ends; returns the reason (see ``proxy.logs``)."""
         self._last_active = trio.current_time()
         self._log_requests = _debug_enabled()
-        async with trio.open_nursery() as nursery:
-            scope = nursery.cancel_scope
-            nursery.start_soon(self._guard, self._client_loop, scope)
-            nursery.start_soon(self._guard, self._upstream_loop, scope)
-            nursery.start_soon(self._guard, self._writer_loop, scope)
-            if self.fetch_path is not None:
-                nursery.start_soon(self._guard, self._wake_loop, scope)
-            if self.idle_timeout > 0:
-                nursery.start_soon(self._guard, self._idle_loop, scope)
+        try:
+            async with trio.open_nursery() as nursery:
+                scope = nursery.cancel_scope
+                nursery.start_soon(self._guard, self._client_loop, scope)
+                nursery.start_soon(self._guard, self._upstream_loop, scope)
+                nursery.start_soon(self._guard, self._writer_loop, scope)
+                if self.fetch_path is not None:
+                    nursery.start_soon(self._guard, self._wake_loop, scope)
+                if self.idle_timeout > 0:
+                    nursery.start_soon(self._guard, self._idle_loop, scope)
+        finally:
+            self._account.close()  # its request memory goes back to the other connections
         reason = self.outcome.reason or "cancelled"
         fields: dict[str, object] = {
             "reason": reason,
@@ -175,7 +231,7 @@ class Connection:
             fields["buffered_bytes"] = self.buffered
         if self.outcome.error:
             fields["error"] = self.outcome.error
-        if reason in ("protocol_error", "internal_error"):
+        if reason in ("protocol_error", "internal_error", "frame_timeout"):
             log.warning("connection_closed", **fields)
         else:
             log.info("connection_closed", **fields)
@@ -218,6 +274,8 @@ class Connection:
         Answers free slots and queue bytes: the writer and the loops waiting for
         either are woken.  Without answers nothing they wait on changed.
         """
+        if self._account.held != self.request_bytes:
+            self._settle()  # an answered Fetch gave its frame's bytes back
         frames = self.relay.take_client()
         if frames:
             self._last_active = trio.current_time()  # an answer is activity too
@@ -231,51 +289,115 @@ class Connection:
     def _can_read_client(self) -> bool:
         return self.relay.can_accept and not self.client_full
 
+    def _settle(self) -> None:
+        """What the connection holds of requests went down: memory goes back to the pool,
+        and the client loop, if it waits for its own requests to drain, looks again."""
+        self._account.settle(self.request_bytes)
+        self._notify()
+
     # --- the loops -------------------------------------------------------------------------
 
     async def _client_loop(self) -> None:
-        decoder = FrameDecoder(self.max_frame_bytes)
-        relay = self.relay
+        decoder = self._decoder
+        account = self._account
+        timeout = self.request_frame_timeout
         arrived = self._last_active
+        paused = 0.0  # seconds since that read the proxy did not read, by its own choice
+        deadline: float | None = None
+        """When the frame in progress must be complete (None: no frame, or no limit)."""
         while True:
-            # Back-pressure: nothing more is read while max_in_flight requests await
-            # their responses or the client leaves more than its buffer unread.  What the
-            # frames read so far queued goes upstream before any wait.
-            if not self._can_read_client():
-                await self._send_upstream()
-                await self._until(self._can_read_client)
             frame = decoder.next_frame()
-            if frame is None:
-                # Every whole frame of the last read is handled: send what they queued in
-                # one write, then read on.  A client that pipelines pays one upstream write
-                # (and its scheduler turns) per read, not per request.
-                await self._send_upstream()
-                data = await self.client.receive_some(RECEIVE_BYTES)
-                if not data:
-                    decoder.close()  # TruncatedFrame if the client left half a frame
-                    self._finish("client_closed")
+            if frame is not None:
+                deadline = None
+                if not self._can_read_client():
+                    # Back-pressure: nothing more is read while max_in_flight requests
+                    # await their responses or the client leaves more than its buffer
+                    # unread.  What the frames read so far queued goes upstream first.
+                    await self._send_upstream()
+                    waited = trio.current_time()
+                    await self._until(self._can_read_client)
+                    paused += trio.current_time() - waited
+                self._handle_request(frame, arrived)
+                continue
+            # Every whole frame of the last read is handled: send what they queued in one
+            # write, then read on.  A client that pipelines pays one upstream write (and
+            # its scheduler turns) per read, not per request.
+            await self._send_upstream()
+            if timeout > 0:
+                if not decoder.buffered and decoder.missing is None:
+                    deadline = None
+                elif deadline is None:
+                    # The frame's first bytes came with the last read.
+                    deadline = arrived + paused + timeout
+            held = self.request_bytes
+            self.peak_request_bytes = max(self.peak_request_bytes, held)
+            allowed = account.next_read(held, decoder.buffered, decoder.missing)
+            if allowed == WAIT_OWN or allowed == WAIT_POOL:
+                # Not read until its own requests drain or the pool lets it in; the
+                # time it waits is not the client's, so it does not count against it.
+                waited = trio.current_time()
+                self.reading_paused = str(allowed)
+                self._notify()  # whoever watches the connection's state sees the pause
+                try:
+                    await self._changed.park()
+                finally:
+                    self.reading_paused = None
+                if deadline is not None:
+                    deadline += trio.current_time() - waited
+                continue
+            assert isinstance(allowed, int)
+            # A frame that took memory from the pool is read in large pieces (mapped, given
+            # back to the system when it is joined: see UPSTREAM_RECEIVE_BYTES).
+            size = allowed if allowed <= RECEIVE_BYTES else min(allowed, UPSTREAM_RECEIVE_BYTES)
+            if deadline is None:
+                data = await self.client.receive_some(size)
+            else:
+                data = b""
+                with trio.move_on_at(deadline) as scope:
+                    data = await self.client.receive_some(size)
+                if scope.cancelled_caught:
+                    self._frame_timed_out(decoder)
                     return
-                arrived = self._last_active = trio.current_time()
-                decoder.feed(data)
-                continue
-            header = relay.client_frame(frame)
-            self._take_replies()
-            if self.meter is not None:
-                self.meter.client_frame(header, frame, arrived, expects=relay.last_expects)
-            if header is None:  # a raw SASL v0 token: nothing to log
-                continue
-            if header.client_id != self._client_id:
-                self._client_id = header.client_id
-                structlog.contextvars.bind_contextvars(client_id=header.client_id)
-            if self.on_request is not None:
-                self.on_request(header.api_key, header.api_version, len(frame))
-            if self._log_requests:
-                log.debug(
-                    "request",
-                    api_key=header.api_key,
-                    api_version=header.api_version,
-                    correlation_id=header.correlation_id,
-                )
+            if not data:
+                decoder.close()  # TruncatedFrame if the client left half a frame
+                self._finish("client_closed")
+                return
+            arrived = self._last_active = trio.current_time()
+            paused = 0.0
+            account.received(len(data))
+            decoder.feed(data)
+            self._notify()  # request bytes held changed (only tasks parked on it look)
+
+    def _frame_timed_out(self, decoder: FrameDecoder) -> None:
+        missing = decoder.missing
+        size = None if missing is None else decoder.buffered + missing
+        self._finish(
+            "frame_timeout",
+            f"a request frame was not complete {self.request_frame_timeout:g} s after its"
+            f" first bytes: {decoder.buffered} of {size if size is not None else 'unknown'}"
+            " bytes arrived (request_frame_timeout_seconds)",
+        )
+
+    def _handle_request(self, frame: bytes, arrived: float) -> None:
+        relay = self.relay
+        header = relay.client_frame(frame)
+        self._take_replies()
+        if self.meter is not None:
+            self.meter.client_frame(header, frame, arrived, expects=relay.last_expects)
+        if header is None:  # a raw SASL v0 token: nothing to log
+            return
+        if header.client_id != self._client_id:
+            self._client_id = header.client_id
+            structlog.contextvars.bind_contextvars(client_id=header.client_id)
+        if self.on_request is not None:
+            self.on_request(header.api_key, header.api_version, len(frame))
+        if self._log_requests:
+            log.debug(
+                "request",
+                api_key=header.api_key,
+                api_version=header.api_version,
+                correlation_id=header.correlation_id,
+            )
 
     async def _upstream_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
@@ -384,9 +506,13 @@ class Connection:
             else:
                 frames = self.relay.take_upstream()
             if frames:
+                self._writing = sum(len(f) for f in frames)
                 await _write(self.upstream, frames)
         finally:
             lock.release()
+            if self._writing:
+                self._writing = 0
+                self._settle()  # written (or the connection is ending): handed upstream
 
 
 def _debug_enabled() -> bool:

@@ -42,6 +42,7 @@ from ..relay import rewrite
 from ..relay.addresses import AddressBook
 from ..relay.apiversions import kio_range
 from ..relay.relay import FetchHandler, FetchHandlerFactory, Relay
+from ..relay.request_memory import RequestMemory
 from ..sessions.downstream import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
 from .sockets import lean
@@ -177,6 +178,7 @@ _CLOSE_CAUSES = {
     "io_error": "io_error",
     "idle_timeout": "idle_timeout",
     "first_request_timeout": "first_request_timeout",
+    "frame_timeout": "frame_timeout",
     "cancelled": "shutdown",
     "drained": "shutdown",
 }
@@ -198,6 +200,10 @@ class Proxy:
         """The open ``proxy.observe.decisionlog.DecisionLog`` (None: off), for fetch handlers."""
         self.live: dict[str, LiveConnection] = {}
         """Connections being served, by conn_id."""
+        self.request_memory = RequestMemory(
+            settings.max_buffered_request_bytes, per_connection=settings.max_queued_request_bytes
+        )
+        """What the client connections hold of requests (``proxy.relay.request_memory``)."""
         self.metrics_refreshers: list[Callable[[], None]] = []
         """Called before each /metrics scrape, e.g. to set session-cache gauges."""
         self.upstream_ssl = client_ssl_context(settings.upstream_tls)
@@ -431,6 +437,9 @@ class Proxy:
                     max_frame_bytes=self.settings.max_frame_bytes,
                     max_client_buffer_bytes=self.settings.max_client_buffer_bytes,
                     idle_timeout=self.settings.idle_timeout_seconds,
+                    max_request_frame_bytes=self.settings.max_request_frame_bytes,
+                    request_frame_timeout=self.settings.request_frame_timeout_seconds,
+                    request_memory=self.request_memory,
                     meter=self._meter(node_id),
                     fetch_path=path_handler,
                 )
