@@ -23,13 +23,15 @@ SASL
     forwards that many token frames (PLAIN and OAUTHBEARER: one exchange,
     SCRAM-SHA-256/512: two) untouched, one raw response each, then resumes
     normal relaying.  Other mechanisms over v0 close the connection.
-    While a SaslHandshake v1+ exchange is in progress (a first authentication or a
-    KIP-368 re-authentication, ``sasl.SaslExchange``), requests the FetchHandler
-    sends (its own, or a held-back client Fetch it starts) wait in the relay and go
-    upstream, in the order they were made, once the exchange is over: the broker
-    closes a connection that sends anything else between SaslHandshake and the
-    final SaslAuthenticate response.  At most one per request in flight, plus the
-    handler's own per fetch, so bounded by ``max_in_flight``.
+    The broker closes a connection that sends anything else between SaslHandshake
+    and the final SaslAuthenticate response (a first authentication or a KIP-368
+    re-authentication, ``sasl``).  So a client's SaslHandshake v1+ goes upstream only
+    once every earlier request of the client has been answered (a fetch the handler
+    holds back, and whatever the proxy sends for it, are done first; the broker too
+    handles a connection's requests one at a time), the client's later frames
+    waiting behind it in order; and while the exchange is in progress, requests the
+    FetchHandler sends wait in the relay and go upstream, in the order they were
+    made, once it is over.  Both count against ``max_in_flight``.
 Fail closed
     A request at a version whose response would carry broker addresses the
     proxy does not rewrite (``endpoints.refused``; never advertised) closes
@@ -302,17 +304,20 @@ class Relay:
         """The connection's SASL exchange (its counts are what tests and logs read)."""
         self._held: list[tuple[bytes, int, int, ResponseCallback | None]] = []
         """The FetchHandler's sends made while ``sasl.active``, in order."""
+        self._deferred: deque[bytes] = deque()
+        """Client frames from a SaslHandshake on, while earlier requests await answers."""
+        self._draining = False
         self._upstream_port: Upstream = _Port(self._send_or_hold, resolve)
 
     # --- state the edge reads ------------------------------------------------------------
 
     @property
     def can_accept(self) -> bool:
-        return len(self._slots) < self.max_in_flight
+        return len(self._slots) + len(self._deferred) < self.max_in_flight
 
     @property
     def in_flight(self) -> int:
-        return len(self._slots)
+        return len(self._slots) + len(self._deferred)
 
     @property
     def pending_upstream(self) -> int:
@@ -351,6 +356,9 @@ class Relay:
         """A whole request frame from the client (None: it was a raw SASL v0 token)."""
         if not self.can_accept:
             raise ProtocolError(f"more than {self.max_in_flight} requests in flight")
+        if not self._draining and not self._raw_tokens:
+            if self._deferred or (self._slots and sasl.waits_for_earlier(frame)):
+                return self._defer(frame)
         if self._raw_tokens:
             self._raw_tokens -= 1
             raw_slot = _Slot(0, raw=True)
@@ -477,12 +485,32 @@ class Relay:
         for frame, api_key, api_version, on_response in held:
             self._send(frame, api_key, api_version, on_response)
 
+    def _defer(self, frame: bytes) -> codec.RequestHeader:
+        """Keep a client frame until the requests before its SaslHandshake are answered."""
+        header = codec.parse_request_header(frame)
+        self.last_header = header
+        self.last_expects = not (header.api_key == PRODUCE and produce_acks(header, frame) == 0)
+        self._deferred.append(frame)
+        return header
+
+    def _drain_deferred(self) -> None:
+        """Relay the deferred frames, in order, up to a SaslHandshake that must wait again."""
+        self._draining = True
+        try:
+            deferred = self._deferred
+            while deferred and not (self._slots and sasl.waits_for_earlier(deferred[0])):
+                self.client_frame(deferred.popleft())
+        finally:
+            self._draining = False
+
     def _flush_slots(self) -> None:
         slots = self._slots
         while slots and slots[0].response is not None:
             response = slots.popleft().response
             assert response is not None
             self._to_client.append(response)
+        if self._deferred and not slots and not self._draining:
+            self._drain_deferred()  # the requests before a SaslHandshake are answered
 
 
 class _Port:

@@ -11,25 +11,35 @@ Kafka request" during authentication).
 The client itself never sends anything else in that window, but the proxy sends
 requests of its own on the client's connection: the Fetch path's reshaped
 fetches (a held-back fetch starting, a resend after an upstream session reset)
-and its Metadata for topic ids.  ``SaslExchange`` tells the relay when such
-requests must wait: from the client's SaslHandshake (v1+; v0's raw token
-exchange only happens before the first request and cannot re-authenticate)
-until the exchange is over, which is the first of
+and its Metadata for topic ids.  Two rules keep them out of it:
 
-- a SaslHandshake or SaslAuthenticate response with an error (the broker
-  closes the connection after it anyway);
-- a SaslAuthenticate response with a session lifetime (KIP-368, v1+): the
-  broker sends one only with the exchange's final response, and always when
-  re-authentication is on, which is the only time a connection re-authenticates;
-- the mechanism's known number of SaslAuthenticate round trips (PLAIN and
-  OAUTHBEARER one, SCRAM two), for brokers that grant no session lifetime;
-- a client request that is neither SaslHandshake nor SaslAuthenticate (the
-  client has finished: a mechanism of unknown length, such as GSSAPI, on a
-  broker without re-authentication).
+1. The client's SaslHandshake (v1+; v0's raw token exchange only happens before
+   the first request and cannot re-authenticate) goes upstream only once every
+   earlier request of the client has been answered (``waits_for_earlier``).  A
+   client may start re-authenticating with a fetch in flight (Kafka's Java
+   client keeps the answers that arrive meanwhile), and that fetch may still be
+   waiting in the proxy (for memory budget, or behind the connection's previous
+   fetch).  Holding the fetch instead would deadlock: its answer comes before
+   the SaslHandshake's, which the client waits for before its SaslAuthenticate.
+   The broker, too, reads a connection's next request only once it has answered
+   the previous one.
+2. While the exchange is in progress, requests the Fetch path sends wait in the
+   relay.  ``SaslExchange`` says when: from the SaslHandshake until the exchange
+   is over, which is the first of
 
-Sans-I/O and small: the relay keeps the held requests and sends them, in the
-order they were made, when ``answered`` or ``client_request`` says the exchange
-is over.
+   - a SaslHandshake or SaslAuthenticate response with an error (the broker
+     closes the connection after it anyway);
+   - a SaslAuthenticate response with a session lifetime (KIP-368, v1+): the
+     broker sends one only with the exchange's final response, and always when
+     re-authentication is on, the only time a connection re-authenticates;
+   - the mechanism's known number of SaslAuthenticate round trips (PLAIN and
+     OAUTHBEARER one, SCRAM two), for brokers that grant no session lifetime;
+   - a client request that is neither SaslHandshake nor SaslAuthenticate (the
+     client has finished: a mechanism of unknown length, such as GSSAPI, on a
+     broker without re-authentication).
+
+Sans-I/O and small: the relay keeps the deferred frames and the held requests
+and sends them, in order, when this module's answers say so.
 """
 
 from __future__ import annotations
@@ -44,6 +54,15 @@ _I16 = struct.Struct(">h")
 
 ROUND_TRIPS = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
 """SaslAuthenticate round trips of a successful exchange, by mechanism."""
+
+
+def waits_for_earlier(frame: bytes) -> bool:
+    """Whether a client request frame is a SaslHandshake v1+ (see the module docstring)."""
+    return (
+        len(frame) >= 4
+        and int.from_bytes(frame[0:2], "big", signed=True) == SASL_HANDSHAKE
+        and int.from_bytes(frame[2:4], "big", signed=True) >= 1
+    )
 
 
 def handshake_mechanism(header: codec.RequestHeader, frame: bytes) -> str | None:

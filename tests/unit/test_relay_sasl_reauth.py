@@ -15,6 +15,7 @@ import random
 import struct
 from typing import Any
 
+import pytest
 from support.dev_upstream import batch, client_fetch
 
 from devbroker.build import build
@@ -27,6 +28,7 @@ from proxy.config import FetchPathConfig
 from proxy.fetchpath import FetchPath
 from proxy.protocol import codec
 from proxy.protocol.apis import FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import payload_bytes
 from proxy.relay.relay import ClientRequest, Relay, Upstream
 from proxy.sessions.downstream_cache import FetchSessionCache
@@ -127,85 +129,126 @@ def client_cids(relay: Relay) -> list[int]:
     return [codec.peek_correlation_id(payload_bytes(p)) for p in relay.take_client()]
 
 
-def test_requests_the_proxy_makes_mid_reauthentication_wait_for_the_final_response() -> None:
-    handler = HeldBack()
-    relay = Relay(resolve, fetch_handler=handler)
-    relay.client_frame(fetch_v4(1))  # held back by the handler
-    assert relay.take_upstream() == []
-
-    relay.client_frame(handshake(2, "SCRAM-SHA-512"))
-    [h] = relay.take_upstream()
-    handler.start()  # the held-back fetch starts between SaslHandshake and SaslAuthenticate
-    handler.own_metadata()
-    assert relay.take_upstream() == [], "sent into the broker's authenticator: it closes"
-
+def scram_exchange(relay: Relay, h: bytes, first_cid: int) -> None:
+    """The rest of a SCRAM exchange whose SaslHandshake *h* went upstream: the handshake's
+    answer, then two SaslAuthenticate round trips, the client sending each only once it
+    has the previous answer (as clients do)."""
     relay.upstream_frame(handshake_ok(h))
-    relay.client_frame(authenticate(3, b"client-first"))
+    assert first_cid - 1 in client_cids(relay)  # the client has the handshake's answer
+    relay.client_frame(authenticate(first_cid, b"client-first"))
     [s1] = relay.take_upstream()
     assert api_key(s1) == SASL_AUTHENTICATE
     relay.upstream_frame(authenticate_answer(s1))  # SCRAM's first round trip of two
-    assert relay.take_upstream() == []
-    relay.client_frame(authenticate(4, b"client-final"))
+    assert relay.take_upstream() == [] and relay.sasl.active
+    assert client_cids(relay) == [first_cid]
+    relay.client_frame(authenticate(first_cid + 1, b"client-final"))
     [s2] = relay.take_upstream()
-    assert relay.sasl.active
     relay.upstream_frame(authenticate_answer(s2, lifetime_ms=5000))
 
-    held = relay.take_upstream()
-    assert [api_key(f) for f in held] == [FETCH, METADATA]  # in the order the proxy made them
-    assert not relay.sasl.active
-    for f in held:
-        relay.upstream_frame(echo(f))
-    assert client_cids(relay) == [1, 2, 3, 4]  # the client's own order
-    assert handler.metadata_answers and relay.sasl.authentications == 1
+
+def test_a_reauthentication_waits_for_the_fetch_the_proxy_holds_back() -> None:
+    """The Java client starts re-authenticating with a fetch in flight; the proxy still holds
+    that fetch (budget): it goes first, then the handshake, and the client's order stays."""
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))  # held back by the handler
+    relay.client_frame(handshake(2, "SCRAM-SHA-512"))
+    assert relay.take_upstream() == [], "a fetch started after it would break the exchange"
+    assert relay.in_flight == 2
+
+    handler.start()
+    [f] = relay.take_upstream()
+    assert api_key(f) == FETCH  # the fetch goes before the handshake, as the client sent them
+    relay.upstream_frame(echo(f))
+    [h] = relay.take_upstream()
+    assert api_key(h) == SASL_HANDSHAKE
+    assert client_cids(relay) == [1]
+    scram_exchange(relay, h, 3)
+    assert client_cids(relay) == [4]
+    assert not relay.sasl.active and relay.sasl.authentications == 1
 
 
-def test_what_was_queued_before_the_handshake_goes_before_it() -> None:
+def test_requests_the_proxy_makes_during_an_exchange_wait_for_its_final_response() -> None:
     handler = HeldBack()
     relay = Relay(resolve, fetch_handler=handler)
     relay.client_frame(fetch_v4(1))
     handler.start()
+    [f] = relay.take_upstream()
+    relay.upstream_frame(echo(f))
+    assert client_cids(relay) == [1]
+
+    relay.client_frame(handshake(2, "SCRAM-SHA-512"))
+    [h] = relay.take_upstream()
+    handler.own_metadata()  # e.g. topic ids, between SaslHandshake and SaslAuthenticate
+    assert relay.take_upstream() == [], "sent into the broker's authenticator: it closes"
+    scram_exchange(relay, h, 3)
+    [m] = relay.take_upstream()
+    assert api_key(m) == METADATA
+    relay.upstream_frame(echo(m))
+    assert handler.metadata_answers and client_cids(relay) == [4]
+
+
+def test_frames_after_a_waiting_handshake_keep_their_order() -> None:
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))
     relay.client_frame(handshake(2, "PLAIN"))
-    assert [api_key(f) for f in relay.take_upstream()] == [FETCH, SASL_HANDSHAKE]
+    relay.client_frame(authenticate(3, b"\x00alice\x00pw"))  # pipelined (legal, if unusual)
+    assert relay.take_upstream() == []
+    handler.start()
+    [f] = relay.take_upstream()
+    relay.upstream_frame(echo(f))
+    h, a = relay.take_upstream()
+    assert (api_key(h), api_key(a)) == (SASL_HANDSHAKE, SASL_AUTHENTICATE)
+    relay.upstream_frame(handshake_ok(h))
+    relay.upstream_frame(authenticate_answer(a))
+    assert client_cids(relay) == [1, 2, 3]
+
+
+def _after_one_fetch() -> tuple[HeldBack, Relay]:
+    """A relay whose handler has served one fetch (so it has the upstream port)."""
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))
+    handler.start()
+    [f] = relay.take_upstream()
+    relay.upstream_frame(echo(f))
+    client_cids(relay)
+    return handler, relay
 
 
 def test_one_round_trip_ends_plain_without_a_session_lifetime() -> None:
-    handler = HeldBack()
-    relay = Relay(resolve, fetch_handler=handler)
-    relay.client_frame(fetch_v4(1))
+    handler, relay = _after_one_fetch()
     relay.client_frame(handshake(2, "PLAIN"))
     [h] = relay.take_upstream()
-    handler.start()
+    handler.own_metadata()
     relay.upstream_frame(handshake_ok(h))
     relay.client_frame(authenticate(3, b"\x00alice\x00pw"))
     [s] = relay.take_upstream()
     assert relay.take_upstream() == []
     relay.upstream_frame(authenticate_answer(s))  # no re-authentication configured
-    assert [api_key(f) for f in relay.take_upstream()] == [FETCH]
+    assert [api_key(f) for f in relay.take_upstream()] == [METADATA]
     assert relay.sasl.authentications == 1
 
 
 def test_a_failed_exchange_releases_what_was_held() -> None:
-    handler = HeldBack()
-    relay = Relay(resolve, fetch_handler=handler)
-    relay.client_frame(fetch_v4(1))
+    handler, relay = _after_one_fetch()
     relay.client_frame(handshake(2, "SCRAM-SHA-256"))
     [h] = relay.take_upstream()
-    handler.start()
+    handler.own_metadata()
     relay.upstream_frame(handshake_ok(h))
     relay.client_frame(authenticate(3, b"client-first"))
     [s] = relay.take_upstream()
     relay.upstream_frame(authenticate_answer(s, error=SASL_AUTHENTICATION_FAILED))
-    assert [api_key(f) for f in relay.take_upstream()] == [FETCH]  # the broker closes anyway
+    assert [api_key(f) for f in relay.take_upstream()] == [METADATA]  # the broker closes anyway
     assert not relay.sasl.active and relay.sasl.authentications == 0
 
 
 def test_a_mechanism_of_unknown_length_ends_at_the_clients_next_request() -> None:
-    handler = HeldBack()
-    relay = Relay(resolve, fetch_handler=handler)
-    relay.client_frame(fetch_v4(1))
+    handler, relay = _after_one_fetch()
     relay.client_frame(handshake(2, "GSSAPI"))
     [h] = relay.take_upstream()
-    handler.start()
+    handler.own_metadata()
     relay.upstream_frame(handshake_ok(h))
     for cid in (3, 4, 5):  # no session lifetime: the broker re-authenticates nobody
         relay.client_frame(authenticate(cid, b"token"))
@@ -213,7 +256,10 @@ def test_a_mechanism_of_unknown_length_ends_at_the_clients_next_request() -> Non
         relay.upstream_frame(authenticate_answer(s))
         assert relay.take_upstream() == []
     relay.client_frame(request(METADATA, 1, 6, topics=[]))  # the client is done
-    assert [api_key(f) for f in relay.take_upstream()] == [FETCH, METADATA]
+    frames = relay.take_upstream()
+    assert [api_key(f) for f in frames] == [METADATA, METADATA]
+    assert b"kafka-fetch-proxy" in frames[0]  # the held one first, then the client's
+    assert b"kafka-fetch-proxy" not in frames[1]
 
 
 def test_each_reauthentication_is_counted() -> None:
@@ -262,7 +308,7 @@ class Broker:
         return codec.encode_response(outcome.response, outcome.correlation_id)
 
 
-def test_the_fetch_paths_next_fetch_waits_for_the_reauthentication() -> None:
+def test_a_reauthentication_waits_for_the_fetch_paths_pipelined_fetches() -> None:
     broker = Broker()
     path = FetchPath(FetchPathConfig(limits=Limits(max_records=5)))
     relay = Relay(resolve, fetch_handler=path.handler(1))
@@ -278,10 +324,14 @@ def test_the_fetch_paths_next_fetch_waits_for_the_reauthentication() -> None:
     [f1] = relay.take_upstream()
     assert api_key(f1) == FETCH
 
-    relay.client_frame(handshake(3, "SCRAM-SHA-512"))
+    relay.client_frame(handshake(3, "SCRAM-SHA-512"))  # re-authentication begins
+    assert relay.take_upstream() == []
+    relay.upstream_frame(broker.answer(f1))  # the first is answered: the second starts
+    [f2] = relay.take_upstream()
+    assert api_key(f2) == FETCH, "the handshake waits for the fetches the client sent before it"
+    relay.upstream_frame(broker.answer(f2))
     [h] = relay.take_upstream()
-    relay.upstream_frame(broker.answer(f1))  # the first is answered: the second starts...
-    assert relay.take_upstream() == [], "...but not into the broker's authenticator"
+    assert api_key(h) == SASL_HANDSHAKE
     relay.upstream_frame(handshake_ok(h))
     relay.client_frame(authenticate(4, b"client-first"))
     [s1] = relay.take_upstream()
@@ -289,10 +339,7 @@ def test_the_fetch_paths_next_fetch_waits_for_the_reauthentication() -> None:
     relay.client_frame(authenticate(5, b"client-final"))
     [s2] = relay.take_upstream()
     relay.upstream_frame(authenticate_answer(s2, lifetime_ms=5000))
-
-    [f2] = relay.take_upstream()
-    assert api_key(f2) == FETCH
-    relay.upstream_frame(broker.answer(f2))
+    assert relay.take_upstream() == []
     out = [payload_bytes(p) for p in relay.take_client()]
     assert [codec.peek_correlation_id(f) for f in out] == [1, 2, 3, 4, 5]
     for frame in out[:2]:
@@ -311,3 +358,13 @@ def _batches(records: Any) -> list[Any]:
     from proxy.protocol.records import iter_batches
 
     return list(iter_batches(records or b""))
+
+
+def test_frames_waiting_behind_a_handshake_count_against_max_in_flight() -> None:
+    relay = Relay(resolve, fetch_handler=HeldBack(), max_in_flight=3)
+    relay.client_frame(fetch_v4(1))
+    relay.client_frame(handshake(2, "PLAIN"))
+    relay.client_frame(authenticate(3, b"\x00alice\x00pw"))
+    assert not relay.can_accept and relay.in_flight == 3
+    with pytest.raises(ProtocolError):
+        relay.client_frame(authenticate(4, b"more"))
