@@ -73,7 +73,8 @@ def check_report(
     ``settings`` holds every key of the schema (defaults filled in), ``sources``
     where each came from; ``effective`` spells out what the fetch path and the
     decision log will do with them: the global limits, each policy with what it
-    matches and the limits a matching client gets, the memory budget and its
+    matches, the limits a matching client gets and whether the proxy's rack replaces
+    the client's own (``rack_override``), the memory budget and its
     per-fetch grant, and the decision log's target, sample rate and instance.
     """
     values, sources = config.effective(settings)
@@ -86,6 +87,7 @@ def check_report(
                 "name": p.name,
                 "matches": {"client_id": p.client_id or "*", "listener": p.listener or "*"},
                 "limits": overridden(fetch.limits, p.limits).as_dict(),
+                "rack_override": p.rack_override,
             }
             for p in fetch.policies
         ],

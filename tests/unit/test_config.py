@@ -390,6 +390,7 @@ enabled = true
                 "max_records": 10000,
                 "max_partition_records": 50,
             },
+            "rack_override": False,
         },
         {
             "name": "broker-2-tight",
@@ -400,6 +401,7 @@ enabled = true
                 "max_records": 500,
                 "max_partition_records": 50,
             },
+            "rack_override": False,
         },
     ]
     assert effective["fetch_sessions"] is False and effective["reuse_buffer_bytes"] == 0
