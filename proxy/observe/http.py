@@ -12,11 +12,21 @@ cheap, and sharing the loop means ``/readyz`` and ``/debug/sessions`` read the
 relay's state without locks.
 
 Bounds: a request head above :data:`MAX_REQUEST_HEAD_BYTES` or a body above
-:data:`MAX_REQUEST_BODY_BYTES` is refused (431/413); each request must arrive within
-``request_timeout`` seconds and an idle keep-alive connection is closed after
-``idle_timeout``; a peer must take its response within :data:`SEND_TIMEOUT_SECONDS`;
-at most ``max_connections`` connections are served at once (the rest get 503).
-Malformed requests get 400 and close their connection, nothing else.
+:data:`MAX_REQUEST_BODY_BYTES` is refused (431/413); a new connection's first request
+must arrive whole within ``request_timeout`` seconds of the accept, and a kept-alive
+connection's next one must start within ``idle_timeout`` and then arrive whole within
+``request_timeout`` (a request trickled byte by byte, slowloris, is cut there); a peer
+must take its response within :data:`SEND_TIMEOUT_SECONDS`.  Malformed requests get
+400 and close their connection, nothing else.
+
+Probes are answered however many sockets are open: at most ``max_connections``
+connections are held, and a new one always gets in.  At the limit, admitting it
+closes the connection that has waited longest for a request (an idle keep-alive,
+a request arriving too slowly), else the one that has waited longest on its send
+(:class:`Held`).  A connection can only be pushed out by ``max_connections`` newer
+ones, so sockets a peer leaves open (a leak, or on purpose) cost the endpoint
+nothing but their own turn, where they used to take every slot and leave
+``/healthz`` answering 503.
 """
 
 from __future__ import annotations
@@ -38,6 +48,12 @@ from .exposition import TextEncoder
 MAX_REQUEST_HEAD_BYTES = 8 * 1024
 MAX_REQUEST_BODY_BYTES = 4 * 1024
 SEND_TIMEOUT_SECONDS = 10.0
+MAX_CONNECTIONS = 64
+"""Connections held at once (a new one closes the longest-waiting one beyond it)."""
+REQUEST_TIMEOUT_SECONDS = 5.0
+"""A request (head and body) must arrive whole this soon (see the module docstring)."""
+IDLE_TIMEOUT_SECONDS = 60.0
+"""A kept-alive connection may wait this long for its next request to start."""
 _RECEIVE_CHUNK = 4096
 
 METRICS_PATH = "/metrics"
@@ -157,14 +173,60 @@ class _Closed(Exception):
     """The connection is finished (peer gone, timeout, or we decided to close)."""
 
 
+class Held:
+    """The connections the endpoint holds; a new one always gets in (module docstring).
+
+    Each connection is known by its cancel scope (cancelling it closes the
+    connection) and is either *waiting* for a request or *busy* answering one;
+    each group is ordered by when it entered that state.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+        self._waiting: dict[trio.CancelScope, None] = {}
+        self._busy: dict[trio.CancelScope, None] = {}
+        self.evicted = 0
+        """Connections closed to make room for newer ones."""
+
+    def __len__(self) -> int:
+        return len(self._waiting) + len(self._busy)
+
+    def admit(self, scope: trio.CancelScope) -> None:
+        """A new connection, waiting for its first request; makes room if at the limit."""
+        if len(self) >= self.limit:
+            group = self._waiting or self._busy
+            victim = next(iter(group))
+            del group[victim]
+            victim.cancel()
+            self.evicted += 1
+            _log.debug("http_connection_evicted", held=len(self), limit=self.limit)
+        self._waiting[scope] = None
+
+    def waiting(self, scope: trio.CancelScope) -> None:
+        """It waits for its next request (the newest of the waiting ones)."""
+        self._busy.pop(scope, None)
+        self._waiting[scope] = None
+
+    def busy(self, scope: trio.CancelScope) -> None:
+        """It has a whole request and is answering it."""
+        self._waiting.pop(scope, None)
+        self._busy[scope] = None
+
+    def leave(self, scope: trio.CancelScope) -> None:
+        self._waiting.pop(scope, None)
+        self._busy.pop(scope, None)
+
+
 async def serve_http(
     app: ObserveApp,
     host: str,
     port: int,
     *,
-    max_connections: int = 16,
-    request_timeout: float = 10.0,
-    idle_timeout: float = 60.0,
+    max_connections: int = MAX_CONNECTIONS,
+    request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+    idle_timeout: float = IDLE_TIMEOUT_SECONDS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until cancelled; reports the bound port via ``task_status``.
@@ -187,16 +249,16 @@ async def serve_http_listeners(
     app: ObserveApp,
     listeners: list[trio.SocketListener],
     *,
-    max_connections: int = 16,
-    request_timeout: float = 10.0,
-    idle_timeout: float = 60.0,
+    max_connections: int = MAX_CONNECTIONS,
+    request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+    idle_timeout: float = IDLE_TIMEOUT_SECONDS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """:func:`serve_http` on listeners already bound (so a bind error comes before serving)."""
-    limiter = trio.CapacityLimiter(max_connections)
+    held = Held(max_connections)
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _serve_connection(app, stream, limiter, request_timeout, idle_timeout)
+        await _serve_connection(app, stream, held, request_timeout, idle_timeout)
 
     host, bound = listeners[0].socket.getsockname()[:2]
     _log.info("http_listening", address=_host_port(str(host), int(bound)))
@@ -211,30 +273,30 @@ def _host_port(host: str, port: int) -> str:
 async def _serve_connection(
     app: ObserveApp,
     stream: trio.abc.Stream,
-    limiter: trio.CapacityLimiter,
+    held: Held,
     request_timeout: float,
     idle_timeout: float,
 ) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
+    scope = trio.CancelScope()
+    held.admit(scope)
     try:
-        try:
-            limiter.acquire_nowait()
-        except trio.WouldBlock:
-            await _send(stream, conn, _text(503, "too many connections"), close=True)
-            return
-        try:
+        with scope:
+            # the first request: whole within request_timeout of the accept
+            wait = request_timeout
             while True:
-                await _serve_one(app, stream, conn, request_timeout, idle_timeout)
+                await _serve_one(app, stream, conn, held, scope, wait, request_timeout)
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
-        finally:
-            limiter.release()
+                held.waiting(scope)
+                wait = idle_timeout
     except _Closed:
         pass
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     finally:
+        held.leave(scope)
         await trio.aclose_forcefully(stream)
 
 
@@ -242,12 +304,14 @@ async def _serve_one(
     app: ObserveApp,
     stream: trio.abc.Stream,
     conn: h11.Connection,
+    held: Held,
+    connection: trio.CancelScope,
+    wait: float,
     request_timeout: float,
-    idle_timeout: float,
 ) -> None:
-    # The connection may idle for idle_timeout; once a request's first bytes
-    # arrive, the whole request (head and body) has request_timeout to complete.
-    scope = trio.CancelScope(deadline=trio.current_time() + idle_timeout)
+    # The request's first bytes may take ``wait``; from them on, the whole request
+    # (head and body) has request_timeout to complete.
+    scope = trio.CancelScope(deadline=trio.current_time() + wait)
     request: h11.Request | None = None
     try:
         with scope:
@@ -277,6 +341,7 @@ async def _serve_one(
         if conn.our_state is h11.SEND_RESPONSE:
             await _send(stream, conn, _text(408, "request timeout"), close=True)
         raise _Closed
+    held.busy(connection)
     method = request.method.decode("ascii", "replace")
     target = request.target.decode("ascii", "replace")
     accept = ", ".join(v.decode("latin-1") for k, v in request.headers if k == b"accept")

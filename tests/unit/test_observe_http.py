@@ -17,9 +17,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.observe.http import (
+    MAX_CONNECTIONS,
     MAX_REQUEST_BODY_BYTES,
     MAX_REQUEST_HEAD_BYTES,
     SEND_TIMEOUT_SECONDS,
+    Held,
     ObserveApp,
     Readiness,
     _serve_connection,
@@ -170,7 +172,7 @@ async def serve_memory(
     app: ObserveApp,
     nursery: trio.Nursery,
     *,
-    limiter: trio.CapacityLimiter | None = None,
+    held: Held | None = None,
     request_timeout: float = 5,
     idle_timeout: float = 30,
 ) -> trio.StapledStream[Any, Any]:
@@ -179,10 +181,11 @@ async def serve_memory(
         _serve_connection,
         app,
         server,
-        limiter or trio.CapacityLimiter(4),
+        held if held is not None else Held(4),
         request_timeout,
         idle_timeout,
     )
+    await trio.testing.wait_all_tasks_blocked()  # it is admitted and waits for a request
     return client
 
 
@@ -249,30 +252,56 @@ async def test_oversized_head_and_body_are_refused() -> None:
             assert (await read_all(stream)).startswith(b"HTTP/1.1 413 ")
 
 
-async def test_connection_cap_answers_503(autojump_clock: trio.testing.MockClock) -> None:
+async def test_at_the_limit_a_new_connection_closes_the_longest_waiting_one() -> None:
     app, _, _ = make_app()
-    limiter = trio.CapacityLimiter(1)
+    held = Held(2)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
-            first = Client(await serve_memory(app, nursery, limiter=limiter))
-            assert (await first.get("/healthz"))[0] == 200  # holds the only slot (keep-alive)
-            second = await serve_memory(app, nursery, limiter=limiter)
-            assert (await read_all(second)).startswith(b"HTTP/1.1 503 ")
-            await first.stream.aclose()
+            first = Client(await serve_memory(app, nursery, held=held))
+            assert (await first.get("/healthz"))[0] == 200  # then idles (keep-alive)
+            silent = await serve_memory(app, nursery, held=held)  # sends nothing
+            assert (await first.get("/metrics"))[0] == 200  # first now waits after silent
+            probe = Client(await serve_memory(app, nursery, held=held))
+            assert await read_all(silent) == b""  # closed to make room: it waited longest
+            assert (await probe.get("/healthz"))[0] == 200
+            assert held.evicted == 1 and len(held) == 2
+            probe2 = Client(await serve_memory(app, nursery, held=held))
+            assert await read_all(first.stream) == b""  # then the kept-alive one
+            assert (await probe2.get("/readyz"))[0] == 200
+            await probe.stream.aclose()
+            await probe2.stream.aclose()
 
 
 async def test_idle_and_slow_requests_time_out(autojump_clock: trio.testing.MockClock) -> None:
     app, _, _ = make_app()
     with trio.fail_after(200):
         async with trio.open_nursery() as nursery:
-            idle = await serve_memory(app, nursery, idle_timeout=30)
+            # a new connection: its first request whole within request_timeout of the accept
+            silent = await serve_memory(app, nursery, request_timeout=5, idle_timeout=30)
             start = trio.current_time()
-            assert await read_all(idle) == b""  # closed silently after idling
+            assert await read_all(silent) == b""  # closed silently
+            assert trio.current_time() - start == pytest.approx(5)
+
+            # kept alive after a request: idle_timeout for the next one to start
+            kept = Client(await serve_memory(app, nursery, request_timeout=5, idle_timeout=30))
+            assert (await kept.get("/healthz"))[0] == 200
+            start = trio.current_time()
+            assert await read_all(kept.stream) == b""
             assert trio.current_time() - start == pytest.approx(30)
 
+            # slowloris: a head trickled in never completes it within request_timeout
             slow = await serve_memory(app, nursery, request_timeout=5, idle_timeout=30)
             start = trio.current_time()
-            await slow.send_all(b"GET /metrics HTTP/1.1\r\n")  # and never finishes the head
+
+            async def trickle() -> None:
+                try:
+                    for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n":
+                        await slow.send_all(bytes([byte]))
+                        await trio.sleep(1)
+                except trio.BrokenResourceError:
+                    pass  # closed on us
+
+            nursery.start_soon(trickle)
             assert await read_all(slow) == b""
             assert trio.current_time() - start == pytest.approx(5)
 
@@ -286,15 +315,15 @@ async def test_a_peer_that_never_reads_loses_its_connection(
 ) -> None:
     app, _, _ = make_app()
     client, server = trio.testing.lockstep_stream_pair()  # send_all waits for the reader
-    limiter = trio.CapacityLimiter(1)
+    held = Held(1)
     with trio.fail_after(SEND_TIMEOUT_SECONDS + 5):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_serve_connection, app, server, limiter, 5, 30)
+            nursery.start_soon(_serve_connection, app, server, held, 5, 30)
             await client.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             start = trio.current_time()
         # the server gave up on the send and released its slot
         assert trio.current_time() - start == pytest.approx(SEND_TIMEOUT_SECONDS)
-        assert limiter.borrowed_tokens == 0
+        assert len(held) == 0
 
 
 @settings(max_examples=100, deadline=None)
@@ -343,6 +372,41 @@ async def test_serve_http_on_loopback_with_urllib() -> None:
             status, body = await trio.to_thread.run_sync(fetch, "/debug/sessions")
             assert (status, json.loads(body)) == (200, relay.sessions)
             assert (await trio.to_thread.run_sync(fetch, "/nope"))[0] == 404
+            nursery.cancel_scope.cancel()
+
+
+async def test_probes_are_answered_however_many_idle_sockets_are_open() -> None:
+    """Before: 16 idle sockets took every slot for 60 s and /healthz answered 503."""
+    from proxy.observe import healthcheck
+
+    app, _, _ = make_app()
+    sockets: list[trio.SocketStream] = []
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_http, app, "127.0.0.1", 0)
+            for n in range(MAX_CONNECTIONS + 16):
+                sock = await trio.open_tcp_stream("127.0.0.1", port)
+                if n % 2:  # half of them start a request and never finish it
+                    await sock.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                sockets.append(sock)
+            await trio.testing.wait_all_tasks_blocked()  # every one accepted and waiting
+
+            def fetch(path: str) -> int:
+                try:
+                    with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}{path}", timeout=TIMEOUT
+                    ) as r:
+                        return int(r.status)
+                except urllib.error.HTTPError as e:
+                    with e:
+                        return e.code
+
+            for path in ("/healthz", "/metrics", "/readyz", "/healthz"):
+                assert await trio.to_thread.run_sync(fetch, path) == 200, path
+            address = f"127.0.0.1:{port}"
+            assert await trio.to_thread.run_sync(healthcheck.main, ["--address", address], {}) == 0
+            for sock in sockets:
+                await sock.aclose()
             nursery.cancel_scope.cancel()
 
 
