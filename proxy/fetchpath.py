@@ -306,6 +306,8 @@ class FetchPathHandler:
         self.closed = False
         self.rack = rack_fetch.RackFetch(config.rack) if config.rack else None
         """The proxy's rack on this connection's fetches (None: no ``rack`` setting)."""
+        self._old_version_counted = False
+        """A fetch too old for a rack (v10-) was counted as a fallback (once per connection)."""
         self._passthrough = PassThroughFetch(self.rack)
         self._upstream: Upstream | None = None
         self._queue: deque[tuple[ClientRequest, Any]] = deque()
@@ -596,6 +598,10 @@ class FetchPathHandler:
         if rack.asked(rack_fetch.requested(fetch)) and self.metrics is not None:
             self.metrics.preferred_replica_fallback(FallbackReason.CLIENT_IGNORES_REDIRECT)
         h = request.header
+        if int(h.api_version) < rack_fetch.MIN_RACK_VERSION and not self._old_version_counted:
+            self._old_version_counted = True
+            if self.metrics is not None:
+                self.metrics.preferred_replica_fallback(FallbackReason.OLD_FETCH_VERSION)
         own = str(getattr(fetch, "rack_id", "") or "")
         override = bool(own) and rack_override(
             self.path.config.policies, h.client_id, self.listener

@@ -471,3 +471,17 @@ def test_rack_accounting_reaches_the_metrics_and_the_decision_log() -> None:
     assert value(f"{PREFIX}proxy_to_broker_preferred_replica_fetches_total", {"node": "1"}) == 1
     w.path.reload(FetchPathConfig(rack="b", cross_zone_price_per_gb=0.01))
     assert value(f"{PREFIX}cross_zone_price_per_gb") == 0.01
+
+
+def test_a_fetch_version_without_a_rack_counts_one_fallback_per_connection() -> None:
+    metrics = Metrics(process_metrics=False)
+    w = World(FetchPathConfig(rack="b"), metrics=metrics)
+    w.append("orders", 0, 1)
+    fallbacks = f"{PREFIX}preferred_replica_fallbacks_total"
+    old, new = Conn(w, "kafka-go", node_id=1), Conn(w, "rdkafka", node_id=1)
+    for cid in (1, 2):
+        old.fetch(cid, [("orders", 0, 0)], version=10)
+        new.fetch(cid, [("orders", 0, 0)], version=12)
+    value = metrics.registry.get_sample_value
+    assert value(fallbacks, {"reason": "old_fetch_version"}) == 1
+    assert value(fallbacks, {"reason": "client_ignores_redirect"}) == 0
