@@ -217,6 +217,7 @@ class FetchPath:
         self._policy_cache.clear()
         for h in list(self.handlers):
             h.shaper.buffer.capacity = config.reuse_buffer_bytes
+            h.set_rack(config.rack)
         self.racks.rack = config.rack or None
         if self.metrics is not None:
             self.metrics.set_memory_budget(used=self.budget.used, limit=config.memory_budget_bytes)
@@ -482,7 +483,7 @@ class FetchPathHandler:
             return
         fetch, prepared = opened.request, None
         step = None
-        if self.rack is not None:
+        if self.rack is not None and self.rack.rack:
             fetch, step = self._with_rack(request, fetch, self.rack)
         if self.path.shaping:
             self.shaper.limits = limits
@@ -535,7 +536,7 @@ class FetchPathHandler:
         if exchange.prepared is not None and int(getattr(full, "error_code", 0)) == 0:
             shaped = self.shaper.finish(exchange.prepared, full)
             full = shaped.response
-        if self.rack is not None:
+        if self.rack is not None and exchange.rack is not None:
             exchange.redirects = self.rack.answered(full)
         reply = self.downstream.answer(exchange.opened, full)
         self._hold_until_written(exchange.grant)
@@ -590,6 +591,14 @@ class FetchPathHandler:
             grant.release()  # no edge to tell us when it is written
         else:
             self._unwritten.append(grant)
+
+    def set_rack(self, rack: str) -> None:
+        """A reload set the ``rack`` setting to *rack*: this connection's next fetches use it
+        (empty: none; a connection whose client ignored redirects stays without)."""
+        if self.rack is not None:
+            self.rack.rack = rack
+        elif rack:
+            self.rack = self._passthrough.rack = rack_fetch.RackFetch(rack)
 
     def _with_rack(
         self, request: ClientRequest, fetch: Any, rack: rack_fetch.RackFetch

@@ -409,3 +409,16 @@ def test_held_batches_give_way_to_a_redirect() -> None:
     assert pd.preferred_read_replica == REPLICA
     assert not pd.records
     assert path.budget.used == 0
+
+
+def test_a_reload_changes_the_rack_of_live_connections() -> None:
+    leader, path = world()
+    conn = Conn(leader, path)
+    conn.fetch(ORDERS)
+    path.reload(FetchPathConfig(rack=PROXY_RACK))
+    conn.fetch(ORDERS)
+    path.reload(FetchPathConfig(rack="c"))
+    conn.fetch(ORDERS)
+    path.reload(FetchPathConfig())
+    conn.fetch(ORDERS)
+    assert leader.racks == ["", PROXY_RACK, "c", ""]
