@@ -36,6 +36,9 @@ hint               what the event means for clients and what to do (no payload)
 rack               the proxy's rack (rack_configured, rack_brokers; null: none)
 node_ids           broker node ids (rack_brokers: those in the proxy's rack)
 broker_racks       each broker's broker.rack by node id, from Metadata (null: none)
+timeout_seconds    the limit that expired (first_request_timeout, decision_log_close_timeout)
+written            decision-log events the sink took over the run (decision_log_closed)
+dropped            decision-log events lost over the run: queue full, failing or stuck sink
 =================  ==========================================================
 
 Per-connection keys are bound with ``structlog.contextvars.bind_contextvars``
@@ -82,6 +85,9 @@ DOCUMENTED_KEYS = frozenset(
         "rack",
         "node_ids",
         "broker_racks",
+        "timeout_seconds",
+        "written",
+        "dropped",
     }
 )
 

@@ -422,6 +422,14 @@ class DecisionLog:
         """The sink's latest write failed (one warning per failing stretch); the writer's."""
         self._full = False
         """The latest event found the queue full (one warning per stretch); the loop's."""
+        self.queued = 0
+        """Events queued for the writer (the loop's count)."""
+        self.queue_full = 0
+        """Events dropped because the queue was full (the loop's count)."""
+        self.written = 0
+        """Events the sink took (the writer thread's count)."""
+        self.failed = 0
+        """Events lost to a failing sink (the writer thread's count)."""
 
     @classmethod
     def open(
@@ -509,13 +517,14 @@ class DecisionLog:
         """
         if self._writer.put(event.to_json_line()):
             self._full = False
+            self.queued += 1
             return True
+        self.queue_full += 1
         self._count(DecisionOutcome.QUEUE_FULL)
         if not self._full:
             self._full = True
             _log.warning(
                 "decision_log_queue_full",
-                queued_bytes=self._writer.queued_bytes,
                 limit_bytes=self._writer.max_queued_bytes,
                 hint="the decision log's sink is slower than the decisions: events are dropped"
                 ' (kafka_fetch_proxy_decision_log_events_total{outcome="queue_full"}) until'
@@ -534,23 +543,36 @@ class DecisionLog:
         return self._writer.flush(timeout)
 
     def close(self) -> None:
-        """Write what is queued (at most ``CLOSE_TIMEOUT_SECONDS``), flush and close the sink."""
+        """Write what is queued (at most ``CLOSE_TIMEOUT_SECONDS``), flush and close the sink.
+
+        Logs ``decision_log_closed`` with the counts of the whole run: ``count``
+        events queued, ``written`` of them taken by the sink, ``dropped`` lost (the
+        queue full, the sink failing, or still queued when the timeout ran out).
+        """
         left = self._writer.close(CLOSE_TIMEOUT_SECONDS)
         if left:
             _log.warning(
                 "decision_log_close_timeout",
-                events=left,
+                count=left,
                 timeout_seconds=CLOSE_TIMEOUT_SECONDS,
                 hint="the decision log's sink did not take the queued events in time",
             )
+        _log.info(
+            "decision_log_closed",
+            count=self.queued,
+            written=self.written,
+            dropped=self.queue_full + self.failed + left,
+        )
 
     # --- the writer thread's reports ---------------------------------------------------------
 
     def _written(self, n: int) -> None:
         self._failing = False
+        self.written += n
         self._count(DecisionOutcome.WRITTEN, n)
 
     def _failed(self, n: int, error: BaseException) -> None:
+        self.failed += n
         self._count(DecisionOutcome.DROPPED, n)
         if not self._failing:
             _log.warning("decision_log_write_failed", error=repr(error))
