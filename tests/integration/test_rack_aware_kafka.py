@@ -36,9 +36,11 @@ import pytest
 from support import clients, verifier
 from support.delivery import assert_exactly_once_in_order
 from support.kafka import RACK_AWARE, KafkaCluster
+from support.rawclient import RawClient
 from support.stack import ProxyStack
 
 from proxy.observe.metrics import PREFIX, Metrics
+from proxy.protocol.records import complete_prefix_size, iter_batches
 
 pytestmark = pytest.mark.integration
 
@@ -270,6 +272,83 @@ def test_aiokafka_ignores_the_redirect_so_the_proxy_stops_sending_its_rack(
     SHARES["aiokafka"] = measured.share(cluster.node_in_rack(PROXY_RACK))
     handlers = list(stack.run_sync(lambda: list(stack.proxy.fetch_path.handlers)))
     assert any(h.rack is not None and h.rack.stopped for h in handlers)
+
+
+def test_a_fetch_v10_client_gets_no_rack_and_reads_from_the_leaders(
+    cluster: KafkaCluster, stack: ProxyStack
+) -> None:
+    """A raw Fetch v10 client stands in for segmentio/kafka-go: v10 has no rack id and its
+    answer no ``preferred_read_replica``, so a redirect would reach it as an empty
+    partition for ever.  The proxy sends no rack for it (even though it speaks a newer
+    Fetch upstream), and it reads every record from the leaders, once and in order.  Its
+    reads stay out of rack b (a third of the bytes) until the proxy follows the redirect
+    itself (issue 18 part 3, not built): then this share must reach 95 %."""
+    topic = new_topic(cluster)
+    want = produce(cluster, topic, "v10")
+    counts = {p: sum(1 for r in want if r[0] == p) for p in range(PARTITIONS)}
+    deadline = time.monotonic() + DEADLINE
+    with RawClient(stack.bootstrap, client_id="rack-v10", deadline=deadline) as c:
+        meta = c.call(3, 9, METADATA_V9 | {"topics": [{"name": topic}]})
+    brokers = {int(b.node_id): f"{b.host}:{b.port}" for b in meta.brokers}
+    by_leader: dict[int, list[int]] = {}
+    for t in meta.topics:
+        for part in t.partitions:
+            by_leader.setdefault(int(part.leader_id), []).append(int(part.partition_index))
+    offsets = dict.fromkeys(range(PARTITIONS), 0)
+    with Measured(stack) as measured:
+        for leader, parts in by_leader.items():
+            with RawClient(brokers[leader], client_id="rack-v10", deadline=deadline) as c:
+                # as kafka-go does: the proxy learns the upstream's Fetch versions from it
+                c.call(18, 3, {"client_software_name": "raw", "client_software_version": "1"})
+                while any(offsets[p] < counts[p] for p in parts):
+                    fetched = c.call(1, 10, fetch_v10(topic, parts, offsets))
+                    assert int(fetched.error_code) == 0
+                    for t in fetched.responses:
+                        for pd in t.partitions:
+                            p = int(pd.partition_index)
+                            assert int(pd.error_code) == 0, (p, pd.error_code)
+                            data = bytes(pd.records or b"")
+                            for h in iter_batches(data[: complete_prefix_size(data)]):
+                                assert h.base_offset == offsets[p], (p, h.base_offset, offsets[p])
+                                offsets[p] = h.next_offset
+    assert offsets == counts  # every record once, in order (batch by batch, no gap or overlap)
+    SHARES["fetch v10 (raw)"] = share = measured.share(cluster.node_in_rack(PROXY_RACK))
+    assert share < MIN_IN_RACK, "the proxy follows redirects now: make this >= MIN_IN_RACK"
+
+
+METADATA_V9 = {
+    "allow_auto_topic_creation": False,
+    "include_cluster_authorized_operations": False,
+    "include_topic_authorized_operations": False,
+}
+
+
+def fetch_v10(topic: str, partitions: list[int], offsets: dict[int, int]) -> dict[str, Any]:
+    return {
+        "replica_id": -1,
+        "max_wait": 500,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [
+                    {
+                        "partition": p,
+                        "current_leader_epoch": -1,
+                        "fetch_offset": offsets[p],
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 1 << 20,
+                    }
+                    for p in partitions
+                ],
+            }
+        ],
+        "forgotten_topics_data": [],
+    }
 
 
 # -- faults -----------------------------------------------------------------------------------
