@@ -422,3 +422,36 @@ def test_a_reload_changes_the_rack_of_live_connections() -> None:
     path.reload(FetchPathConfig())
     conn.fetch(ORDERS)
     assert leader.racks == ["", PROXY_RACK, "c", ""]
+
+
+def test_a_redirect_passes_the_caps_and_the_rotation_untouched() -> None:
+    """With a record cap that only one partition's batch fits, the redirected partition
+    (no records) is still answered, with its preferred replica, whatever the serve order."""
+    leader, path = world(rack=PROXY_RACK, limits=Limits(max_records=1))
+    conn = Conn(leader, path)
+    for p in range(4):
+        leader.append("orders", p, 1, times=2)
+    leader.redirect = {("orders", 3)}
+    for _ in range(3):
+        got = partitions(conn.fetch(ORDERS), leader)
+        assert got[("orders", 3)].preferred_read_replica == REPLICA
+        assert not got[("orders", 3)].records
+        assert sum(records(pd) for pd in got.values()) == 1
+
+
+def test_pass_through_watches_the_answers_and_stops_for_a_client_that_ignores_them() -> None:
+    frame = _frame(12)
+    handler = PassThroughFetch(RackFetch(PROXY_RACK))
+    relay = Relay(resolve, fetch_handler=handler)
+    sent = []
+    for cid in range(5):
+        relay.client_frame(frame[:4] + cid.to_bytes(4, "big") + frame[8:])
+        [up] = relay.take_upstream()
+        sent.append(codec.decode_request(up)[1].rack_id)
+        answer = _response_redirecting(("orders", 0))
+        relay.upstream_frame(codec.encode_response(answer, int.from_bytes(up[4:8], "big")))
+        [out] = relay.take_client()
+        back = codec.decode_response(1, 12, payload_bytes(out))[1]
+        assert back.responses[0].partitions[0].preferred_read_replica == REPLICA
+    assert sent == [PROXY_RACK] * 3 + [""] * 2
+    assert handler.rack is not None and handler.rack.stopped
