@@ -11,11 +11,13 @@ a 64 MiB frame they never finish while another client is served.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import struct
 import sys
 import tracemalloc
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import structlog
@@ -27,6 +29,7 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 from support.loopback import API_VERSIONS, request, settings
 
 from devbroker.cluster import DevCluster
+from proxy import config
 from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
 from proxy.protocol.errors import FrameTooLarge
@@ -62,6 +65,36 @@ def opaque(api_key: int, cid: int, size: int) -> bytes:
 async def until(changed: Callable[[], Awaitable[None]], ready: Callable[[], bool]) -> None:
     while not ready():
         await changed()
+
+
+# --- settings -------------------------------------------------------------------------------
+
+
+def test_the_request_limits_are_settings_with_sidecar_defaults(tmp_path: Path) -> None:
+    s = config.validate({"upstream": ["k:9092"]})
+    assert s.max_request_frame_bytes == 8 * MiB  # over twice Metadata for 100,000 topics
+    assert s.request_frame_timeout_seconds == 30  # Kafka clients' request.timeout.ms
+    assert s.max_buffered_request_bytes == 32 * MiB  # the Java producer's buffer.memory
+    assert s.max_queued_request_bytes == 8 * MiB
+    keys = {key: (flag, env) for key, flag, env in config.option_names()}
+    assert keys["max_request_frame_bytes"] == (
+        "--max-request-frame-bytes",
+        "KAFKA_FETCH_PROXY_MAX_REQUEST_FRAME_BYTES",
+    )
+    path = tmp_path / "proxy.toml"
+    path.write_text('upstream = ["k:1"]\nmax_buffered_request_bytes = 1048576\n')
+    s = config.load(
+        config_file=path,
+        env={"KAFKA_FETCH_PROXY_REQUEST_FRAME_TIMEOUT_SECONDS": "0"},
+        flags=argparse.Namespace(cfg__max_queued_request_bytes="65536"),
+    )
+    assert s.max_buffered_request_bytes == MiB and s.request_frame_timeout_seconds == 0
+    assert s.max_queued_request_bytes == 65536
+    with pytest.raises(config.ConfigError) as info:
+        config.validate({"upstream": ["k:1"], "max_queued_request_bytes": 1000})
+    assert "max_queued_request_bytes" in str(info.value) and ">= 65536" in str(info.value)
+    with pytest.raises(config.ConfigError):
+        config.validate({"upstream": ["k:1"], "request_frame_timeout_seconds": -1})
 
 
 # --- framing: requests that are not Produce -----------------------------------------------
