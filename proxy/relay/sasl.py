@@ -38,6 +38,13 @@ and its Metadata for topic ids.  Two rules keep them out of it:
      client has finished: a mechanism of unknown length, such as GSSAPI, on a
      broker without re-authentication).
 
+Session expiry: the broker closes a connection at its first request after the
+session ended, a re-authentication's SaslHandshake included, so clients start
+ahead of time (librdkafka at 90 % of the lifetime, the Java client at 85-95 %).
+Whatever delays the handshake eats into that margin: the client's fetch in flight
+(its long poll), directly as through the proxy, and through the proxy also that
+fetch's wait for memory budget.
+
 Sans-I/O and small: the relay keeps the deferred frames and the held requests
 and sends them, in order, when this module's answers say so.
 """
