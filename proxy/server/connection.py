@@ -313,16 +313,23 @@ class Connection:
                     # Back-pressure: nothing more is read while max_in_flight requests
                     # await their responses or the client leaves more than its buffer
                     # unread.  What the frames read so far queued goes upstream first.
-                    await self._send_upstream()
                     waited = trio.current_time()
+                    await self._send_upstream()
                     await self._until(self._can_read_client)
                     paused += trio.current_time() - waited
                 self._handle_request(frame, arrived)
                 continue
             # Every whole frame of the last read is handled: send what they queued in one
             # write, then read on.  A client that pipelines pays one upstream write (and
-            # its scheduler turns) per read, not per request.
-            await self._send_upstream()
+            # its scheduler turns) per read, not per request.  A broker slow to take
+            # them is not the client's delay either.
+            if self.relay.upstream_queued:
+                waited = trio.current_time()
+                await self._send_upstream()
+                stalled = trio.current_time() - waited
+                paused += stalled
+                if deadline is not None:
+                    deadline += stalled
             if timeout > 0:
                 if not decoder.buffered and decoder.missing is None:
                     deadline = None
