@@ -50,7 +50,7 @@ from proxy.relay import relay as relay_module
 from proxy.server import proxy as proxy_module
 from proxy.server.proxy import Proxy
 
-pytestmark = [pytest.mark.kafka, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.integration]
 
 USER, PASSWORD = "alice", "alice-pw"
 MECHANISM = "SCRAM-SHA-512"
@@ -171,6 +171,7 @@ def _librdkafka_run(bootstrap: str, topic: str) -> dict[str, Any]:
     return v.finish(timeout=90)
 
 
+@pytest.mark.slow  # two minutes, the number
 async def test_scram_clients_reauthenticate_through_the_proxy_for_two_minutes(
     secure: KafkaCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
