@@ -306,6 +306,7 @@ class Relay:
         """The FetchHandler's sends made while ``sasl.active``, in order."""
         self._deferred: deque[bytes] = deque()
         """Client frames from a SaslHandshake on, while earlier requests await answers."""
+        self._deferred_bytes = 0
         self._draining = False
         self._upstream_port: Upstream = _Port(self._send_or_hold, resolve)
 
@@ -330,8 +331,9 @@ class Relay:
 
     @property
     def held_bytes(self) -> int:
-        """Request bytes the relay holds: frames queued upstream, Fetch frames not answered."""
-        return self._queued_bytes + self._fetch_bytes
+        """Request bytes the relay holds: frames queued upstream, Fetch frames not answered,
+        frames waiting behind a SaslHandshake (``_deferred``)."""
+        return self._queued_bytes + self._fetch_bytes + self._deferred_bytes
 
     def take_upstream(self) -> list[bytes]:
         out, self._to_upstream = self._to_upstream, []
@@ -491,6 +493,7 @@ class Relay:
         self.last_header = header
         self.last_expects = not (header.api_key == PRODUCE and produce_acks(header, frame) == 0)
         self._deferred.append(frame)
+        self._deferred_bytes += len(frame)
         return header
 
     def _drain_deferred(self) -> None:
@@ -499,7 +502,9 @@ class Relay:
         try:
             deferred = self._deferred
             while deferred and not (self._slots and sasl.waits_for_earlier(deferred[0])):
-                self.client_frame(deferred.popleft())
+                frame = deferred.popleft()
+                self._deferred_bytes -= len(frame)
+                self.client_frame(frame)
         finally:
             self._draining = False
 

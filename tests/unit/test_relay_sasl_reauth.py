@@ -368,3 +368,18 @@ def test_frames_waiting_behind_a_handshake_count_against_max_in_flight() -> None
     assert not relay.can_accept and relay.in_flight == 3
     with pytest.raises(ProtocolError):
         relay.client_frame(authenticate(4, b"more"))
+
+
+def test_frames_waiting_behind_a_handshake_count_as_held_request_bytes() -> None:
+    handler = HeldBack()
+    relay = Relay(resolve, fetch_handler=handler)
+    relay.client_frame(fetch_v4(1))
+    before = relay.held_bytes
+    waiting = [handshake(2, "PLAIN"), authenticate(3, b"\x00alice\x00pw")]
+    for frame in waiting:
+        relay.client_frame(frame)
+    assert relay.held_bytes == before + sum(len(f) for f in waiting)
+    handler.start()
+    [f] = relay.take_upstream()
+    relay.upstream_frame(echo(f))
+    assert len(relay.take_upstream()) == 2 and relay.held_bytes == 0
