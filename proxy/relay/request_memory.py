@@ -179,13 +179,21 @@ class RequestAccount:
             extent = share - partial  # whole frames held beyond the share: reserve them
         self._extent = extent
         if held + extent > pool.per_connection and held > partial:
-            self._release_to(self._need(held))
-            return WAIT_OWN  # beyond the cap: wait until this is all the connection holds
+            # Beyond the cap: wait until this is all the connection holds, reserving
+            # nothing for the read it was not allowed.
+            pool._queue.pop(self, None)
+            self._release_to(max(0, held - share))
+            return WAIT_OWN
         need = self._need(held)
         if need <= self.reserved:
             self._release_to(need)
             return extent
+        # Wait holding only what the bytes it holds need: a connection never keeps
+        # memory for a frame while it waits for more (no two wait on each other).
         self._target = need
+        self._release_to(max(0, held - share))
+        if self.reserved >= need:  # let in while giving back (it was waiting already)
+            return extent
         pool._enqueue(self)
         return extent if self.reserved >= need else WAIT_POOL
 
@@ -197,11 +205,13 @@ class RequestAccount:
         """What the connection holds went down: give back what it no longer needs."""
         pool = self.pool
         pool._report(self, held)
-        need = self._need(held)
         if self.waiting:
-            self._target = need
-            pool._grant()
-        self._release_to(need)
+            self._target = self._need(held)
+            self._release_to(max(0, held - pool.share))
+            if self.waiting:
+                pool._grant()
+            return
+        self._release_to(self._need(held))
 
     def close(self) -> None:
         """The connection ended: everything it reserved goes back."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import random
 import struct
 import sys
 import tracemalloc
@@ -237,6 +238,69 @@ def test_a_closed_connection_gives_everything_back_and_wakes_the_next() -> None:
     assert woken == ["b"] and pool.used == b.reserved == 2000
     b.close()
     assert pool.used == 0 and pool.held == 0 and pool.accounts == 0
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_any_interleaving_drains_every_connection_within_the_bounds(seed: int) -> None:
+    """A model of the edge over the real decoder: connections read (as much as they are
+    allowed, in random pieces), hand whole frames upstream later, in a random order.
+    Nobody waits forever, and what is held never leaves the bounds."""
+    rng = random.Random(seed)
+    share, limit, cap = 1000, 20_000, 30_000
+    pool = RequestMemory(limit, per_connection=cap, share=share)
+
+    class Conn:
+        def __init__(self) -> None:
+            sizes = [rng.choice((10, 200, 900, 3000, 15_000, 45_000)) for _ in range(8)]
+            self.largest = max(sizes) + 4
+            self.stream = b"".join(encode_frame(b"\x00\x00" + b"x" * (n - 2)) for n in sizes)
+            self.frames = len(sizes)
+            self.decoder = FrameDecoder(MiB, max_request_frame_bytes=MiB)
+            self.account = pool.account()
+            self.account.wake = self.woken
+            self.whole = 0  # bytes of whole frames not yet handed upstream
+            self.runnable = True
+
+        def woken(self) -> None:
+            self.runnable = True
+
+        @property
+        def held(self) -> int:
+            return self.decoder.buffered + self.whole
+
+    conns = [Conn() for _ in range(6)]
+    largest = max(c.largest for c in conns)
+    for _ in range(100_000):
+        reads = [c for c in conns if c.runnable and c.stream]
+        writes = [c for c in conns if c.whole]
+        if not reads and not writes:
+            break
+        c = rng.choice(reads + writes)
+        if c in writes and (c not in reads or rng.random() < 0.5):
+            c.whole = 0  # handed upstream
+            c.account.settle(c.held)
+            c.runnable = True  # its own requests drained
+        else:
+            allowed = c.account.next_read(c.held, c.decoder.buffered, c.decoder.missing)
+            if allowed in (WAIT_OWN, WAIT_POOL):
+                c.runnable = False
+                continue
+            assert isinstance(allowed, int) and allowed > 0
+            n = min(rng.randint(1, allowed), len(c.stream))
+            data, c.stream = c.stream[:n], c.stream[n:]
+            c.account.received(n)
+            c.decoder.feed(data)
+            for frame in c.decoder.frames():
+                c.whole += len(frame)
+                c.frames -= 1
+        total = sum(x.held for x in conns)
+        assert total <= pool.used + len(conns) * share, (total, pool.used)
+        assert pool.used <= max(limit, largest), pool.used
+    assert all(not c.stream and not c.frames and not c.whole for c in conns), "a connection waits"
+    for c in conns:
+        c.account.settle(0)
+        c.account.close()
+    assert pool.used == 0 and pool.waiting == 0
 
 
 # --- the relay: what it holds of a request, and how many copies -----------------------------
