@@ -21,20 +21,24 @@ reading and the waiting:
 - Connections waiting for the pool are let in in the order they asked; a
   frame is never passed by a later one, so a large frame cannot starve.  (An
   order by what each holds, the connection holding the most waiting first,
-  would let a stream of newcomers pass a large frame forever; the share and
-  the per-connection cap already keep one connection from taking it all.)  A frame larger
-  than the room the pool can ever offer (larger than ``limit``) is let in when
-  the pool is empty.  So the bytes held beyond the shares never exceed
-  ``max(limit, the largest frame admitted)``, and every reservation ends:
-  frames let in are read to their end (or their connection is closed by the
-  frame timeout), then handed upstream or answered.
+  would let a stream of newcomers pass a large frame forever; the share and the
+  per-connection cap already keep one connection from taking it all.)  A frame
+  larger than the room the pool can ever offer (larger than ``limit``) is let
+  in when the pool is empty.  So the bytes held beyond the shares never exceed
+  ``max(limit, the largest frame let in)``.
+- Nobody waits forever: a connection that waits keeps only what the bytes it
+  already holds need (whole frames on their way upstream or to an answer, which
+  go without the pool), never memory for a frame it was not let into, so no
+  two connections wait on each other; frames let in are read to their end (or
+  their connection is closed by the frame timeout) and then handed upstream or
+  answered.  ``tests/unit/test_request_bounds.py`` checks this over random
+  interleavings.
 
 What a connection "holds" is the edge's count: bytes of partial frames plus
 whole frames not yet written upstream, plus Fetch frames not yet answered
-(``Relay.held_bytes``).  Reading between frames happens only within the share;
-reading inside a frame that took memory from the pool reads that frame and
-nothing after it, so a partial frame that was not let in never holds pool
-memory while it waits.
+(``Relay.held_bytes``).  Between frames a connection reads into its share (when
+whole frames it holds fill the share, they are reserved first); inside a frame
+that took memory from the pool it reads that frame and nothing after it.
 """
 
 from __future__ import annotations
