@@ -624,6 +624,9 @@ class Proxy:
                 log.info("upstream_discovered", upstream=str(address), count=len(brokers))
                 level, fields = rack_brokers(self.settings.rack, racks)
                 log.log(level, "rack_brokers", **fields)
+                if self.fetch_path is not None:  # the rack metrics know the brokers at once
+                    for node_id, rack in racks.items():
+                        self.fetch_path.racks.learn_broker(node_id, rack)
                 assert self._nursery is not None
                 for node_id in sorted(brokers):
                     self._nursery.start_soon(self._probe, node_id)

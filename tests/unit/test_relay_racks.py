@@ -182,3 +182,17 @@ def test_fallback_reasons_for_replica_errors() -> None:
     assert racks.fallback_reason(error_codes.FENCED_LEADER_EPOCH) is FallbackReason.LEADER_EPOCH
     assert racks.fallback_reason(error_codes.UNKNOWN_LEADER_EPOCH) is FallbackReason.LEADER_EPOCH
     assert racks.fallback_reason(error_codes.UNKNOWN_SERVER_ERROR) is FallbackReason.OTHER
+
+
+def test_the_proxy_learns_the_brokers_racks_at_discovery() -> None:
+    """Before any client asks Metadata, the fetch path's rack map has every broker."""
+    from support.stack import ProxyStack
+
+    stack = ProxyStack({"rack": "b"}, nodes=3).start()
+    try:
+        fetch_path = stack.proxy.fetch_path
+        assert fetch_path is not None
+        assert fetch_path.racks.rack == "b"
+        assert fetch_path.racks.racks() == {0: None, 1: None, 2: None}  # the dev cluster: none
+    finally:
+        stack.stop()
