@@ -342,6 +342,28 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Fetch requests that had to wait for memory budget.",
     ),
     _spec(
+        "request_bytes_held",
+        "gauge",
+        [],
+        "Client request bytes held: partial frames, frames not yet written upstream, Fetch"
+        " frames not yet answered (at most max_buffered_request_bytes, or the largest frame"
+        " let in, plus 16 KiB per connection).",
+    ),
+    _spec(
+        "request_memory_reserved_bytes",
+        "gauge",
+        [],
+        "Request bytes reserved from the max_buffered_request_bytes pool (beyond the"
+        " connections' 16 KiB shares).",
+    ),
+    _spec(
+        "request_memory_waiting_connections",
+        "gauge",
+        [],
+        "Client connections not read because the request memory pool has no room for their"
+        " next frame (back-pressure).",
+    ),
+    _spec(
         "partition_starvation_rounds",
         "histogram",
         [],
@@ -767,6 +789,11 @@ class Metrics:
         self._gauges["memory_budget_used_bytes"].set(used)
         if limit is not None:
             self._gauges["memory_budget_limit_bytes"].set(limit)
+
+    def set_request_memory(self, *, held: int, reserved: int, waiting: int) -> None:
+        self._gauges["request_bytes_held"].set(held)
+        self._gauges["request_memory_reserved_bytes"].set(reserved)
+        self._gauges["request_memory_waiting_connections"].set(waiting)
 
     def memory_budget_wait(self) -> None:
         self._counters["memory_budget_waits_total"].inc()

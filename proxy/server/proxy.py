@@ -239,6 +239,12 @@ class Proxy:
             )
             self.metrics_refreshers.append(self.fetch_path.refresh_gauges)
         if metrics is not None:
+            pool = self.request_memory
+            self.metrics_refreshers.append(
+                lambda: metrics.set_request_memory(
+                    held=pool.held, reserved=pool.used, waiting=pool.waiting
+                )
+            )
             from ..observe.session_snapshot import SessionGauges
 
             gauges = SessionGauges(metrics)
