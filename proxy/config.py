@@ -149,6 +149,7 @@ class Settings:
 # --- the fetch path's settings -----------------------------------------------------------
 
 DEFAULT_REUSE_BUFFER_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_CACHED_SESSION_PARTITIONS = 100_000
 
 
 class InvalidFetchConfig(ValueError):
@@ -169,6 +170,8 @@ class FetchPathConfig:
     cross_zone_price_per_gb: float = 0.02
     """``cross_zone_price_per_gb``: what the metrics and the decision log value a GB of
     cross-zone bytes avoided at."""
+    max_cached_session_partitions: int = DEFAULT_MAX_CACHED_SESSION_PARTITIONS
+    """Partitions all client fetch sessions together may hold (a restart applies a change)."""
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> FetchPathConfig:
@@ -186,6 +189,9 @@ class FetchPathConfig:
             reuse_buffer_bytes=int(raw.get("reuse_buffer_bytes", DEFAULT_REUSE_BUFFER_BYTES)),
             rack=str(raw.get("rack") or ""),
             cross_zone_price_per_gb=float(raw.get("cross_zone_price_per_gb", 0.02)),
+            max_cached_session_partitions=int(
+                raw.get("max_cached_session_partitions", DEFAULT_MAX_CACHED_SESSION_PARTITIONS)
+            ),
         )
 
 

@@ -86,7 +86,7 @@ from .protocol.fetch_views import decode_fetch_response
 from .relay import rack_fetch
 from .relay.racks import FallbackReason, RackMap, RackUsage, account
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
-from .sessions.downstream import DownstreamFetch, DownstreamSessions
+from .sessions.downstream import DownstreamFetch, DownstreamSessions, SessionPartitionBound
 from .sessions.downstream_cache import FetchSessionCache
 from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
@@ -177,6 +177,8 @@ class FetchPath:
         self.decision_log = decision_log
         self.clock = clock
         self._client_sessions: dict[int | None, FetchSessionCache] = {}
+        self.session_bound = SessionPartitionBound(config.max_cached_session_partitions)
+        """Partitions every listener's client sessions may hold together."""
         self.handlers: weakref.WeakSet[FetchPathHandler] = weakref.WeakSet()
         self._policy_cache: dict[tuple[str | None, str], tuple[str, Limits]] = {}
         self.config = config
@@ -195,6 +197,7 @@ class FetchPath:
         cache = self._client_sessions.get(node_id)
         if cache is None:
             cache = self._client_sessions[node_id] = FetchSessionCache()
+            self.session_bound.caches.append(cache)
         return cache
 
     def client_session_caches(self) -> list[FetchSessionCache]:
@@ -288,7 +291,9 @@ class FetchPathHandler:
         config = path.config
         self.session_cache = path.sessions_for(node_id)
         """The downstream session cache of this connection's listener."""
-        self.downstream = DownstreamSessions(self.session_cache, path.topic_ids)
+        self.downstream = DownstreamSessions(
+            self.session_cache, path.topic_ids, bound=path.session_bound
+        )
         self.shaper = FetchShaper(
             config.limits, buffer_capacity=config.reuse_buffer_bytes, budget=path.budget
         )
@@ -392,7 +397,15 @@ class FetchPathHandler:
             self.path.refresh_gauges()
 
     def close(self) -> None:
-        """The connection ended: give back every byte this connection holds."""
+        """The connection ended: give back every byte this connection holds, now.
+
+        The memory budget's grants, the reuse buffer, queued fetches, the client's
+        fetch session (it leaves its listener's cache: Kafka's clients start a new
+        session on a new connection), the upstream session's translator and its
+        partition states.  The links back to the edge (the relay's upstream port,
+        the waker) are cut, so nothing here waits for the cyclic GC: the relay
+        holds this handler and the port holds the relay.
+        """
         self.closed = True
         self.path.admission.leave(self)
         exchange, self._exchange = self._exchange, None
@@ -403,6 +416,11 @@ class FetchPathHandler:
         self.shaper.close()
         self._queue.clear()
         self._last_decoded = None
+        self._waiting_for = None
+        self.downstream.close()
+        self.translator = None
+        self._upstream = None
+        self._waker = None
 
     def wake(self) -> None:
         """Budget may be free: retry the waiting fetch (via the edge's task when bound)."""
@@ -440,8 +458,9 @@ class FetchPathHandler:
         sizes = [int(p.partition_max_bytes) for t in decoded.topics for p in t.partitions]
         known = int(getattr(decoded, "session_epoch", -1)) <= 0  # a full fetch lists them all
         if not known:
-            session = self.session_cache.get(int(decoded.session_id))
-            if session is not None:  # else the session error is answered without upstream
+            session = self.downstream.session
+            if session is not None and session.id == int(decoded.session_id):
+                # else the session error is answered without upstream
                 sizes += [cp.max_bytes for cp in session.partitions.values()]
                 known = True
         most = response_bound(sizes, self.path.budget.floor, limits.max_partition_bytes)

@@ -14,7 +14,25 @@ session: an upstream reset is invisible to it.
 
 Session errors (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH,
 FETCH_SESSION_TOPIC_ID_ERROR) are answered at once without going upstream,
-as a broker answers them.  Sessionless fetches (epoch -1, or Fetch v4-v6) go
+as a broker answers them.
+
+A session lives as long as the connection that created it (``close``): Kafka's
+clients never carry a session over to a new connection (the Java client's
+``FetchSessionHandler.handleError`` makes the next request a full fetch with
+epoch 0, which closes the old session and asks for a new one; librdkafka has
+no sessions), so a session whose connection is gone would only hold memory
+for nobody until evicted.  For the same reason a connection holds one session:
+creating a new one closes its previous one, and a session id another
+connection created is unknown here (FETCH_SESSION_ID_NOT_FOUND for an
+incremental fetch; a full fetch naming it leaves it to its owner).
+
+Two bounds keep the sessions' memory in proportion (about 180 bytes a cached
+partition): a session holds at most ``max_fetch_session_partitions``
+partitions, and the sessions of every listener together at most
+``max_cached_session_partitions`` (:class:`SessionPartitionBound`).  Past
+either, the fetch is answered as Kafka answers when its session cache cannot
+hold a session: in full, with session id 0 (no session; the client goes on
+with full fetches).  Sessionless fetches (epoch -1, or Fetch v4-v6) go
 through the same path and come back unchanged.
 
 Values in, values out::
@@ -32,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
@@ -40,9 +59,12 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..protocol.apis import FETCH
+from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.messages import make, request_module, response_module
 from .downstream_cache import (
+    INVALID_SESSION_ID,
     FetchContext,
+    FetchSession,
     FetchSessionCache,
     FullFetchContext,
     IncrementalFetchContext,
@@ -51,6 +73,7 @@ from .downstream_cache import (
     SessionlessFetchContext,
     SessionResponse,
     TopicIdPartition,
+    is_full,
     outcome_of_kio_partition,
 )
 from .topic_ids import TopicIdMap
@@ -66,6 +89,8 @@ from .upstream import (
 
 DEFAULT_MAX_SESSION_PARTITIONS = 10_000
 """Partitions one client session may hold (setting ``max_fetch_session_partitions``)."""
+DEFAULT_MAX_CACHED_SESSION_PARTITIONS = 100_000
+"""Partitions all client sessions together may hold (``max_cached_session_partitions``)."""
 
 _partition_limits: weakref.WeakKeyDictionary[FetchSessionCache, int] = weakref.WeakKeyDictionary()
 
@@ -85,6 +110,29 @@ def session_partition_limit(cache: FetchSessionCache) -> int:
     return _partition_limits.get(cache, DEFAULT_MAX_SESSION_PARTITIONS)
 
 
+class SessionPartitionBound:
+    """The process-wide bound on the partitions cached by client sessions, over every
+    listener's cache (Kafka bounds its cache by sessions only; the proxy, a sidecar with
+    a memory limit, bounds what they hold)."""
+
+    def __init__(
+        self,
+        limit: int = DEFAULT_MAX_CACHED_SESSION_PARTITIONS,
+        caches: Iterable[FetchSessionCache] = (),
+    ) -> None:
+        if limit < 0:
+            raise ValueError("a cached session partition limit must be >= 0")
+        self.limit = limit
+        self.caches: list[FetchSessionCache] = list(caches)
+
+    def cached(self) -> int:
+        """Partitions cached now, over every cache (a handful: one per listener)."""
+        return sum(c.num_partitions for c in self.caches)
+
+    def exceeded(self) -> bool:
+        return self.cached() > self.limit
+
+
 @dataclass(frozen=True, slots=True)
 class DownstreamFetch:
     """A client's fetch opened against its session (see :meth:`DownstreamSessions.open`)."""
@@ -99,11 +147,36 @@ class DownstreamFetch:
 class DownstreamSessions:
     """The broker side of fetch sessions toward one client connection."""
 
-    def __init__(self, sessions: FetchSessionCache, topic_ids: TopicIdMap) -> None:
+    def __init__(
+        self,
+        sessions: FetchSessionCache,
+        topic_ids: TopicIdMap,
+        *,
+        bound: SessionPartitionBound | None = None,
+    ) -> None:
         self.sessions = sessions
         self.topic_ids = topic_ids
+        self.bound = bound
+        """Every client session's partitions together (None: no process-wide bound)."""
         self.refused_sessions = 0
-        """Sessions refused or closed for holding more partitions than the limit."""
+        """Sessions refused or closed for holding more partitions than a limit allows."""
+        self._session: FetchSession | None = None
+        """The session this connection created, while the cache holds it."""
+
+    @property
+    def session(self) -> FetchSession | None:
+        """The connection's session, if the cache still holds it (not evicted)."""
+        own = self._session
+        if own is not None and self.sessions.get(own.id) is not own:
+            own = self._session = None  # evicted, or closed by the client
+        return own
+
+    def close(self) -> None:
+        """The connection ended: its session leaves the cache now (not when evicted)."""
+        own = self.session
+        self._session = None
+        if own is not None:
+            self.sessions.remove(own)
 
     def open(self, request: Any) -> DownstreamFetch | ClientReply:
         """The client's fetch as a sessionless full fetch, or the session error to answer."""
@@ -135,16 +208,28 @@ class DownstreamSessions:
             for topic in getattr(request, "forgotten_topics_data", ())
             for p in topic.partitions
         ]
+        session_id = int(getattr(request, "session_id", 0))
+        epoch = int(getattr(request, "session_epoch", -1))
+        own = self.session
+        context: FetchContext
+        if session_id != INVALID_SESSION_ID and (own is None or own.id != session_id):
+            # Not this connection's session (another's, or gone): unknown here.
+            if is_full(epoch):
+                session_id = INVALID_SESSION_ID  # nothing of ours to close
+            else:
+                context = SessionErrorContext(FETCH_SESSION_ID_NOT_FOUND, session_id, epoch)
+                return ClientReply(
+                    _response(
+                        version,
+                        context.update_and_generate_response_data({}, outcome_of_kio_partition),
+                        None,
+                    )
+                )
+        size_before = 0 if own is None else own.size
         context = self.sessions.new_context(
-            version,
-            int(getattr(request, "session_id", 0)),
-            int(getattr(request, "session_epoch", -1)),
-            False,
-            fetch_data,
-            to_forget,
-            names,
+            version, session_id, epoch, False, fetch_data, to_forget, names
         )
-        context = self._within_limit(context, fetch_data)
+        context = self._within_limit(context, fetch_data, size_before)
         if isinstance(context, SessionErrorContext):
             result: SessionResponse[Any] = context.update_and_generate_response_data(
                 {}, outcome_of_kio_partition
@@ -157,7 +242,10 @@ class DownstreamSessions:
         )
 
     def _within_limit(
-        self, context: FetchContext, fetch_data: dict[TopicIdPartition, PartitionRequest]
+        self,
+        context: FetchContext,
+        fetch_data: dict[TopicIdPartition, PartitionRequest],
+        size_before: int,
     ) -> FetchContext:
         """A session larger than the limit is not kept: the fetch is served without one.
 
@@ -170,13 +258,21 @@ class DownstreamSessions:
         full, and sessionless from then on.
         """
         limit = session_partition_limit(self.sessions)
-        if isinstance(context, FullFetchContext) and len(fetch_data) > limit:
+        bound = self.bound
+        if isinstance(context, FullFetchContext) and (
+            len(fetch_data) > limit
+            or (bound is not None and bound.cached() + len(fetch_data) > bound.limit)
+        ):
             self.refused_sessions += 1
             return SessionlessFetchContext(fetch_data)
-        if isinstance(context, IncrementalFetchContext) and context.session.size > limit:
-            self.sessions.remove(context.session)
-            self.refused_sessions += 1
-            return SessionlessFetchContext(dict(context.partitions()))
+        if isinstance(context, IncrementalFetchContext):
+            size = context.session.size
+            grew = size > size_before
+            if size > limit or (grew and bound is not None and bound.exceeded()):
+                self.sessions.remove(context.session)
+                self._session = None
+                self.refused_sessions += 1
+                return SessionlessFetchContext(dict(context.partitions()))
         return context
 
     def answer(self, fetch: DownstreamFetch, full: Any) -> Any:
@@ -197,7 +293,30 @@ class DownstreamSessions:
             result = fetch.context.update_and_generate_response_data(
                 updates, outcome_of_kio_partition
             )
+            if isinstance(fetch.context, FullFetchContext):
+                result = self._created(result)
         return _response(fetch.version, result, full)
+
+    def _created(self, result: SessionResponse[Any]) -> SessionResponse[Any]:
+        """Own the session a full fetch just created (closing the previous one), or undo it.
+
+        Other connections' sessions may have grown while this fetch was upstream:
+        the bound is checked again now that the session exists, and a session past
+        it is closed before the client learns its id (session id 0, as Kafka).
+        """
+        if result.session_id == INVALID_SESSION_ID:
+            return result
+        created = self.sessions.get(result.session_id)
+        previous = self.session
+        if previous is not None and previous is not created:
+            self.sessions.remove(previous)
+        self._session = created
+        if created is not None and self.bound is not None and self.bound.exceeded():
+            self.sessions.remove(created)
+            self._session = None
+            self.refused_sessions += 1
+            return dataclasses.replace(result, session_id=INVALID_SESSION_ID)
+        return result
 
 
 def _epoch_or_none(value: Any) -> int | None:

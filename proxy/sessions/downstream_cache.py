@@ -40,6 +40,7 @@ most ``max_slots`` sessions and runs only when the cache is full.
 from __future__ import annotations
 
 import random
+import secrets
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -533,7 +534,9 @@ class FetchSessionCache:
         self.max_slots = max_slots
         self.eviction_ms = eviction_ms
         self._clock = clock
-        self._rng = rng if rng is not None else random.Random()
+        self._rng = rng if rng is not None else secrets.SystemRandom()
+        """Session ids come from the OS's CSPRNG (``secrets``): a client must not guess
+        another's; tests of the dev broker pass a seeded ``random.Random``."""
         self._sessions: dict[int, FetchSession] = {}
         self._evictable_by_all: dict[int, FetchSession] = {}
         self._evictable_by_privileged: dict[int, FetchSession] = {}
@@ -561,7 +564,7 @@ class FetchSessionCache:
         return list(self._sessions.values())
 
     def new_session_id(self) -> int:
-        """A random positive id, unique in this cache (never 0)."""
+        """An unpredictable positive id, unique in this cache (never 0)."""
         while True:
             sid = self._rng.randrange(1, _INT32_MAX)
             if sid not in self._sessions:

@@ -68,6 +68,11 @@ class UpstreamRotation(Generic[K]):
             self._register(keys_with_data)
             self._cursor = keys_with_data[-1]
 
+    def clear(self) -> None:
+        """Forget every partition (the connection is gone)."""
+        self._ring.clear()
+        self._cursor = None
+
     def forget(self, keys: Iterable[K]) -> None:
         for key in keys:
             self._ring.pop(key, None)
@@ -86,6 +91,11 @@ class ServeRotation(Generic[K]):
         # key -> round it was last served (-1: never); insertion order = first seen.
         self._last_served: OrderedDict[K, int] = OrderedDict()
         self._starved: dict[K, int] = {}
+
+    def clear(self) -> None:
+        """Forget every partition (the connection is gone)."""
+        self._last_served.clear()
+        self._starved.clear()
 
     @property
     def rounds(self) -> int:

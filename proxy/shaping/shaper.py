@@ -245,8 +245,10 @@ class FetchShaper:
         return ShapedResponse(result.response, result.next_offsets, decision, result, waited)
 
     def close(self) -> None:
-        """Release the buffer's memory (the connection is gone)."""
+        """Release the buffer's memory and the rotations' state (the connection is gone)."""
         self.buffer.clear()
+        self.upstream_rotation.clear()
+        self.serve_rotation.clear()
 
     def forget(self, keys: list[PartitionKey]) -> None:
         """The client dropped *keys* from its session (forgotten topics)."""
