@@ -145,7 +145,7 @@ class RequestAccount:
     frames, the room the share leaves for reading (at most the share).
     """
 
-    __slots__ = ("_extent", "_target", "held", "pool", "reserved", "wake")
+    __slots__ = ("_extent", "_target", "closed", "held", "pool", "reserved", "wake")
 
     def __init__(self, pool: RequestMemory) -> None:
         self.pool = pool
@@ -159,6 +159,8 @@ class RequestAccount:
         """While waiting: the reservation asked for."""
         self.wake: Callable[[], None] | None = None
         """How the edge is told that the pool let this account in (set by the edge)."""
+        self.closed = False
+        """Closed: it holds nothing and asks for nothing any more."""
 
     @property
     def waiting(self) -> bool:
@@ -208,6 +210,8 @@ class RequestAccount:
     def settle(self, held: int) -> None:
         """What the connection holds went down: give back what it no longer needs."""
         pool = self.pool
+        if self.closed:
+            return  # a task of the ended connection, still unwinding
         pool._report(self, held)
         if self.waiting:
             self._target = self._need(held)
@@ -220,6 +224,9 @@ class RequestAccount:
     def close(self) -> None:
         """The connection ended: everything it reserved goes back."""
         pool = self.pool
+        if self.closed:
+            return
+        self.closed = True
         pool._queue.pop(self, None)
         pool._report(self, 0)
         pool.accounts -= 1

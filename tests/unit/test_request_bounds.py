@@ -238,6 +238,9 @@ def test_a_closed_connection_gives_everything_back_and_wakes_the_next() -> None:
     assert woken == ["b"] and pool.used == b.reserved == 2000
     b.close()
     assert pool.used == 0 and pool.held == 0 and pool.accounts == 0
+    b.settle(5000)  # a task of the ended connection, still unwinding
+    b.close()
+    assert pool.used == 0 and pool.held == 0 and pool.accounts == 0
 
 
 @pytest.mark.parametrize("seed", range(50))
