@@ -222,6 +222,8 @@ class Proxy:
         self.draining = False
         """True once ``drain()`` began: listeners closed, connections finishing."""
         self._drains: set[DrainableStream] = set()
+        self._unread: set[trio.CancelScope] = set()
+        """Connections that have not sent a byte yet (``drain()`` closes them)."""
         self._connections: trio.Nursery | None = None
         self._listen_scope = trio.CancelScope()
         self._served = trio.Event()
@@ -335,6 +337,8 @@ class Proxy:
         self._listen_scope.cancel()
         for stream in list(self._drains):
             stream.drain()
+        for waiting in list(self._unread):
+            waiting.cancel()
         await self._served.wait()
 
     def _bind_broker(self, node_id: int, port: int) -> int | None:
@@ -413,7 +417,13 @@ class Proxy:
         first = trio.CancelScope(deadline=trio.current_time() + timeout if timeout else math.inf)
         try:
             with first:
-                if self.downstream_ssl is not None:
+                if self.downstream_ssl is None:
+                    sent = await self._first_bytes(stream)
+                    if not sent:  # closed, or the proxy is stopping, before a byte came
+                        reason = "client_closed" if sent is False else "drained"
+                        log.info("connection_closed", reason=reason)
+                        return
+                else:
                     client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
                     with trio.fail_after(self.settings.connect_timeout_seconds):
                         await client.do_handshake()
@@ -496,6 +506,24 @@ class Proxy:
             if upstream is not None:
                 await trio.aclose_forcefully(upstream)
             await trio.aclose_forcefully(client)
+
+    async def _first_bytes(self, stream: trio.SocketStream) -> bool | None:
+        """Wait, without reading, for the client's first byte: True once it is there, False
+        when the client closed first, None when the proxy began draining meanwhile.
+
+        Until then the connection is this one parked task: no relay, no meter, no
+        tasks of its own, so a socket that never sends costs next to nothing while
+        ``first_request_timeout_seconds`` runs.
+        """
+        with trio.CancelScope() as waiting:
+            self._unread.add(waiting)
+            try:
+                if self.draining:
+                    waiting.cancel()
+                return bool(await stream.socket.recv(1, socket.MSG_PEEK))
+            finally:
+                self._unread.discard(waiting)
+        return None
 
     def _upstream_opened(
         self, conn: Connection | None, node_id: int | None, stream: trio.abc.Stream

@@ -180,3 +180,17 @@ def test_first_request_timeout_is_a_setting() -> None:
     assert config.from_args(args, {}).first_request_timeout_seconds == 0  # 0: no limit
     with pytest.raises(config.ConfigError, match=r"first_request_timeout_seconds.*>= 0"):
         config.validate({"upstream": ["k:1"], "first_request_timeout_seconds": -1})
+
+
+async def test_stopping_closes_connections_that_have_not_sent_a_byte() -> None:
+    metrics = Metrics(process_metrics=False)
+    async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
+        proxy = await nursery.start(Proxy(settings(cluster.bootstrap), metrics=metrics).serve)
+        await proxy.discovered.wait()
+        silent = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap.port)
+        with trio.fail_after(5):  # well before the 10 s first_request_timeout_seconds
+            await until(lambda: proxy.open_connections == 1)
+            await proxy.drain()
+            assert await closed_by_peer(silent)
+        nursery.cancel_scope.cancel()
+    assert counter(metrics, "client_connections_closed_total", cause="shutdown") == 1
