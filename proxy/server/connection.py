@@ -2,8 +2,8 @@
 
 The client loop reads whole frames (size checked from the length prefix before
 buffering, memory for them reserved before reading them), hands them to the
-sans-I/O ``Relay`` and sends what it queues upstream; the upstream loop does the reverse; the writer sends what the relay
-answered to the client.  Whichever side ends first ends the connection: an
+sans-I/O ``Relay`` and sends what it queues upstream; the upstream loop does
+the reverse; the writer sends what the relay answered to the client.  Whichever side ends first ends the connection: an
 upstream drop closes the client (Kafka clients reconnect), a malformed frame
 from either side closes this connection with one log line, and nothing that
 happens here can reach the rest of the process.
@@ -18,7 +18,7 @@ Limits (each a setting, see ``proxy.config``):
     length prefix and API key (the two bytes after it), as Kafka's broker
     refuses a request beyond ``socket.request.max.bytes``: closed with
     ``FrameTooLarge`` (cause ``frame_too_large``).
-``request_frame_timeout``
+``request_frame_timeout`` (``request_frame_timeout_seconds``)
     a request frame must be complete this long after its first bytes arrived,
     not counting the time the proxy itself did not read (back-pressure, the
     request memory below): otherwise the connection closes (reason and cause
@@ -40,8 +40,8 @@ Limits (each a setting, see ``proxy.config``):
     read on).
 ``max_client_buffer_bytes``
     responses queued for the client and not yet taken by its socket; while
-    more than this is queued, the client loop stops reading requests and the
-    upstream loop stops reading responses (so no further fetch completes or
+    more than this is queued, the client loop stops reading requests (beyond
+    the frame it has started) and the upstream loop stops reading responses (so no further fetch completes or
     starts for this client).  One response may exceed it on its own, so the
     queue holds at most the limit plus one response plus what one upstream
     read completes.  A client that stops reading therefore costs a bounded
