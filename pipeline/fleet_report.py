@@ -13,7 +13,20 @@ given as files, directories or globs.  Output directory:
   the reuse buffer instead of fetched again (weighted);
 * ``trimmed/``: per policy, record bytes and records held back by limits (weighted);
 * ``latency_by_client/``: per client id, p50/p90/p99/max shaped-fetch latency (ms);
+* ``rack_by_client/``: per client id, upstream record bytes from a broker in the
+  proxy's rack, in another rack and of unknown rack, the in-rack share, the
+  cross-zone bytes avoided and their estimated cost, and the partitions redirected
+  to a preferred read replica (weighted);
+* ``rack_by_topic/`` and ``rack_by_client_topic/``: the same bytes and cost per
+  topic and per (client id, topic), from each event's ``rack_by_topic`` (topics by
+  name, named from ids as in the starvation table);
 * ``report.html`` with PNG charts beside it.
+
+Cost avoided is each event's ``cross_zone_avoided_record_bytes`` / 1e9 times the
+``cross_zone_price_per_gb`` it carries (the proxy's setting when it wrote it), or
+``--cross-zone-price-per-gb`` (default 0.02) for events that carry none.  Events of
+schema version 1 (before rack-aware fetching) count all their upstream bytes as of
+unknown rack.
 
 Run: ``python -m pipeline.fleet_report --input logs/ --output report/`` (``local[*]``)
 or ``spark-submit --master spark://... pipeline/fleet_report.py --input ... --output ...``.
@@ -30,7 +43,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 if __package__ in (None, ""):  # spark-submit runs this file as a script
@@ -48,6 +61,17 @@ TABLES = (
     "savings",
     "trimmed",
     "latency_by_client",
+    "rack_by_client",
+    "rack_by_topic",
+    "rack_by_client_topic",
+)
+DEFAULT_PRICE_PER_GB = 0.02
+BYTES_PER_GB = 1e9
+RACK_COLUMNS = (
+    "same_rack_record_bytes",
+    "other_rack_record_bytes",
+    "unknown_rack_record_bytes",
+    "cross_zone_avoided_record_bytes",
 )
 
 
@@ -199,6 +223,96 @@ def latency_by_client(events: DataFrame) -> DataFrame:
     )
 
 
+def _price(default_price: float) -> Column:
+    return F.coalesce(F.col("cross_zone_price_per_gb"), F.lit(float(default_price)))
+
+
+def _rack_sums(avoided_cost: Column) -> list[Column]:
+    """Weighted sums of the rack byte columns, the in-rack share and the cost avoided."""
+    sums = [F.sum(F.col("weight") * F.col(c)).alias(c) for c in RACK_COLUMNS]
+    known = F.sum(
+        F.col("weight") * (F.col("same_rack_record_bytes") + F.col("other_rack_record_bytes"))
+    )
+    same = F.sum(F.col("weight") * F.col("same_rack_record_bytes"))
+    share = F.when(known > 0, same / known)  # null: no byte of known rack
+    return [*sums, share.alias("in_rack_share"), F.sum(avoided_cost).alias("cost_avoided")]
+
+
+def rack_by_client(events: DataFrame, default_price: float = DEFAULT_PRICE_PER_GB) -> DataFrame:
+    """Per client id: where its upstream record bytes came from and the cost avoided."""
+    e = events.select(
+        F.coalesce("client_id", F.lit("(null)")).alias("client_id"),
+        "weight",
+        F.coalesce("same_rack_record_bytes", F.lit(0)).alias("same_rack_record_bytes"),
+        F.coalesce("other_rack_record_bytes", F.lit(0)).alias("other_rack_record_bytes"),
+        # version 1 events: every upstream byte is of unknown rack
+        F.coalesce("unknown_rack_record_bytes", "upstream_record_bytes").alias(
+            "unknown_rack_record_bytes"
+        ),
+        F.coalesce("cross_zone_avoided_record_bytes", F.lit(0)).alias(
+            "cross_zone_avoided_record_bytes"
+        ),
+        F.coalesce("preferred_replica_redirects", F.lit(0)).alias("preferred_replica_redirects"),
+        _price(default_price).alias("price"),
+    )
+    cost = (
+        F.col("weight") * F.col("cross_zone_avoided_record_bytes") / BYTES_PER_GB * F.col("price")
+    )
+    return (
+        e.groupBy("client_id")
+        .agg(
+            F.count("*").alias("events"),
+            *_rack_sums(cost),
+            F.sum(F.col("weight") * F.col("preferred_replica_redirects")).alias(
+                "preferred_replica_redirects"
+            ),
+        )
+        .orderBy("client_id")
+    )
+
+
+def _rack_topic_rows(events: DataFrame, default_price: float) -> DataFrame:
+    """One row per (event, topic) of ``rack_by_topic``, topics named as in the starvation table."""
+    rows = events.select(
+        F.coalesce("client_id", F.lit("(null)")).alias("client_id"),
+        "weight",
+        _price(default_price).alias("price"),
+        F.explode("rack_by_topic").alias("t"),
+    ).select("client_id", "weight", "price", "t.*")
+    names = (
+        rows.filter(F.col("topic_id").isNotNull() & (F.col("topic") != F.col("topic_id")))
+        .groupBy(F.col("topic_id").alias("named_id"))
+        .agg(F.max("topic").alias("name"))
+    )
+    return rows.join(
+        names, F.coalesce(F.col("topic_id"), F.col("topic")) == F.col("named_id"), "left"
+    ).select(
+        "client_id",
+        "weight",
+        "price",
+        F.coalesce("name", "topic", F.lit("(other topics)")).alias("topic"),
+        *RACK_COLUMNS,
+    )
+
+
+def rack_by_topic(events: DataFrame, default_price: float = DEFAULT_PRICE_PER_GB) -> DataFrame:
+    rows = _rack_topic_rows(events, default_price)
+    cost = (
+        F.col("weight") * F.col("cross_zone_avoided_record_bytes") / BYTES_PER_GB * F.col("price")
+    )
+    return rows.groupBy("topic").agg(*_rack_sums(cost)).orderBy("topic")
+
+
+def rack_by_client_topic(
+    events: DataFrame, default_price: float = DEFAULT_PRICE_PER_GB
+) -> DataFrame:
+    rows = _rack_topic_rows(events, default_price)
+    cost = (
+        F.col("weight") * F.col("cross_zone_avoided_record_bytes") / BYTES_PER_GB * F.col("price")
+    )
+    return rows.groupBy("client_id", "topic").agg(*_rack_sums(cost)).orderBy("client_id", "topic")
+
+
 def partition_labels(rows: list[dict[str, object]]) -> list[str]:
     """Chart labels of starvation rows: ``topic-partition``, the topic by name when known."""
     return [
@@ -206,7 +320,18 @@ def partition_labels(rows: list[dict[str, object]]) -> list[str]:
     ]
 
 
+CHART_OF = {
+    "starvation": "starvation_by_partition",
+    "limit_hits": "limit_hits_by_policy",
+    "latency": "latency_by_client",
+    "savings": "savings",
+    "racks": "rack_by_client",
+}
+"""Each chart and the table it draws (drawn only when that table was built)."""
+
+
 def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple[str, str]]:
+    drawn = {chart for chart, table in CHART_OF.items() if table in tables}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,6 +340,8 @@ def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple
     charts = []
 
     def bar(name: str, title: str, labels: list[str], series: dict[str, list[float]]) -> None:
+        if name not in drawn:
+            return
         fig, ax = plt.subplots(figsize=(8, 3.5))
         n = max(len(labels), 1)
         width = 0.8 / max(len(series), 1)
@@ -231,7 +358,7 @@ def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple
         plt.close(fig)
         charts.append((f"{name}.png", title))
 
-    starv = tables["starvation_by_partition"][:20]
+    starv = tables.get("starvation_by_partition", [])[:20]
     bar(
         "starvation",
         "Starvation: rounds unserved while data waited (top 20 partitions)",
@@ -241,14 +368,14 @@ def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple
             "p99": [float(r["p99_rounds"] or 0) for r in starv],  # type: ignore[arg-type]
         },
     )
-    hits = tables["limit_hits_by_policy"]
+    hits = tables.get("limit_hits_by_policy", [])
     bar(
         "limit_hits",
         "Limit hits by client policy (estimated responses)",
         [f"{r['policy']}/{r['limit']}" for r in hits],
         {"responses": [float(r["estimated_responses"] or 0) for r in hits]},  # type: ignore[arg-type]
     )
-    lat = tables["latency_by_client"][:20]
+    lat = tables.get("latency_by_client", [])[:20]
     bar(
         "latency",
         "Shaped-fetch latency per client (ms)",
@@ -258,7 +385,7 @@ def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple
             for q in ("p50", "p90", "p99")
         },
     )
-    sav = tables["savings"]
+    sav = tables.get("savings", [])
     bar(
         "savings",
         "Upstream bytes saved per proxy instance",
@@ -266,6 +393,17 @@ def _charts(out: Path, tables: dict[str, list[dict[str, object]]]) -> list[tuple
         {
             "incremental sessions": [float(r["session_saved_bytes"] or 0) for r in sav],  # type: ignore[arg-type]
             "reuse buffer": [float(r["reuse_saved_bytes"] or 0) for r in sav],  # type: ignore[arg-type]
+        },
+    )
+    racks = tables.get("rack_by_client", [])[:20]
+    bar(
+        "racks",
+        "Upstream record bytes per client: proxy's rack vs other racks",
+        [str(r["client_id"]) for r in racks],
+        {
+            "same rack": [float(r["same_rack_record_bytes"] or 0) for r in racks],  # type: ignore[arg-type]
+            "other rack": [float(r["other_rack_record_bytes"] or 0) for r in racks],  # type: ignore[arg-type]
+            "unknown": [float(r["unknown_rack_record_bytes"] or 0) for r in racks],  # type: ignore[arg-type]
         },
     )
     return charts
@@ -307,15 +445,27 @@ def write_html(
     ]
     for png, title in charts:
         parts.append(f"<h3>{html.escape(title)}</h3><img src='{html.escape(png)}' alt=''>")
-    for name in TABLES:
+    for name in (t for t in TABLES if t in tables):
         parts.append(f"<h2>{html.escape(name)}</h2>{_html_table(tables[name])}")
     path = out / "report.html"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
 
 
-def run(inputs: Sequence[str], output: str, master: str | None = None) -> dict[str, object]:
-    progress = Progress(stages=4 + len(TABLES))
+def run(
+    inputs: Sequence[str],
+    output: str,
+    master: str | None = None,
+    *,
+    cross_zone_price_per_gb: float = DEFAULT_PRICE_PER_GB,
+    tables_wanted: Sequence[str] | None = None,
+) -> dict[str, object]:
+    """Build the tables (*tables_wanted*, default all of :data:`TABLES`), charts and HTML."""
+    chosen = list(TABLES) if tables_wanted is None else [t for t in TABLES if t in tables_wanted]
+    unknown = set(tables_wanted or ()) - set(TABLES)
+    if unknown:
+        raise ValueError(f"unknown tables {sorted(unknown)}; known: {', '.join(TABLES)}")
+    progress = Progress(stages=4 + len(chosen))
     files = expand_inputs(inputs)
     progress.step(f"found {len(files)} input file(s)")
     spark = session("kafka-fetch-proxy fleet report", master)
@@ -330,9 +480,12 @@ def run(inputs: Sequence[str], output: str, master: str | None = None) -> dict[s
         "savings": savings,
         "trimmed": trimmed,
         "latency_by_client": latency_by_client,
+        "rack_by_client": lambda e: rack_by_client(e, cross_zone_price_per_gb),
+        "rack_by_topic": lambda e: rack_by_topic(e, cross_zone_price_per_gb),
+        "rack_by_client_topic": lambda e: rack_by_client_topic(e, cross_zone_price_per_gb),
     }
     tables: dict[str, list[dict[str, object]]] = {}
-    for name in TABLES:
+    for name in chosen:
         df = builders[name](events)
         df.write.mode("overwrite").parquet(str(out / name))
         tables[name] = [r.asDict() for r in spark.read.parquet(str(out / name)).collect()]
@@ -356,9 +509,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--input", nargs="+", required=True, help="files, directories or globs")
     parser.add_argument("--output", required=True, help="output directory")
     parser.add_argument("--master", default=None, help="Spark master (default: local[*])")
+    parser.add_argument(
+        "--cross-zone-price-per-gb",
+        type=float,
+        default=DEFAULT_PRICE_PER_GB,
+        help="US dollars per GB crossing zones, for events that carry no price "
+        f"(default {DEFAULT_PRICE_PER_GB})",
+    )
+    parser.add_argument(
+        "--tables",
+        default=None,
+        help=f"comma-separated subset of the tables (default: all: {','.join(TABLES)})",
+    )
     args = parser.parse_args(argv)
+    wanted = None if args.tables is None else [t for t in args.tables.split(",") if t]
+    if wanted is not None and set(wanted) - set(TABLES):
+        parser.error(
+            f"unknown tables {sorted(set(wanted) - set(TABLES))}; known: {','.join(TABLES)}"
+        )
+    if args.cross_zone_price_per_gb < 0:
+        parser.error(f"--cross-zone-price-per-gb must be >= 0, not {args.cross_zone_price_per_gb}")
     try:
-        run(args.input, args.output, args.master)
+        run(
+            args.input,
+            args.output,
+            args.master,
+            cross_zone_price_per_gb=args.cross_zone_price_per_gb,
+            tables_wanted=wanted,
+        )
     except FileNotFoundError as exc:
         print(f"fleet-report: {exc}", file=sys.stderr)
         return 2

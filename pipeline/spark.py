@@ -128,9 +128,9 @@ def session(
         master = "local[*]"
     if master is not None:
         builder = builder.master(master)
-        if master.startswith("local"):
-            # Local mode needs no network beyond loopback; without this Spark binds to
-            # the host's first non-loopback interface.
+        if master.startswith("local") or _on_loopback(master):
+            # Local mode (or a cluster on this machine's loopback) needs no network beyond
+            # loopback; without this Spark binds to the host's first non-loopback interface.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
                 "spark.driver.host", "127.0.0.1"
@@ -148,6 +148,11 @@ def session(
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _on_loopback(master: str) -> bool:
+    """A standalone master on this machine's loopback (``spark://127.0.0.1:PORT``)."""
+    return bool(re.fullmatch(r"spark://(127\.\d+\.\d+\.\d+|localhost|\[::1\]):\d+", master))
 
 
 def stop(spark: SparkSession, timeout: float = 30.0) -> None:

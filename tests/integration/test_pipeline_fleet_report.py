@@ -200,7 +200,7 @@ def test_fleet_report_matches_independent_totals(tmp_path: Path) -> None:
     labels = fleet_report.partition_labels(tables["starvation_by_partition"])  # the chart's
     assert f"{TOPIC}-0" in labels and not any(label.startswith(topic_id) for label in labels)
     pngs = sorted(out.glob("*.png"))
-    assert len(pngs) == 4
+    assert len(pngs) == 5  # starvation, limit hits, latency, savings, racks
     for png in pngs:
         assert png.name in html
         image = matplotlib.image.imread(png)
