@@ -154,10 +154,9 @@ CLIENT_CLOSED_HINT = (
     " upstream is reachable"
 )
 FIRST_REQUEST_TIMEOUT_HINT = (
-    "the client sent no whole request within first_request_timeout_seconds of connecting"
-    " (Kafka's clients send ApiVersions at once); the connection held a connection slot and"
-    " was closed. Many of these: a client or scanner holding connections open, or raise"
-    " first_request_timeout_seconds ({flag}) for a slow TLS client"
+    "no whole request within first_request_timeout_seconds of the accept (Kafka's clients"
+    " send ApiVersions at once): a client or scanner holding idle connections; for slow TLS"
+    " clients raise it ({flag})"
 )
 
 
