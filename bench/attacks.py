@@ -38,12 +38,12 @@ seconds.  Reported besides: new connections served, RSS still held after the att
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import itertools
 import json
 import math
 import os
 import resource
-import select
 import socket
 import struct
 import subprocess
@@ -73,6 +73,11 @@ writes every 10 ms; librdkafka's fetch wait is 500 ms; 2 s leaves room for a bus
 2-core machine)."""
 WIDE_PARTITIONS = 100_000
 LEAN_PARTITIONS = 30_000
+LOCKOUT_AFTER = 15.0
+"""first_request_timeout_seconds (10) and a margin: connections that sent nothing for
+that long must have been closed."""
+WORKER_TIMEOUT = 200.0
+"""Seconds an attack may run before its worker is killed (its window ends there)."""
 PROXY_TREE = REPO
 """Where the proxy and the dev cluster run from (``--tree``: e.g. ``git archive HEAD``
 unpacked, so that a run measures a commit, not a shared work tree's edits)."""
@@ -178,11 +183,11 @@ def _threads(fns: Sequence[Callable[[], None]]) -> None:
 
 def _closed(sock: socket.socket) -> bool:
     """True if the peer closed *sock* (EOF or reset); never blocks."""
+    sock.setblocking(False)  # a socket with a timeout would wait that long on EAGAIN
     try:
-        r, _, _ = select.select([sock], [], [], 0)
-        if not r:
-            return False
-        return sock.recv(1, socket.MSG_PEEK) == b""
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
     except OSError:
         return True
 
@@ -243,10 +248,11 @@ def unfinished_frames(
                 while sent[i] < send_bytes and time.monotonic() < deadline:
                     if not pending:
                         pending = memoryview(chunk[: min(MIB, send_bytes - sent[i])])
-                    _, w, _ = select.select([], [s], [], 0.2)
-                    if not w:
+                    try:
+                        n = s.send(pending)
+                    except BlockingIOError:
+                        time.sleep(0.01)  # the proxy is not reading: try again
                         continue
-                    n = s.send(pending)
                     sent[i] += n
                     pending = pending[n:]
                 end = time.monotonic() + hold
@@ -340,24 +346,29 @@ def abandoned_sessions(
 def idle_sockets(
     address: tuple[str, int], count: int, hold: float, rate: float = 0.0
 ) -> Callable[[], dict[str, Any]]:
-    """*count* connections that send nothing, held *hold* seconds (opened *rate* a second,
-    0: as fast as they connect), then closed.  How many the server closed meanwhile."""
+    """*count* connections that send nothing (opened *rate* a second, 0: as fast as they
+    connect), all closed *hold* seconds after the first; no connect is tried after that.
+    How many the server closed meanwhile."""
 
     def run() -> dict[str, Any]:
         socks: list[socket.socket] = []
         refused = 0
         began = time.monotonic()
+        deadline = began + hold
         for i in range(count):
             if rate:
                 wait = began + i / rate - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             try:
-                socks.append(socket.create_connection(address, timeout=5))
+                socks.append(socket.create_connection(address, timeout=min(2.0, left)))
             except OSError:
                 refused += 1
         opened = time.monotonic() - began
-        time.sleep(max(0.0, hold - opened))
+        time.sleep(max(0.0, deadline - time.monotonic()))
         closed = sum(1 for s in socks if _closed(s))
         for s in socks:
             s.close()
@@ -384,6 +395,9 @@ class Attack:
     settle_lean: float = 1.0
     retention: bool = False
     """A row about state kept after its owner left: RSS still held is a criterion."""
+    lockout: bool = False
+    """A row about connections that lock others out: when the attack lasts longer than
+    :data:`LOCKOUT_AFTER`, newcomers in its last 3 s must be served."""
 
 
 ATTACKS: dict[str, Attack] = {
@@ -401,7 +415,7 @@ ATTACKS: dict[str, Attack] = {
             "One large Fetch freezes every client (nine of them at once)",
             lambda t, p: big_fetch(t, p["partitions"], p["connections"]),
             {"partitions": 100_000, "connections": 9},
-            {"partitions": 30_000, "connections": 9},
+            {"partitions": 10_000, "connections": 9},
         ),
         Attack(
             "unfinished-frames",
@@ -450,6 +464,7 @@ ATTACKS: dict[str, Attack] = {
             lambda t, p: idle_sockets(t.bootstrap, p["connections"], p["hold"]),
             {"connections": 1000, "hold": 20.0},
             {"connections": 1000, "hold": 5.0},
+            lockout=True,
         ),
         Attack(
             "connection-leak",
@@ -457,6 +472,7 @@ ATTACKS: dict[str, Attack] = {
             lambda t, p: idle_sockets(t.bootstrap, p["connections"], p["hold"], p["rate"]),
             {"connections": 4000, "hold": 30.0, "rate": 133.0},
             {"connections": 1500, "hold": 5.0, "rate": 500.0},
+            lockout=True,
         ),
     ]
 }
@@ -471,6 +487,7 @@ def worker_main(args: argparse.Namespace) -> int:
     if sys.stdin.readline().strip() != "go":
         return 1
     began = time.monotonic()
+    faulthandler.dump_traceback_later(WORKER_TIMEOUT - 5)  # where it hung, if it does
     result = run()
     result["seconds"] = round(time.monotonic() - began, 3)
     print(json.dumps(result), flush=True)
@@ -754,6 +771,7 @@ def summarize(
 ) -> dict[str, Any]:
     start, end = window
     rtts = corrected_rtts(w, start, end)
+    quiet = corrected_rtts(w, start - 1.0, start)
     before = [r for t, r in w.rss if t < start]
     baseline = sorted(before)[len(before) // 2] if before else 0
     during = [r for t, r in w.rss if start <= t <= end]
@@ -780,11 +798,16 @@ def summarize(
         criteria = dict.fromkeys(criteria, False)
     if attack.retention:
         criteria["rss_held"] = held < RSS_HEADROOM
+    if attack.lockout and end - start > LOCKOUT_AFTER:
+        # the sockets that send nothing have been closed: a newcomer gets in again
+        late = [ok for t, ok in w.newcomers if end - 3.0 <= t <= end]
+        criteria["newcomers"] = bool(late) and all(late)
     return {
         "attack": attack.name,
         "row": attack.row,
         "window_seconds": round(end - start, 2),
         "rtt": {
+            "baseline_p99_ms": round(percentile(quiet, 0.99) * 1000, 1),
             "p50_ms": round(percentile(rtts, 0.50) * 1000, 1),
             "p99_ms": round(percentile(rtts, 0.99) * 1000, 1),
             "max_ms": round(max(rtts, default=math.nan) * 1000, 1),
@@ -977,9 +1000,15 @@ async def run_attack(
                 start = trio.current_time()
                 worker_proc.stdin.write(b"go\n")
                 worker_proc.stdin.flush()
-                line = await trio.to_thread.run_sync(worker_proc.stdout.readline)
+                line = b""
+                with trio.move_on_after(WORKER_TIMEOUT):
+                    line = await trio.to_thread.run_sync(
+                        worker_proc.stdout.readline, abandon_on_cancel=True
+                    )
                 end = trio.current_time()
-                worker = json.loads(line) if line.strip() else {"error": "no result"}
+                worker = json.loads(line) if line.strip() else {"error": "no result in time"}
+                if worker_proc.poll() is None:
+                    worker_proc.kill()
                 await trio.to_thread.run_sync(worker_proc.wait, 30)
                 await trio.sleep(attack.settle if settle is None else settle)
                 settle_end = trio.current_time()
@@ -1013,7 +1042,7 @@ async def run_all(
 
 def table(results: Sequence[dict[str, Any]]) -> str:
     head = (
-        f"{'attack':<20} {'p99 ms':>8} {'max ms':>8} {'RSS max':>8} {'limit':>6} {'held':>6} "
+        f"{'attack':<20} {'base':>5} {'p99 ms':>8} {'max ms':>8} {'RSS max':>8} {'limit':>6} {'held':>6} "
         f"{'healthz':<18} {'victim':>7} {'gap s':>6} {'new':>7} {'up':>5}  result"
     )
     lines = [head]
@@ -1022,7 +1051,7 @@ def table(results: Sequence[dict[str, Any]]) -> str:
         failed = [k for k, ok in c.items() if not ok]
         health = ",".join(f"{k}:{v}" for k, v in sorted(r["healthz"].items()))
         lines.append(
-            f"{r['attack']:<20} {r['rtt']['p99_ms']:>8} {r['rtt']['max_ms']:>8} "
+            f"{r['attack']:<20} {r['rtt'].get('baseline_p99_ms', ''):>5} {r['rtt']['p99_ms']:>8} {r['rtt']['max_ms']:>8} "
             f"{r['rss']['max_mib']:>8} {r['rss']['limit_mib']:>6.0f} {r['rss']['held_after_mib']:>6} "
             f"{health:<18} {r['victim']['records']:>7} {r['victim']['max_gap_s']:>6} "
             f"{r['newcomers']['served']:>3}/{r['newcomers']['tried']:<3} "
@@ -1038,6 +1067,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--size", choices=["full", "lean"], default="full")
     p.add_argument("--label", default="run", help="results go to var/attacks/<label>.json")
     p.add_argument("--out", type=Path, help="write the results JSON here instead")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other attacks' results already in the file (a row re-run)",
+    )
     p.add_argument(
         "--tree",
         type=Path,
@@ -1072,11 +1106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or REPO / "var" / "attacks" / f"{args.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     done: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    if args.merge and out.exists():
+        kept = [r for r in json.loads(out.read_text())["results"] if r["attack"] not in names]
 
     def show(result: dict[str, Any]) -> None:
         done.append(result)
         print(table([result]).splitlines()[1], flush=True)
-        out.write_text(json.dumps(_meta(args, done), indent=2))
+        rows = sorted([*kept, *done], key=lambda r: list(ATTACKS).index(r["attack"]))
+        out.write_text(json.dumps(_meta(args, rows), indent=2))
 
     print(table([]), flush=True)
     if args.kafka:
