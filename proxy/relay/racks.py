@@ -135,6 +135,8 @@ class RackMap:
         self._max_partitions = max_partitions
         self._racks: dict[int, str | None] = {}
         self._leaders: dict[PartitionKey, int] = {}
+        self._isr: dict[PartitionKey, frozenset[int]] = {}
+        """The in-sync replicas of each partition whose leader is known (same bound)."""
 
     # -- learning ----------------------------------------------------------------
 
@@ -147,15 +149,27 @@ class RackMap:
         while len(self._racks) > self._max_brokers:
             del self._racks[next(iter(self._racks))]
 
-    def learn_leader(self, topic: TopicKey, partition: int, leader: int) -> None:
-        """*leader* leads (topic, partition) now; a negative leader forgets it."""
+    def learn_leader(
+        self,
+        topic: TopicKey,
+        partition: int,
+        leader: int,
+        isr: Iterable[int] | None = None,
+    ) -> None:
+        """*leader* leads (topic, partition) now, with in-sync replicas *isr* (None: not
+        known); a negative leader forgets it."""
         key = (topic, int(partition))
         self._leaders.pop(key, None)
+        self._isr.pop(key, None)
         if leader < 0:
             return
         self._leaders[key] = int(leader)
+        if isr is not None:
+            self._isr[key] = frozenset(int(n) for n in isr)
         while len(self._leaders) > self._max_partitions:
-            del self._leaders[next(iter(self._leaders))]
+            oldest = next(iter(self._leaders))
+            del self._leaders[oldest]
+            self._isr.pop(oldest, None)
 
     def learn_metadata(self, response: Any) -> None:
         """Learn from a decoded Metadata response (racks from v1 on, leaders always).
@@ -179,8 +193,9 @@ class RackMap:
             for p in getattr(topic, "partitions", ()):
                 ok = topic_ok and int(getattr(p, "error_code", 0)) == 0
                 leader = int(p.leader_id) if ok else -1
+                isr = getattr(p, "isr_nodes", None)
                 for key in keys:
-                    self.learn_leader(key, int(p.partition_index), leader)
+                    self.learn_leader(key, int(p.partition_index), leader, isr)
 
     # -- reading -----------------------------------------------------------------
 
@@ -210,6 +225,12 @@ class RackMap:
 
     def leader_of(self, topic: TopicKey, partition: int) -> int | None:
         return self._leaders.get((topic, int(partition)))
+
+    def in_sync(self, key: PartitionKey, node: int) -> bool | None:
+        """Is *node* among the in-sync replicas of *key*, as Metadata last said (None: not
+        known)?  A preferred read replica that left them goes back to the leader."""
+        isr = self._isr.get(key)
+        return None if isr is None else node in isr
 
     def __len__(self) -> int:
         return len(self._leaders)
