@@ -152,6 +152,96 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         add(name, "rss", _status(b <= 30_000), f"{b / 1000:.1f} KB per connection{hs}", c)
     if not cases:
         add(name, "rss", "not measured", "no rss numbers")
+    out += fetch_targets(results)
+    return out
+
+
+def fetch_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 17's targets on its scenarios (g), (h), (i), (j), against direct in the same run.
+
+    Only the scenarios a run has are judged; the others are left out, not "not measured"
+    (they are new: a run of the older six says nothing about them)."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, scenario: str, ok: bool | None, numbers: str, case: str | None) -> None:
+        status = "not measured" if ok is None else _status(ok)
+        out.append(
+            {
+                "target": name,
+                "scenario": scenario,
+                "case": case,
+                "status": status,
+                "numbers": numbers,
+            }
+        )
+
+    sc = "shaped_partitions"
+    for case, want in (("1000 partitions", 0.7), ("100 partitions", 0.85)):
+        if case not in results["scenarios"].get(sc, {}).get("cases", {}):
+            continue
+        d, p = (median(results, sc, case, a, "mb_per_s") for a in ("direct", "proxy"))
+        dcpu, pcpu = (
+            median(results, sc, case, a, "broker_cpu_s_per_gb") for a in ("direct", "proxy")
+        )
+        name = f"shaped consumption ({case}) >= {want}x direct" + (
+            ", broker CPU per GB <= 2x direct's" if case == "1000 partitions" else ""
+        )
+        if d is None or p is None or dcpu is None or pcpu is None:
+            add(name, sc, None, "missing numbers", case)
+            continue
+        ok = p >= want * d and (case != "1000 partitions" or pcpu <= 2 * dcpu)
+        add(
+            name,
+            sc,
+            ok,
+            f"{p:.1f} MB/s = {p / d:.3f}x direct's {d:.1f}; broker {pcpu:.2f} CPU-s/GB "
+            f"against {dcpu:.2f} direct ({pcpu / dcpu:.1f}x)",
+            case,
+        )
+
+    sc = "idle_consumers"
+    for case in results["scenarios"].get(sc, {}).get("cases", {}):
+        d, p = (median(results, sc, case, a, "ms_per_fetch") for a in ("direct", "proxy"))
+        dr, pr = (median(results, sc, case, a, "fetches_per_s") for a in ("direct", "proxy"))
+        name = "idle consumers, default budget: fetches/s >= 0.95x direct (the long-poll target)"
+        if None in (d, p, dr, pr):
+            add(name, sc, None, "missing numbers", case)
+            continue
+        assert d is not None and p is not None and dr is not None and pr is not None
+        add(
+            name,
+            sc,
+            pr >= 0.95 * dr,
+            f"{pr:.0f} fetches/s = {pr / dr:.2f}x direct's {dr:.0f}; "
+            f"wait added per fetch {p - d:+.1f} ms ({d:.1f} -> {p:.1f} ms)",
+            case,
+        )
+
+    sc = "budget_starvation"
+    cases = list(results["scenarios"].get(sc, {}).get("cases", {}))
+    if len(cases) == 2:
+        alone, beside = cases
+        a = median(results, sc, alone, "proxy", "p99_ms")
+        b = median(results, sc, beside, "proxy", "p99_ms")
+        db = median(results, sc, beside, "direct", "p99_ms")
+        name = "budget starvation: the normal consumer's p99 fetch latency within 5 ms of alone"
+        if a is None or b is None:
+            add(name, sc, None, "missing numbers", beside)
+        else:
+            direct = f"; direct beside them {db:.1f} ms" if db is not None else ""
+            add(
+                name, sc, b - a <= 5.0, f"p99 {a:.1f} ms alone, {b:.1f} ms {beside}{direct}", beside
+            )
+
+    sc = "kafka_tools"
+    case = "ConsumerPerformance"
+    if case in results["scenarios"].get(sc, {}).get("cases", {}):
+        d, p = (median(results, sc, case, a, "mb_per_s") for a in ("direct", "proxy"))
+        name = "ConsumerPerformance through the proxy >= 0.95x direct"
+        if d is None or p is None:
+            add(name, sc, None, "missing numbers", case)
+        else:
+            add(name, sc, p >= 0.95 * d, f"{p:.1f} MB/s = {p / d:.2f}x direct's {d:.1f}", case)
     return out
 
 
@@ -164,6 +254,15 @@ PLOTS: dict[str, tuple[str, ...]] = {
     "idle_partitions": ("upstream_bytes_per_round", "relay_cpu_ms_per_round"),
     "shaping": ("mb_per_s", "upstream_over_delivered", "relay_cpu_s_per_gb"),
     "rss": ("relay_bytes_per_conn",),
+    "shaped_partitions": ("mb_per_s", "broker_cpu_s_per_gb", "relay_cpu_s_per_gb"),
+    "idle_consumers": ("fetches_per_s", "ms_per_fetch", "relay_cpu_ms_per_fetch"),
+    "budget_starvation": ("p50_ms", "p99_ms"),
+    "kafka_tools": ("mb_per_s", "p50_ms", "p99_ms"),
+}
+LOG_SCALE = {"latency", "budget_starvation"}
+LOG_SCALE_METRICS = {
+    ("idle_partitions", "upstream_bytes_per_round"),
+    ("shaped_partitions", "mb_per_s"),
 }
 
 
@@ -192,7 +291,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
                     ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=arr, color=COLORS[arr])
             ax.set_xticks(range(len(cases)), cases, fontsize=8)
             ax.set_title(metric, fontsize=9)
-            if scenario == "latency" or metric == "upstream_bytes_per_round":
+            if scenario in LOG_SCALE or (scenario, metric) in LOG_SCALE_METRICS:
                 ax.set_yscale("log")
             ax.grid(axis="y", alpha=0.3)
         handles = {}
@@ -262,24 +361,8 @@ def markdown(results: dict[str, Any], plot_dir: str, plotted: set[str]) -> str:
             f"| {t['target']} | {t['case'] or '-'} | **{t['status']}** | {t['numbers']}{flame} |"
         )
     for scenario, data in results["scenarios"].items():
-        lines += ["", f"## {data['title']}", "", data["description"], ""]
-        metrics: list[str] = []
-        for case in data["cases"].values():
-            for arr in case.values():
-                for m in arr["summary"]:
-                    if m not in metrics:
-                        metrics.append(m)
-        lines.append("| case | arrangement | " + " | ".join(metrics) + " |")
-        lines.append("|---|---|" + "---|" * len(metrics))
-        for case_name, case in data["cases"].items():
-            for arr_name in ARRANGEMENTS:
-                if arr_name not in case:
-                    continue
-                summary = case[arr_name]["summary"]
-                cells = " | ".join(_fmt(summary.get(m)) for m in metrics)
-                lines.append(f"| {case_name} | {arr_name} | {cells} |")
-        if scenario in plotted:
-            lines += ["", f"![{scenario}]({plot_dir}/{scenario}.png)"]
+        lines += ["", *scenario_section(scenario, data, plot_dir, plotted)]
+    lines += ["", *sizing(results)]
     lines += [
         "",
         "## Sizes",
@@ -290,3 +373,266 @@ def markdown(results: dict[str, Any], plot_dir: str, plotted: set[str]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def scenario_section(
+    scenario: str,
+    data: dict[str, Any],
+    plot_dir: str,
+    plotted: set[str],
+    preface: tuple[str, ...] = (),
+) -> list[str]:
+    """One scenario's section: title, description, *preface* lines, table, plot."""
+    lines = [f"## {data['title']}", "", data["description"], "", *preface]
+    if preface:
+        lines.append("")
+    metrics: list[str] = []
+    for case in data["cases"].values():
+        for arr in case.values():
+            for m in arr["summary"]:
+                if m not in metrics:
+                    metrics.append(m)
+    lines.append("| case | arrangement | " + " | ".join(metrics) + " |")
+    lines.append("|---|---|" + "---|" * len(metrics))
+    for case_name, case in data["cases"].items():
+        for arr_name in ARRANGEMENTS:
+            if arr_name not in case:
+                continue
+            summary = case[arr_name]["summary"]
+            cells = " | ".join(_fmt(summary.get(m)) for m in metrics)
+            lines.append(f"| {case_name} | {arr_name} | {cells} |")
+    if scenario in plotted:
+        lines += ["", f"![{scenario}]({plot_dir}/{scenario}.png)"]
+    return lines
+
+
+# -- Sizing ------------------------------------------------------------------------------
+
+MIB = 1 << 20
+
+
+def run_label(meta: dict[str, Any]) -> str:
+    rev = str(meta.get("versions", {}).get("git revision", "?"))
+    dirty = " with uncommitted changes" if "uncommitted" in rev else ""
+    reps = meta.get("sizes", {}).get("repetitions", "?")
+    return f"{rev[:7]}{dirty}, {str(meta.get('started', '?'))[:16]}, {reps} rep."
+
+
+def combine(base: dict[str, Any] | None, partial: dict[str, Any] | None) -> dict[str, Any]:
+    """One results document from a published full run and later partial runs: a
+    scenario of *partial* replaces the base's; each scenario keeps the label of its run
+    (``"run"``)."""
+    out: dict[str, Any] = {"scenarios": {}}
+    for doc in (base, partial):
+        if doc is None:
+            continue
+        for name, data in doc["scenarios"].items():
+            label = data.get("run") or run_label(doc["meta"])
+            out["scenarios"][name] = {**data, "run": label}
+    return out
+
+
+def sizing(results: dict[str, Any]) -> list[str]:
+    """The Sizing section: what one proxy costs per unit of work, from a run's medians.
+
+    CPU-s per GB is numerically millicores per MB/s (1 MB/s is 0.001 GB/s); CPU-ms per
+    fetch times 1,000 is millicores per 1,000 fetches/s."""
+    sc = results["scenarios"]
+
+    def m(scenario: str, case: str, metric: str, arr: str = "proxy") -> float | None:
+        return median(results, scenario, case, arr, metric)
+
+    def src(scenario: str, case: str) -> str:
+        label = sc.get(scenario, {}).get("run") or run_label(results.get("meta", {}))
+        return f"{scenario} / {case} ({label})"
+
+    def biggest(scenario: str) -> tuple[str, int] | None:
+        cases = list(sc.get(scenario, {}).get("cases", {}))
+        if not cases:
+            return None
+        counted = [(c, int(c.split()[0])) for c in cases if c.split()[0].isdigit()]
+        return max(counted, key=lambda x: x[1]) if counted else None
+
+    rows: list[tuple[str, str, str]] = []
+    figures: dict[str, float] = {}
+
+    def row(key: str, what: str, value: float | None, unit: str, fmt: str, source: str) -> None:
+        if value is None:
+            rows.append((what, "not measured", source))
+            return
+        figures[key] = value
+        rows.append((what, f"{value:{fmt}} {unit}", source))
+
+    for case, key in (("uncompressed", "cpu_mbps"), ("lz4", "cpu_mbps_lz4")):
+        v = m("throughput", case, "relay_cpu_s_per_gb")
+        h = m("throughput", case, "relay_cpu_s_per_gb", "haproxy")
+        note = f" (haproxy {h:.2f})" if h is not None else ""
+        row(key, f"CPU per MB/s consumed, {case}", v, f"millicores{note}", ".2f",
+            src("throughput", case))  # fmt: skip
+    for scenario in ("shaped_partitions", "shaping"):
+        for case in sc.get(scenario, {}).get("cases", {}):
+            v = m(scenario, case, "relay_cpu_s_per_gb")
+            row(f"cpu_mbps_shaped_{case}", f"CPU per MB/s consumed with record caps, {case}",
+                v, "millicores", ".1f", src(scenario, case))  # fmt: skip
+        if scenario in sc:
+            break
+    big = biggest("fetch_cpu")
+    if big is not None:
+        v = m("fetch_cpu", big[0], "relay_cpu_ms_per_fetch")
+        row("cpu_kfetch", "CPU per 1,000 fetches/s (small long polls)",
+            None if v is None else v * 1000, "millicores", ".0f", src("fetch_cpu", big[0]))  # fmt: skip
+    big = biggest("idle_consumers")
+    if big is not None:
+        v = m("idle_consumers", big[0], "relay_cpu_ms_per_fetch")
+        row("cpu_kfetch_consumers", "CPU per 1,000 fetches/s (idle librdkafka consumers)",
+            None if v is None else v * 1000, "millicores", ".0f", src("idle_consumers", big[0]))  # fmt: skip
+    big = biggest("idle_partitions")
+    if big is not None:
+        v = m("idle_partitions", big[0], "relay_core_percent")
+        row("cpu_idle_sessionless", f"CPU of one idle sessionless consumer of {big[1]:,} partitions",
+            None if v is None else v * 10, "millicores", ".0f", src("idle_partitions", big[0]))  # fmt: skip
+    big = biggest("rss")
+    if big is not None:
+        idle = m("rss", big[0], "relay_rss_mb_idle")
+        row("rss_idle", "RSS of an idle proxy", None if idle is None else idle * 1e6 / MIB,
+            "MiB", ".0f", src("rss", big[0]))  # fmt: skip
+        v = m("rss", big[0], "relay_bytes_per_conn")
+        row("mib_kconn", "memory per 1,000 connections", None if v is None else v * 1000 / MIB,
+            "MiB", ".1f", src("rss", big[0]))  # fmt: skip
+    big = biggest("idle_partitions")
+    if big is not None:
+        v = m("idle_partitions", big[0], "relay_rss_mib_delta")
+        row("mib_10k_partitions", "memory per 10,000 session partitions",
+            None if v is None else v * 10_000 / big[1], "MiB", ".1f", src("idle_partitions", big[0]))  # fmt: skip
+
+    lines = [
+        "## Sizing",
+        "",
+        "Generated from the medians of the runs named in each row (proxy process, this "
+        "machine: see Versions and machine; a faster core lowers the CPU figures). CPU-s per "
+        "GB is numerically millicores per MB/s; CPU-ms per fetch x 1,000 is millicores per "
+        "1,000 fetches/s. Memory is VmRSS growth, noisy at small sizes.",
+        "",
+        "| quantity | value | from (scenario / case (run)) |",
+        "|---|---|---|",
+        *(f"| {a} | {b} | {c} |" for a, b, c in rows),
+        "",
+    ]
+    f = figures
+    if {"cpu_mbps", "cpu_kfetch"} <= f.keys():
+        cores = (50 * f["cpu_mbps"] + 0.5 * f["cpu_kfetch"]) / 1000
+        lines.append(
+            f"**Cores.** millicores ~ MB/s consumed x {f['cpu_mbps']:.2f} (lz4-compressed data: "
+            f"x {f.get('cpu_mbps_lz4', float('nan')):.2f}) + fetches/s / 1,000 x "
+            f"{f['cpu_kfetch']:.0f}. Record caps (`max_records`, `max_partition_bytes`) cost "
+            "per response, not per byte: use the capped row for the consumer's partition count. "
+            f"Example: 50 MB/s uncompressed and 500 fetches/s need about {cores:.2f} of a core; "
+            "leave headroom, since latency grows as the proxy's core fills (End-to-end latency)."
+        )
+        lines.append("")
+    if {"rss_idle", "mib_kconn"} <= f.keys():
+        session = f.get("mib_10k_partitions")
+        part = f" + session partitions / 10,000 x {session:.1f} MiB" if session is not None else ""
+        lines.append(
+            f"**Memory.** limit ~ {f['rss_idle']:.0f} MiB (idle) + `memory_budget_bytes` + "
+            f"connections / 1,000 x {f['mib_kconn']:.1f} MiB{part} + about 10 MiB of "
+            "per-request state (README: RSS <= budget + about 10 MiB at 50 consumers)."
+        )
+        lines.append("")
+    lines.append(budget_advice(results))
+    return lines
+
+
+def budget_advice(results: dict[str, Any]) -> str:
+    """How to size ``memory_budget_bytes``, with scenario (h)'s numbers when there are."""
+    text = (
+        "**Memory budget.** `memory_budget_bytes` (default 128 MiB) bounds the response data "
+        "the proxy holds. A fetch's grant is what its response may carry (its partitions' "
+        "max bytes plus one batch, at most budget/16) and, in this version, is held from "
+        "the moment the fetch is sent upstream, a long poll that returns nothing included: "
+        "the budget must cover the fetches in flight at once (long-polling consumers x their "
+        "grant), or fetches wait for room. With the default, about 120 one-partition long "
+        "polls fit."
+    )
+    sc = results["scenarios"].get("idle_consumers", {}).get("cases", {})
+    measured = []
+    for case in sc:
+        d = median(results, "idle_consumers", case, "direct", "fetches_per_s")
+        p = median(results, "idle_consumers", case, "proxy", "fetches_per_s")
+        dm = median(results, "idle_consumers", case, "direct", "ms_per_fetch")
+        pm = median(results, "idle_consumers", case, "proxy", "ms_per_fetch")
+        if None not in (d, p, dm, pm):
+            assert d is not None and p is not None and dm is not None and pm is not None
+            measured.append(
+                f"{case}: {p:.0f} fetches/s against {d:.0f} direct, {pm - dm:+.0f} ms per fetch"
+            )
+    if measured:
+        text += (
+            " Measured under the default budget (idle consumers): "
+            + "; ".join(measured)
+            + ". When the proxy's rate falls below direct's, raise the budget to about "
+            "consumers x 1 MiB per partition they fetch (budget/16 at most each), or expect "
+            "that wait per fetch."
+        )
+    return text
+
+
+# -- merging a partial run into the published BENCHMARKS.md --------------------------------
+
+
+def _replace_section(text: str, title: str, section: str, before: str) -> str:
+    """*text* with its ``## {title}`` section (up to the next ``## ``) replaced by
+    *section*, or *section* inserted before the line *before* when there is none."""
+    head = f"## {title}\n"
+    at = text.find("\n" + head)
+    if at >= 0:
+        end = text.find("\n## ", at + len(head))
+        end = len(text) if end < 0 else end
+        return text[: at + 1] + section.rstrip("\n") + "\n" + text[end:]
+    at = text.find("\n" + before)
+    if at < 0:
+        return text.rstrip("\n") + "\n\n" + section
+    return text[: at + 1] + section.rstrip("\n") + "\n\n" + text[at + 1 :]
+
+
+def merge_partial(previous: dict[str, Any] | None, results: dict[str, Any]) -> dict[str, Any]:
+    """The published partial-run document (``bench/plots/results-partial.json``) with the
+    scenarios (and their targets) of *results* added or replaced, each labelled with its run."""
+    out = previous or {"scenarios": {}, "targets": []}
+    label = run_label(results["meta"])
+    for name, data in results["scenarios"].items():
+        out["scenarios"][name] = {**data, "run": label, "command": results["meta"]["command"]}
+    chosen = set(results["scenarios"])
+    out["targets"] = [t for t in out["targets"] if t["scenario"] not in chosen] + [
+        {**t, "run": label} for t in results["targets"] if t["scenario"] in chosen
+    ]
+    return out
+
+
+def merge_markdown(
+    text: str,
+    partial: dict[str, Any],
+    base: dict[str, Any] | None,
+    plot_dir: str,
+    plotted: set[str],
+    scenarios: list[str],
+) -> str:
+    """The published BENCHMARKS.md with *scenarios*' sections (from *partial*) and the
+    Sizing section (from *base* and *partial*) put in or replaced; the rest untouched."""
+    for name in scenarios:
+        data = partial["scenarios"][name]
+        targets = [t for t in partial["targets"] if t["scenario"] == name]
+        preface = [
+            f"Not part of the run above: measured by `{data['command']}` ({data['run']}), "
+            "median and (min-max) of its repetitions.",
+        ]
+        if targets:
+            preface += ["", "| target | case | status | numbers |", "|---|---|---|---|"]
+            preface += [
+                f"| {t['target']} | {t['case'] or '-'} | **{t['status']}** | {t['numbers']} |"
+                for t in targets
+            ]
+        section = "\n".join(scenario_section(name, data, plot_dir, plotted, tuple(preface)))
+        text = _replace_section(text, data["title"], section + "\n", "## Sizes")
+    section = "\n".join(sizing(combine(base, partial)))
+    return _replace_section(text, "Sizing", section + "\n", "## Sizes")

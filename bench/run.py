@@ -15,7 +15,12 @@ target, a py-spy flame graph of the proxy (``--no-flamegraphs``: none).  A compl
 non-smoke run also publishes: ``BENCHMARKS.md`` at the repository root (keeping the
 hand-written discussion after ``DISCUSSION_MARK``, which names the run it was written
 for), and its plots, flame graphs and ``results.json`` in ``bench/plots/``
-(``--no-publish``: it does not).  ``--smoke`` never publishes.
+(``--no-publish``: it does not).  ``--smoke`` never publishes.  A partial run with
+``--merge`` publishes only its scenarios' sections (plots, flame graphs) and the Sizing
+section into BENCHMARKS.md, each labelled with its run; ``bench/plots/results-partial.json``
+keeps them until the next full run.
+
+    .venv/bin/python -m bench.run --scenarios shaped_partitions,kafka_tools --merge
 
 Not a test: it asserts nothing about speed.  Run it on a quiet machine.
 """
@@ -47,6 +52,8 @@ PLOTS = REPO / "bench" / "plots"
 DISCUSSION_MARK = "<!-- discussion: written by hand; a published run keeps it -->"
 """BENCHMARKS.md's hand-written discussion of the targets starts at this line."""
 REQUIREMENTS = REPO / "bench" / "requirements.txt"
+PARTIAL = PLOTS / "results-partial.json"
+"""Scenarios of partial runs published with ``--merge`` since the last full run."""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -67,6 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-partitions", type=_ints, help="e.g. 100,1000,10000")
     p.add_argument("--shaping-partitions", type=_ints, help="e.g. 100,1000")
     p.add_argument("--rss-connections", type=int, help="idle connections for the RSS scenario")
+    p.add_argument("--shaped-partitions", type=_ints, help="e.g. 100,1000,10000")
+    p.add_argument("--shaped-mb", type=int, help="MB preloaded per shaped_partitions topic")
+    p.add_argument("--idle-consumers", type=_ints, help="e.g. 100,200")
+    p.add_argument("--tools-mb", type=int, help="MB preloaded for ConsumerPerformance")
+    p.add_argument("--tools-latency-records", type=int, help="EndToEndLatency's records")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="a partial non-smoke run puts its scenarios' sections and the Sizing section "
+        "into the published BENCHMARKS.md (labelled with this run), leaving the rest",
+    )
     p.add_argument(
         "--flamegraphs",
         action=argparse.BooleanOptionalAction,
@@ -95,12 +113,18 @@ def sizes_from(args: argparse.Namespace) -> Any:
         "idle_partitions": args.idle_partitions,
         "shaping_partitions": args.shaping_partitions,
         "rss_connections": args.rss_connections,
+        "shaped_partitions": args.shaped_partitions,
+        "shaped_mb": args.shaped_mb,
+        "idle_consumers": args.idle_consumers,
+        "tools_mb": args.tools_mb,
+        "tools_latency_records": args.tools_latency_records,
     }
     if args.seconds is not None:
         overrides |= {
             "latency_seconds": args.seconds,
             "fetch_seconds": args.seconds,
             "idle_seconds": args.seconds,
+            "starvation_seconds": args.seconds,
         }
     return dataclasses.replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -122,6 +146,9 @@ def versions(stack: Stack) -> dict[str, str]:
     assert stack.cluster is not None
     rev = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
     dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    exported = REPO / ".revision"  # a `git archive` export: no .git, its commit written here
+    if exported.exists() and not (REPO / ".git").exists():
+        rev, dirty = exported.read_text().strip() + " (git archive export)", ""
     kcat = re.search(r"Version (\S+).*?librdkafka (\S+)", _run(["kcat", "-V"]), re.S)
     return {
         "git revision": rev + (" (with uncommitted changes)" if dirty else ""),
@@ -211,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     use_bench_jvm_opts()
     from . import report
-    from .scenarios import SCENARIOS
+    from .fetch_scenarios import SCENARIOS as FETCH_SCENARIOS
+    from .scenarios import SCENARIOS as BASE_SCENARIOS
 
+    SCENARIOS = {**BASE_SCENARIOS, **FETCH_SCENARIOS}
     sizes = sizes_from(args)
     chosen = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
     unknown = set(chosen) - set(SCENARIOS)
@@ -300,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
 
     plotted = {p.stem for p in report.plot(results, out)}
     (out / "BENCHMARKS.md").write_text(report.markdown(results, ".", plotted))
+    if args.merge and not args.smoke and not publish:
+        merge_published(results, out, plotted)
     if publish:
+        PARTIAL.unlink(missing_ok=True)  # every scenario is in the full run now
         PLOTS.mkdir(exist_ok=True)
         for name in plotted:
             shutil.copy(out / f"{name}.png", PLOTS / f"{name}.png")
@@ -318,6 +350,37 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"target {t['status']}: {t['target']} [{t['case'] or '-'}] {t['numbers']}")
     _log(f"results in {out}" + (" (published BENCHMARKS.md, bench/plots/)" if publish else ""))
     return 0
+
+
+def merge_published(results: dict[str, Any], out: Path, plotted: set[str]) -> None:
+    """``--merge``: this partial run's scenario sections, their plots and flame graphs,
+    and the Sizing section (from the published full run's ``results.json`` and the
+    partial runs so far, ``results-partial.json``) into the published BENCHMARKS.md."""
+    from . import report
+
+    PLOTS.mkdir(exist_ok=True)
+    for name in plotted:
+        shutil.copy(out / f"{name}.png", PLOTS / f"{name}.png")
+    for t in results["targets"]:
+        if t.get("flamegraph"):
+            shutil.copy(out / t["flamegraph"], PLOTS / t["flamegraph"])
+    previous = json.loads(PARTIAL.read_text()) if PARTIAL.exists() else None
+    partial = report.merge_partial(previous, results)
+    PARTIAL.write_text(json.dumps(partial, indent=2) + "\n")
+    base_path = PLOTS / "results.json"
+    base = json.loads(base_path.read_text()) if base_path.exists() else None
+    published = REPO / "BENCHMARKS.md"
+    on_disk = {p.stem for p in PLOTS.glob("*.png")}
+    published.write_text(
+        report.merge_markdown(
+            published.read_text() if published.exists() else "",
+            partial,
+            base,
+            PLOTS.relative_to(REPO).as_posix(),
+            on_disk,
+            list(results["scenarios"]),
+        )
+    )
 
 
 def kept_discussion(path: Path) -> str:

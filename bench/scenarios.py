@@ -54,6 +54,16 @@ class Sizes:
     shaping_args: tuple[str, ...] = ("--max-records", "500", "--max-partition-bytes", "65536")
     rss_connections: int = 1000
     warm_up_records: int = 2000
+    # issue 17's scenarios (bench/fetch_scenarios.py)
+    shaped_partitions: tuple[int, ...] = (100, 1000, 10000)
+    shaped_mb: int = 128
+    idle_consumers: tuple[int, ...] = (100, 200)
+    starvation_hogs: int = 20
+    starvation_hog_wait_ms: int = 5000
+    starvation_records: int = 20000
+    starvation_seconds: float = 10.0
+    tools_mb: int = 256
+    tools_latency_records: int = 2000
 
 
 SMOKE = Sizes(
@@ -74,6 +84,15 @@ SMOKE = Sizes(
     shaping_mb=2,
     rss_connections=20,
     warm_up_records=256,
+    shaped_partitions=(10,),
+    shaped_mb=2,
+    idle_consumers=(3,),
+    starvation_hogs=3,
+    starvation_hog_wait_ms=500,
+    starvation_records=500,
+    starvation_seconds=0.6,
+    tools_mb=2,
+    tools_latency_records=20,
 )
 
 
@@ -240,6 +259,9 @@ class _KcatWarmUp(Scenario):
         preload(stack.cluster.bootstrap, self.warm_topic, 64, sizes.warm_up_records, sizes, "none")
 
     def warm_up(self, stack: Stack, arr: Arrangement, sizes: Sizes) -> None:
+        # A first Metadata with a generous timeout: kcat gives up on one after 5 s, which
+        # a just-started proxy on a loaded machine can take.
+        leader_address(arr.bootstrap, self.warm_topic)
         _kcat_drain(arr.bootstrap, self.warm_topic, sizes.warm_up_records, 60)
 
 
@@ -501,6 +523,7 @@ class IdlePartitions(Scenario):
         probe = Probe(arr, stack.broker_pid)
         interval_ms = int(max(100, min(1000, sizes.idle_seconds * 1000 / 4)))
         marks: list[tuple[Sample, str]] = []
+        rss0 = rss_bytes(arr.relay_pid) if arr.relay_pid is not None else None
         consumer = confluent_kafka.Consumer(
             {
                 "bootstrap.servers": arr.bootstrap,
@@ -524,6 +547,7 @@ class IdlePartitions(Scenario):
                     break
                 if time.monotonic() > began + warmup + sizes.idle_seconds + 60:
                     raise RuntimeError("idle_partitions: no statistics from librdkafka")
+            rss1 = rss_bytes(arr.relay_pid) if arr.relay_pid is not None else None
         finally:
             consumer.close()
         (a, js_a), (b, js_b) = marks[first], marks[-1]
@@ -544,6 +568,8 @@ class IdlePartitions(Scenario):
             "relay_cpu_ms_per_round": _per(_relay_cpu(a, b), rounds, 1000),
             "relay_core_percent": _per(_relay_cpu(a, b), seconds, 100),
             "broker_cpu_ms_per_round": _per(b.broker_cpu - a.broker_cpu, rounds, 1000),
+            # what the relay holds for this client's session (sizing: MiB per partition)
+            "relay_rss_mib_delta": None if rss0 is None or rss1 is None else (rss1 - rss0) / 2**20,
         }
 
 

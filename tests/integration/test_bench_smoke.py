@@ -11,13 +11,17 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ARRANGEMENTS = {"direct", "haproxy", "proxy"}
 SCENARIOS = {"throughput", "latency", "fetch_cpu", "idle_partitions", "shaping", "rss"}
+FETCH_SCENARIOS = {"shaped_partitions", "idle_consumers", "budget_starvation", "kafka_tools"}
+"""Issue 17's scenarios (bench/fetch_scenarios.py), in the same smoke run."""
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
 
@@ -26,22 +30,42 @@ def _digest(path: Path) -> bytes | None:
     return path.read_bytes() if path.exists() else None
 
 
-def test_bench_smoke_run_measures_every_scenario_and_arrangement(tmp_path: Path) -> None:
+@dataclass
+class SmokeRun:
+    out: Path
+    results: dict[str, Any]
+    committed: bytes | None
+    """BENCHMARKS.md before the run"""
+    plots: dict[str, bytes]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
+    """One ``bench.run --smoke`` (one broker, every scenario) shared by the tests below."""
     committed = _digest(REPO / "BENCHMARKS.md")
     plots = {p.name: p.read_bytes() for p in (REPO / "bench" / "plots").glob("*.png")}
-    out = tmp_path / "out"
+    out = tmp_path_factory.mktemp("bench") / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=480,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return SmokeRun(out, json.loads((out / "results.json").read_text()), committed, plots)
 
-    results = json.loads((out / "results.json").read_text())
-    assert set(results["scenarios"]) == SCENARIOS
+
+def _runs(smoke: SmokeRun, scenario: str) -> dict[str, dict[str, dict[str, float | None]]]:
+    """{case: {arrangement: the one run's numbers}} of a scenario."""
+    cases = smoke.results["scenarios"][scenario]["cases"]
+    return {c: {a: d["runs"][0] for a, d in arrs.items()} for c, arrs in cases.items()}
+
+
+def test_bench_smoke_run_measures_every_scenario_and_arrangement(smoke: SmokeRun) -> None:
+    committed, plots, out, results = smoke.committed, smoke.plots, smoke.out, smoke.results
+    assert set(results["scenarios"]) == SCENARIOS | FETCH_SCENARIOS
     for name, scenario in results["scenarios"].items():
         assert scenario["cases"], name
         for case, arrangements in scenario["cases"].items():
@@ -59,11 +83,66 @@ def test_bench_smoke_run_measures_every_scenario_and_arrangement(tmp_path: Path)
     assert {t["status"] for t in results["targets"]} <= {"met", "missed", "not measured"}
     assert all(v for v in results["meta"]["versions"].values())
 
-    for name in SCENARIOS:
+    for name in SCENARIOS | FETCH_SCENARIOS:
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     report = (out / "BENCHMARKS.md").read_text()
     assert "## Targets" in report and "bench.run --smoke" in report
+    assert "## Sizing" in report and "| memory per 1,000 connections |" in report
     # a smoke run publishes nothing
     assert _digest(REPO / "BENCHMARKS.md") == committed
     assert {p.name: p.read_bytes() for p in (REPO / "bench" / "plots").glob("*.png")} == plots
+
+
+def test_shaped_partitions_smoke(smoke: SmokeRun) -> None:
+    """(g): every arrangement read the whole topic; the shaping proxy says what it fetched."""
+    for case, arrs in _runs(smoke, "shaped_partitions").items():
+        for arr, run in arrs.items():
+            assert run["mb_per_s"] and run["mb_per_s"] > 0, (case, arr)
+            assert run["broker_cpu_s_per_gb"] is not None, (case, arr)
+        # the proxy's own counters: it delivered what it fetched, give or take trimming
+        assert arrs["proxy"]["upstream_over_delivered"] is not None
+        assert arrs["proxy"]["upstream_over_delivered"] >= 1.0
+        assert arrs["direct"]["relay_cpu_s_per_gb"] is None
+    names = {t["target"] for t in smoke.results["targets"] if t["scenario"] == "shaped_partitions"}
+    assert not names  # the smoke size has neither 100 nor 1,000 partitions: nothing judged
+
+
+def test_idle_consumers_smoke(smoke: SmokeRun) -> None:
+    """(h): librdkafka's fetch counts came in for every consumer, in every arrangement."""
+    (case,) = _runs(smoke, "idle_consumers")
+    assert case == "3 consumers"
+    for arr, run in _runs(smoke, "idle_consumers")[case].items():
+        assert run["fetches_per_s"] and run["fetches_per_s"] > 0, arr
+        assert run["ms_per_fetch"] and run["max_ms_per_fetch"] >= run["ms_per_fetch"] > 0, arr
+        assert (run["budget_waits_per_s"] is None) == (arr != "proxy"), arr
+    (target,) = [t for t in smoke.results["targets"] if t["scenario"] == "idle_consumers"]
+    assert target["status"] in ("met", "missed") and "wait added per fetch" in target["numbers"]
+
+
+def test_budget_starvation_smoke(smoke: SmokeRun) -> None:
+    """(i): the normal consumer alone and beside the long polls, with its latency quantiles."""
+    runs = _runs(smoke, "budget_starvation")
+    assert list(runs) == ["alone", "beside 3 long polls"]
+    for case, arrs in runs.items():
+        for arr, run in arrs.items():
+            assert run["fetches_per_s"] is not None, (case, arr)
+            assert run["max_ms"] >= run["p99_ms"] >= run["p50_ms"] > 0, (case, arr)
+            assert (run["hog_fetches_per_s"] is None) == (case == "alone"), (case, arr)
+    (target,) = [t for t in smoke.results["targets"] if t["scenario"] == "budget_starvation"]
+    assert target["status"] in ("met", "missed") and target["case"] == "beside 3 long polls"
+
+
+def test_kafka_tools_smoke(smoke: SmokeRun) -> None:
+    """(j): Kafka's ConsumerPerformance read every preloaded record and EndToEndLatency
+    printed its percentiles, direct, through haproxy and through the proxy."""
+    runs = _runs(smoke, "kafka_tools")
+    records = smoke.results["meta"]["sizes"]["tools_mb"] * 1_000_000 // 1024
+    for arr, run in runs["ConsumerPerformance"].items():
+        assert run["records"] == records, arr
+        assert run["mb_per_s"] and run["mb_per_s"] > 0, arr
+    for arr, run in runs["EndToEndLatency"].items():
+        assert run["p999_ms"] >= run["p99_ms"] >= run["p50_ms"] >= 0, arr
+        assert run["avg_ms"] > 0, arr
+    (target,) = [t for t in smoke.results["targets"] if t["scenario"] == "kafka_tools"]
+    assert target["status"] in ("met", "missed")
