@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.load                       # 200 consumers, 20 producers, 300 s
     .venv/bin/python -m bench.load --seconds 60 --consumers 20 --producers 4
     .venv/bin/python -m bench.load --upstream 127.0.0.1:9092   # an existing Kafka instead
+    .venv/bin/python -m bench.load --arrangement both    # direct, then proxy: a baseline
 
 Starts a single-node Apache Kafka 4.x (``tests/support/kafka.py``; or uses ``--upstream``),
 one topic, ONE ``kafka-fetch-proxy run`` process in front of it, and client processes
@@ -36,6 +37,13 @@ of the run, of the RSS floor (the least VmRSS of the last 30 s, so that a burst 
 held for a moment does not count, a leak does) above ``--rss-slope-limit`` MiB/min
 (default 1.0: a leak of 1.4 GiB a day).  The slope is judged only when the second half lasts at least 60 s;
 shorter runs report it as not judged.
+
+``--arrangement direct`` runs the same clients, plan and rate straight to Kafka (the
+baseline: no proxy, so the proxy's figures are 0 and RSS is not judged);
+``--arrangement both`` runs direct, then proxy, on the same Kafka (a topic each, in
+``<out>/direct`` and ``<out>/proxy``) and ends with a comparison of end-to-end latency
+p50 / p99 and throughput, overall and by library (``compare.json``): proxy over direct,
+and whether both latency figures are within 10 % of direct (issue 17's target).
 """
 
 from __future__ import annotations
@@ -82,6 +90,8 @@ MAX_CLIENTS = 1000
 DEFAULT_PROXY_ARGS = "--max-records 500 --memory-budget-bytes 268435456"
 DURATION_BUCKETS = "kafka_fetch_proxy_client_request_duration_seconds_bucket"
 STOP_GRACE = 90.0
+ARRANGEMENT_ORDER = ("direct", "proxy")
+"""``--arrangement both``: the baseline first, then the proxy, on one Kafka."""
 """Seconds a client process gets to close its clients after the run, before SIGKILL."""
 
 
@@ -246,6 +256,26 @@ class Proxy:
             elif level == "warning":
                 warnings[name] = warnings.get(name, 0) + 1
         return errors, warnings, samples
+
+
+class Direct:
+    """The direct arrangement's stand-in for :class:`Proxy`: clients connect to Kafka
+    itself, so there is no process to sample, no metrics and no log."""
+
+    pid = None
+    scrape_failures = 0
+
+    def __init__(self, upstream: str) -> None:
+        self.bootstrap = upstream
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def stop(self) -> None:
+        pass
+
+    def log_levels(self) -> tuple[dict[str, int], dict[str, int], list[str]]:
+        return {}, {}, []
 
 
 class Client:
@@ -479,10 +509,11 @@ def per_library(clients: list[Client]) -> dict[str, dict[str, Any]]:
 
 
 def sample(
-    t: float, proxy: Proxy, clients: list[Client], prev: dict[str, Any] | None
+    t: float, proxy: Proxy | Direct, clients: list[Client], prev: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """One row of the per-second series; ``prev`` is the previous row's raw counters."""
-    rss, fds, cpu = proc_status(proxy.pid)
+    """One row of the per-second series; ``prev`` is the previous row's raw counters.
+    Direct (no proxy): RSS, descriptors, CPU and the proxy's figures are 0."""
+    rss, fds, cpu = proc_status(proxy.pid) if proxy.pid is not None else (0.0, 0, 0.0)
     m = proxy.metrics()
     s = sum_stats(clients)
     raw = {
@@ -775,6 +806,7 @@ def table(
         verdict = f"not judged (second half < {MIN_JUDGED_SECONDS:.0f} s)"
     rows = [
         ("run", str(out)),
+        ("arrangement", summary.get("arrangement", "proxy")),
         ("duration", f"{opts.seconds:.0f} s (steady state from {opts.warmup:.0f} s)"),
         ("consumers", ", ".join(f"{n} {lib}" for lib, n in mix.items() if n)),
         ("producers", f"{opts.producers} ({opts.rate:.0f} records/s of {opts.record_bytes} B)"),
@@ -826,14 +858,12 @@ def loadavg() -> str:
 def run(opts: argparse.Namespace) -> int:
     out: Path = opts.out or REPO / "var" / "load" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    specs = plan(opts.consumers, opts.producers, opts.rate, opts.group_size)
+    arrangements = ARRANGEMENT_ORDER if opts.arrangement == "both" else (opts.arrangement,)
     load_start = loadavg()
     cluster: KafkaCluster | None = None
     tmp = tempfile.TemporaryDirectory(prefix="kfp-load-")
-    proxy: Proxy | None = None
-    clients: list[Client] = []
-    rows: list[dict[str, Any]] = []
-    raws: list[dict[str, Any]] = []
+    results: dict[str, dict[str, Any]] = {}
+    tables: dict[str, str] = {}
     try:
         upstream = opts.upstream
         if upstream is None:
@@ -843,18 +873,65 @@ def run(opts: argparse.Namespace) -> int:
             config = {"group.initial.rebalance.delay.ms": "3000"}
             cluster = KafkaCluster(1, workdir=Path(tmp.name), version="4", config=config).start()
             upstream = cluster.bootstrap
-        create_topic(upstream, opts.topic, opts.partitions)
-        proxy = Proxy(upstream, shlex.split(opts.proxy_args), out / "proxy.log")
-        print(
-            f"proxy pid {proxy.pid} at {proxy.bootstrap}; starting {len(specs)} client processes",
-            file=sys.stderr,
-            flush=True,
-        )
+        for arrangement in arrangements:
+            sub = out / arrangement if len(arrangements) > 1 else out
+            sub.mkdir(parents=True, exist_ok=True)
+            results[arrangement], tables[arrangement] = run_arrangement(
+                opts, arrangement, upstream, sub, load_start
+            )
+    finally:
+        if cluster is not None:
+            cluster.stop()
+            log = cluster.nodes[1].log
+            if log.exists():
+                (out / "kafka-server.log").write_bytes(log.read_bytes()[-(8 << 20) :])
+        tmp.cleanup()
+    for arrangement in arrangements:
+        if len(arrangements) > 1:
+            print(f"{arrangement}:", flush=True)
+        print(tables[arrangement], flush=True)
+    if len(arrangements) > 1:
+        compared = compare({a: r["summary"] for a, r in results.items()})
+        (out / "compare.json").write_text(json.dumps(compared, indent=1))
+        print(compare_table(compared), flush=True)
+    return 0 if all(r["summary"]["passed"] for r in results.values()) else 1
+
+
+def run_arrangement(
+    opts: argparse.Namespace, arrangement: str, upstream: str, out: Path, load_start: str
+) -> tuple[dict[str, Any], str]:
+    """One load run of *arrangement* (``proxy``: every client through one proxy process;
+    ``direct``: the same clients straight to Kafka) on a topic of its own; its result
+    document (written to ``out/load.json``) and summary table."""
+    specs = plan(opts.consumers, opts.producers, opts.rate, opts.group_size)
+    topic = opts.topic if opts.arrangement != "both" else f"{opts.topic}-{arrangement}"
+    run_opts = argparse.Namespace(**{**vars(opts), "topic": topic})
+    proxy: Proxy | Direct | None = None
+    clients: list[Client] = []
+    rows: list[dict[str, Any]] = []
+    raws: list[dict[str, Any]] = []
+    try:
+        create_topic(upstream, topic, opts.partitions)
+        if arrangement == "proxy":
+            proxy = Proxy(upstream, shlex.split(opts.proxy_args), out / "proxy.log")
+            print(
+                f"proxy pid {proxy.pid} at {proxy.bootstrap}; "
+                f"starting {len(specs)} client processes",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            proxy = Direct(upstream)
+            print(
+                f"direct to {upstream}; starting {len(specs)} client processes",
+                file=sys.stderr,
+                flush=True,
+            )
         began = time.monotonic()
         for spec in specs:
             direct = opts.producers_direct and spec.producers > 0
             bootstrap = upstream if direct else proxy.bootstrap
-            clients.append(Client(spec, client_command(spec, opts, bootstrap, out), out))
+            clients.append(Client(spec, client_command(spec, run_opts, bootstrap, out), out))
         prev: dict[str, Any] | None = None
         tick = 0
         while True:
@@ -890,29 +967,71 @@ def run(opts: argparse.Namespace) -> int:
             stop_process(c.proc, 10)
         if proxy is not None:
             proxy.stop()
-        if cluster is not None:
-            cluster.stop()
-            log = cluster.nodes[1].log
-            if log.exists():
-                (out / "kafka-server.log").write_bytes(log.read_bytes()[-(8 << 20) :])
-        tmp.cleanup()
     assert proxy is not None
-    opts.load_average = f"{load_start} / {loadavg()}"
+    run_opts.load_average = f"{load_start} / {loadavg()}"
     steady_start = next((r for r in raws if r["t"] >= opts.warmup), raws[-1])
     summary = summarize(
-        opts, rows, (steady_start, raws[-1]), clients, end_closes, proxy.log_levels()
+        run_opts, rows, (steady_start, raws[-1]), clients, end_closes, proxy.log_levels()
     )
-    plot(rows, summary, opts, out / "load.png")
+    summary["arrangement"] = arrangement
+    if arrangement == "direct":  # there is no proxy whose memory could grow
+        summary["rss"] |= {"judged": False, "ok": True}
+        summary["passed"] = not any(summary["errors"].values())
+    plot(rows, summary, run_opts, out / "load.png")
     result = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(run_opts).items()},
         "plan": [vars(s) for s in specs],
         "latency_edges_ms": LATENCY_EDGES_MS,
         "summary": summary,
         "samples": rows,
     }
     (out / "load.json").write_text(json.dumps(result, indent=1))
-    print(table(summary, opts, specs, out), flush=True)
-    return 0 if summary["passed"] else 1
+    return result, table(summary, run_opts, specs, out)
+
+
+def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """End-to-end latency and throughput through the proxy against direct, overall and by
+    library: each figure of both, and proxy / direct (issue 17's target: within 10 %)."""
+
+    def pair(d: float | None, p: float | None) -> dict[str, float | None]:
+        ratio = None if d is None or p is None or d <= 0 else round(p / d, 3)
+        return {"direct": d, "proxy": p, "proxy_over_direct": ratio}
+
+    d, p = summaries["direct"], summaries["proxy"]
+    out: dict[str, Any] = {
+        key: pair(d["steady"][key], p["steady"][key])
+        for key in ("e2e_p50_ms", "e2e_p99_ms", "consumed_rps", "produced_rps")
+    }
+    out["by_library"] = {
+        lib: {
+            key: pair(d["by_library"].get(lib, {}).get(key), p["by_library"][lib].get(key))
+            for key in ("e2e_p50_ms", "e2e_p99_ms", "consumed_rps")
+        }
+        for lib in p["by_library"]
+    }
+    out["within_10_percent"] = all(
+        out[k]["proxy_over_direct"] is not None and out[k]["proxy_over_direct"] <= 1.10
+        for k in ("e2e_p50_ms", "e2e_p99_ms")
+    )
+    return out
+
+
+def compare_table(compared: dict[str, Any]) -> str:
+    rows = [("", "direct / proxy (proxy over direct)")]
+
+    def cell(v: dict[str, float | None]) -> str:
+        ratio = v["proxy_over_direct"]
+        return f"{v['direct']} / {v['proxy']}" + (f" ({ratio:.2f}x)" if ratio else "")
+
+    for key in ("e2e_p50_ms", "e2e_p99_ms", "consumed_rps", "produced_rps"):
+        rows.append((key, cell(compared[key])))
+    for lib, figures in compared["by_library"].items():
+        for key in ("e2e_p50_ms", "e2e_p99_ms"):
+            rows.append((f"{lib} {key}", cell(figures[key])))
+    rows.append(("end-to-end within 10 % of direct", str(compared["within_10_percent"])))
+    width = max(len(k) for k, _ in rows)
+    rule = "-" * (width + 2 + max(len(v) for _, v in rows))
+    return "\n".join([rule, *(f"{k:<{width}}  {v}" for k, v in rows), rule])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -934,6 +1053,13 @@ def main(argv: list[str] | None = None) -> int:
         "--producers-direct",
         action="store_true",
         help="a control: producers connect to Kafka directly, only consumers use the proxy",
+    )
+    parser.add_argument(
+        "--arrangement",
+        choices=("proxy", "direct", "both"),
+        default="proxy",
+        help="proxy: every client through one proxy (default); direct: the same clients "
+        "straight to Kafka (the baseline); both: direct, then proxy, and a comparison",
     )
     parser.add_argument("--proxy-args", default=DEFAULT_PROXY_ARGS, help="more proxy flags")
     parser.add_argument("--upstream", help="an existing Kafka (HOST:PORT) instead of a new one")

@@ -7,6 +7,7 @@ timing: the numbers of a smoke run on a busy test machine mean nothing.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
@@ -146,3 +147,71 @@ def test_kafka_tools_smoke(smoke: SmokeRun) -> None:
         assert run["avg_ms"] > 0, arr
     (target,) = [t for t in smoke.results["targets"] if t["scenario"] == "kafka_tools"]
     assert target["status"] in ("met", "missed")
+
+
+def _bench(module: str) -> Any:
+    """``bench.<module>`` (bench/ is not installed: it is imported from the checkout)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(f"bench.{module}")
+
+
+def _doc(scenario: str, title: str, value: float) -> dict[str, Any]:
+    """A results document of one scenario, one case, the proxy arrangement."""
+    summary = {"relay_cpu_s_per_gb": {"median": value, "min": value, "max": value}}
+    return {
+        "meta": {
+            "command": f"bench.run --scenarios {scenario}",
+            "started": "2026-11-25T18:00:00",
+            "sizes": {"repetitions": 1},
+            "versions": {"git revision": "abcdef0123"},
+        },
+        "scenarios": {
+            scenario: {
+                "title": title,
+                "description": "d",
+                "cases": {"uncompressed": {"proxy": {"runs": [], "summary": summary}}},
+            }
+        },
+        "targets": [],
+    }
+
+
+def test_merge_replaces_only_the_partial_runs_sections_and_writes_sizing() -> None:
+    """``--merge``: a partial run's section replaces the one of the same title, the others
+    and the hand-written discussion stay, and Sizing takes each figure from the newest run."""
+    report = _bench("report")
+    published = (
+        "# Benchmarks\n\n## Consumer throughput\n\nold table\n\n## Other\n\nkept\n\n"
+        "## Sizes\n\nsizes\n\n<!-- discussion -->\n## Discussion\n\nby hand\n"
+    )
+    base = _doc("throughput", "Consumer throughput", 1.72)
+    partial = report.merge_partial(None, _doc("throughput", "Consumer throughput", 0.8))
+    text = report.merge_markdown(published, partial, base, "bench/plots", set(), ["throughput"])
+    assert "old table" not in text and "kept" in text and "by hand" in text
+    assert text.count("## Consumer throughput") == 1
+    assert "Not part of the run above" in text and "abcdef0" in text
+    sizing = text[text.index("## Sizing") : text.index("## Sizes")]
+    assert "| CPU per MB/s consumed, uncompressed | 0.80 millicores" in sizing
+    # merging again replaces, never duplicates
+    again = report.merge_markdown(text, partial, base, "bench/plots", set(), ["throughput"])
+    assert again == text
+
+
+def test_load_compare_reads_proxy_over_direct() -> None:
+    """``bench.load --arrangement both``: latency through the proxy over direct's, and the
+    10 % criterion on p50 and p99."""
+    compare = _bench("load").compare
+
+    def summary(p50: float, p99: float) -> dict[str, Any]:
+        steady = {"e2e_p50_ms": p50, "e2e_p99_ms": p99, "consumed_rps": 100.0}
+        return {
+            "steady": {**steady, "produced_rps": 100.0},
+            "by_library": {"java": steady},
+        }
+
+    got = compare({"direct": summary(100.0, 200.0), "proxy": summary(105.0, 230.0)})
+    assert got["e2e_p50_ms"] == {"direct": 100.0, "proxy": 105.0, "proxy_over_direct": 1.05}
+    assert got["e2e_p99_ms"]["proxy_over_direct"] == 1.15
+    assert got["by_library"]["java"]["e2e_p99_ms"]["proxy_over_direct"] == 1.15
+    assert got["within_10_percent"] is False
