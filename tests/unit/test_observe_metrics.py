@@ -316,6 +316,7 @@ def _exposition_without_created(registry: CollectorRegistry) -> list[str]:
     return [line for line in text.splitlines() if "_created" not in line]
 
 
+@settings(deadline=None)  # a loaded test machine is no reason to fail (no timed asserts)
 @given(
     st.lists(
         st.tuples(
