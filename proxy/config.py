@@ -149,6 +149,8 @@ class Settings:
 # --- the fetch path's settings -----------------------------------------------------------
 
 DEFAULT_REUSE_BUFFER_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_UPSTREAM_WAIT_MS = 500
+"""The Java consumer's fetch.max.wait.ms: the longest the proxy's own fetches long-poll."""
 DEFAULT_MAX_CACHED_SESSION_PARTITIONS = 100_000
 
 
@@ -165,6 +167,8 @@ class FetchPathConfig:
     fetch_sessions: bool = True
     memory_budget_bytes: int | None = None
     reuse_buffer_bytes: int = DEFAULT_REUSE_BUFFER_BYTES
+    max_upstream_wait_ms: int = DEFAULT_MAX_UPSTREAM_WAIT_MS
+    """``max_upstream_wait_ms``: the most max_wait of a fetch the proxy sends upstream."""
     rack: str = ""
     """The proxy's rack (``rack``): sent upstream in Fetch v11+ for clients that send none."""
     cross_zone_price_per_gb: float = 0.02
@@ -187,6 +191,7 @@ class FetchPathConfig:
             fetch_sessions=bool(raw.get("fetch_sessions", True)),
             memory_budget_bytes=None if budget is None else int(budget),
             reuse_buffer_bytes=int(raw.get("reuse_buffer_bytes", DEFAULT_REUSE_BUFFER_BYTES)),
+            max_upstream_wait_ms=int(raw.get("max_upstream_wait_ms", DEFAULT_MAX_UPSTREAM_WAIT_MS)),
             rack=str(raw.get("rack") or ""),
             cross_zone_price_per_gb=float(raw.get("cross_zone_price_per_gb", 0.02)),
             max_cached_session_partitions=int(

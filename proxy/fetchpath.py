@@ -63,6 +63,12 @@ The handler sends nothing before the client's first Fetch, so there is always
 one; the proxy's own connections (broker discovery, ``proxy.server``) are not a
 client's and say ``kafka-fetch-proxy``.
 
+Long polls: every fetch the handler sends upstream long-polls at most
+``max_upstream_wait_ms`` (default 500, the Java consumer's fetch.max.wait.ms):
+min(client's max_wait, it).  A broker may answer early anyway, so the client
+only gets an empty answer sooner and polls again.  Pass-through fetches (v0-v3,
+followers') keep their own max_wait: they are relayed as they came.
+
 Reload: ``FetchPath.reload(config)``; live connections pick the new limits
 and policies at their next fetch.
 """
@@ -501,6 +507,7 @@ class FetchPathHandler:
             self._reply(request, opened.response, upstream, sessionless=sessionless)
             return
         fetch, prepared = opened.request, None
+        fetch = _cap_wait(fetch, self.path.config.max_upstream_wait_ms)
         step = None
         if self.rack is not None and self.rack.rack:
             fetch, step = self._with_rack(request, fetch, self.rack)
@@ -747,6 +754,20 @@ class FetchPathHandler:
                 cross_zone_price_per_gb=self.path.config.cross_zone_price_per_gb,
                 preferred_replica_redirects=redirects,
             )
+
+
+def _cap_wait(fetch: Any, max_wait_ms: int) -> Any:
+    """*fetch* long-polling upstream at most *max_wait_ms* (``max_upstream_wait_ms``).
+
+    A broker may answer a fetch before its max_wait (that is all a cap does to
+    the client: an empty answer sooner, and one more round of its long poll), so
+    a poll the proxy sends ends within the Java consumer's fetch.max.wait.ms by
+    default, however long the client asked for.
+    """
+    cap = timedelta(milliseconds=max_wait_ms)
+    if fetch.max_wait <= cap:
+        return fetch
+    return dataclasses.replace(fetch, max_wait=cap)
 
 
 def _shape(shaper: FetchShaper, request: Any, grant: Reservation) -> PreparedFetch:

@@ -93,6 +93,7 @@ def check_report(
         ],
         "fetch_sessions": fetch.fetch_sessions,
         "reuse_buffer_bytes": fetch.reuse_buffer_bytes,
+        "max_upstream_wait_ms": fetch.max_upstream_wait_ms,
         "memory_budget": (
             {"budget_bytes": None, "meaning": "no budget: fetches never wait"}
             if budget is None

@@ -35,6 +35,7 @@ RELOADABLE_KEYS = frozenset(
         "max_partition_records",
         "memory_budget_bytes",
         "reuse_buffer_bytes",
+        "max_upstream_wait_ms",
         "policies",
         "fetch_sessions",
     }

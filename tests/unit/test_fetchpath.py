@@ -485,3 +485,40 @@ def test_a_fetch_version_without_a_rack_counts_one_fallback_per_connection() -> 
     value = metrics.registry.get_sample_value
     assert value(fallbacks, {"reason": "old_fetch_version"}) == 1
     assert value(fallbacks, {"reason": "client_ignores_redirect"}) == 0
+
+
+def test_a_fetch_sent_upstream_long_polls_at_most_max_upstream_wait_ms() -> None:
+    import dataclasses
+    from datetime import timedelta
+
+    from support.dev_upstream import client_fetch as make_fetch
+
+    w = World(FetchPathConfig(max_upstream_wait_ms=500))
+
+    class _Up:
+        state = w.state
+
+    def sent(wait_ms: int) -> timedelta:
+        """The max_wait upstream of a client's long poll (left unanswered) asking *wait_ms*."""
+        c = Conn(w)
+        request = make_fetch(_Up(), 12, ALL)  # type: ignore[arg-type]
+        request = dataclasses.replace(request, max_wait=timedelta(milliseconds=wait_ms))
+        c.send(codec.encode_request(request, 2, c.client_id), answer=False)
+        [fetch] = upstream_fetches(c)
+        wait: timedelta = fetch.max_wait
+        return wait
+
+    assert sent(30_000) == timedelta(milliseconds=500)  # 30 s asked, 500 ms upstream
+    assert sent(100) == timedelta(milliseconds=100)  # a shorter one keeps its own
+    w.path.reload(FetchPathConfig(max_upstream_wait_ms=50))  # reloaded: the next fetch
+    assert sent(30_000) == timedelta(milliseconds=50)
+    assert FetchPathConfig.from_raw({}).max_upstream_wait_ms == 500
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    args = parser.parse_args(["--upstream", "k:1", "--max-upstream-wait-ms", "250"])
+    assert FetchPathConfig.from_raw(config.from_args(args, {}).raw).max_upstream_wait_ms == 250
+    env = {"KAFKA_FETCH_PROXY_MAX_UPSTREAM_WAIT_MS": "100"}
+    args = parser.parse_args(["--upstream", "k:1"])
+    assert FetchPathConfig.from_raw(config.from_args(args, env).raw).max_upstream_wait_ms == 100
+    with pytest.raises(config.ConfigError, match=r"key 'max_upstream_wait_ms'.*-1.*>= 0"):
+        config.validate({"upstream": ["k:1"], "max_upstream_wait_ms": -1})
