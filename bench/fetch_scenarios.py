@@ -52,7 +52,6 @@ from .scenarios import (
     Shaping,
     Sizes,
     _metric_delta,
-    _new_topic,
     _per,
     _quantile,
     _relay_cpu,
@@ -63,6 +62,17 @@ from .scenarios import (
 from .stack import Arrangement, Stack
 
 MIB = 1 << 20
+
+
+def _topic(stack: Stack, prefix: str, partitions: int) -> str:
+    """A new topic, given time for its leaders on a loaded machine (a 1,000-partition
+    topic took over 60 s with the machine's load average at 20)."""
+    assert stack.cluster is not None
+    return stack.cluster.create_topic(
+        f"{prefix}-{uuid.uuid4().hex[:8]}", partitions, timeout=max(180.0, partitions / 20)
+    )
+
+
 BUDGET_WAITS = "kafka_fetch_proxy_memory_budget_waits_total"
 
 
@@ -91,7 +101,7 @@ class ShapedPartitions(Shaping):
         self.records = max(1, sizes.shaped_mb * 1_000_000 // sizes.record_bytes)
         self._prepare_warm_up(stack, sizes)
         for case, count in zip(self.cases(sizes), sizes.shaped_partitions, strict=True):
-            topic = _new_topic(stack, "shaped", count)
+            topic = _topic(stack, "shaped", count)
             preload(stack.cluster.bootstrap, topic, count, self.records, sizes, "none")
             self.topics[case] = topic
         self.proxy = stack.start_proxy(sizes.shaping_args, "proxy-shaped")
@@ -124,7 +134,7 @@ class IdleConsumers(Scenario):
         return [f"{n} consumers" for n in sizes.idle_consumers]
 
     def prepare(self, stack: Stack, sizes: Sizes) -> None:
-        self.topic = _new_topic(stack, "idlec", IDLE_CONSUMER_PARTITIONS)
+        self.topic = _topic(stack, "idlec", IDLE_CONSUMER_PARTITIONS)
 
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         n = int(case.split()[0])
@@ -381,7 +391,7 @@ class BudgetStarvation(Scenario):
 
     def prepare(self, stack: Stack, sizes: Sizes) -> None:
         assert stack.cluster is not None
-        self.normal_topic = _new_topic(stack, "starve-normal", 1)
+        self.normal_topic = _topic(stack, "starve-normal", 1)
         preload(
             stack.cluster.bootstrap,
             self.normal_topic,
@@ -390,7 +400,7 @@ class BudgetStarvation(Scenario):
             sizes,
             "none",
         )
-        self.hog_topic = _new_topic(stack, "starve-hog", 1)
+        self.hog_topic = _topic(stack, "starve-hog", 1)
 
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         hogs = 0 if case == "alone" else sizes.starvation_hogs
@@ -513,11 +523,11 @@ class KafkaTools(Scenario):
         assert stack.cluster is not None
         tools_command(PERF)  # fails now, naming the missing artifact set, not mid-run
         self.records = max(1, sizes.tools_mb * 1_000_000 // sizes.record_bytes)
-        self.perf_topic = _new_topic(stack, "perf", self.PARTITIONS)
+        self.perf_topic = _topic(stack, "perf", self.PARTITIONS)
         preload(
             stack.cluster.bootstrap, self.perf_topic, self.PARTITIONS, self.records, sizes, "none"
         )
-        self.e2e_topic = _new_topic(stack, "e2e", 1)
+        self.e2e_topic = _topic(stack, "e2e", 1)
 
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         probe = Probe(arr, stack.broker_pid)

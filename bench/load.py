@@ -774,7 +774,7 @@ def plot(
     ax_rss.set_ylim(bottom=0)
     ax_fd.set_ylim(bottom=0)
     ax_rss.set_title(
-        f"{opts.consumers} consumers, {opts.producers} producers, one proxy; "
+        f"{opts.consumers} consumers, {opts.producers} producers, {summary.get('arrangement', 'proxy')}; "
         f"RSS floor slope (2nd half) {slope} MiB/min",
         fontsize=10,
     )
