@@ -522,3 +522,60 @@ def test_a_fetch_sent_upstream_long_polls_at_most_max_upstream_wait_ms() -> None
     assert FetchPathConfig.from_raw(config.from_args(args, env).raw).max_upstream_wait_ms == 100
     with pytest.raises(config.ConfigError, match=r"key 'max_upstream_wait_ms'.*-1.*>= 0"):
         config.validate({"upstream": ["k:1"], "max_upstream_wait_ms": -1})
+
+
+def test_other_traffic_never_waits_for_the_budget() -> None:
+    """Heartbeats, commits and metadata go upstream at once, whatever the budget (KIP-81 exempts
+    coordinator traffic); only the order a connection's answers leave in can hold one back."""
+    from devbroker.build import build
+    from proxy.protocol.apis import HEARTBEAT, METADATA, OFFSET_COMMIT
+
+    def request(api_key: int, version: int, data: dict[str, Any], cid: int) -> bytes:
+        return codec.encode_request(build(codec.request_schema(api_key, version), data), cid, "app")
+
+    def others(first_cid: int) -> list[bytes]:
+        commit = {
+            "group_id": "g",
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "topics": [
+                {
+                    "name": "orders",
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "committed_offset": 1,
+                            "committed_leader_epoch": -1,
+                            "committed_metadata": None,
+                        }
+                    ],
+                }
+            ],
+        }
+        beat = {"group_id": "g", "generation_id": 1, "member_id": "m", "group_instance_id": None}
+        return [
+            request(METADATA, 1, {"topics": None}, first_cid),
+            request(HEARTBEAT, 4, beat, first_cid + 1),
+            request(OFFSET_COMMIT, 8, commit, first_cid + 2),
+        ]
+
+    w = World(FetchPathConfig(memory_budget_bytes=1 << 20))
+    w.path.budget.floor = 1 << 20  # every fetch needs the whole budget
+    a, b, c = Conn(w).with_edge(), Conn(w).with_edge(), Conn(w).with_edge()
+    assert a.send(a.fetch_frame(2, ALL), answer=False) == []  # a long poll holds the budget
+    assert b.send(b.fetch_frame(2, ALL)) == []  # b's fetch waits for it
+    assert b.handler.budget_waits == 1
+    # Another connection's non-fetch requests: answered at once, in order.
+    answers = c.send(*others(10))
+    assert [codec.peek_correlation_id(f) for f in answers] == [10, 11, 12]
+    # The same connection pipelines them behind its waiting fetch: they go upstream at
+    # once (the broker sees the heartbeat and the commit in time), but Kafka answers a
+    # connection's requests in order, so their answers leave after the fetch's.
+    assert b.send(*others(3)) == []
+    up = [codec.parse_request_header(f).api_key for f in b.upstream_frames]
+    assert up == [METADATA, HEARTBEAT, OFFSET_COMMIT]  # no fetch yet: it waits
+    a.release_held()
+    b.handler.resume()
+    answers = b.pump()
+    assert [codec.peek_correlation_id(f) for f in answers] == [2, 3, 4, 5]
