@@ -69,7 +69,9 @@ def _topic(stack: Stack, prefix: str, partitions: int) -> str:
     topic took over 60 s with the machine's load average at 20)."""
     assert stack.cluster is not None
     return stack.cluster.create_topic(
-        f"{prefix}-{uuid.uuid4().hex[:8]}", partitions, timeout=max(180.0, partitions / 20)
+        f"{prefix}-{uuid.uuid4().hex[:8]}",
+        partitions,
+        timeout=min(290.0, max(180.0, partitions / 20)),
     )
 
 
