@@ -51,7 +51,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=480,
+        timeout=600,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
