@@ -1061,6 +1061,44 @@ def table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _cell(r: dict[str, Any] | None) -> list[str]:
+    if r is None:
+        return ["-"] * 5
+    health = ", ".join(f"{k}: {v}" for k, v in sorted(r["healthz"].items()))
+    failed = [k for k, ok in r["criteria"].items() if not ok]
+    base = r["rtt"].get("baseline_p99_ms")
+    return [
+        f"{r['rtt']['p99_ms']:,.0f}" + (f" (quiet {base:,.0f})" if base is not None else ""),
+        f"{r['rss']['max_mib']:,.0f} (held {r['rss']['held_after_mib']:,.0f})",
+        health,
+        f"{r['victim']['records']:,} (gap {r['victim']['max_gap_s']} s)",
+        "pass" if not failed else "fails " + ", ".join(failed),
+    ]
+
+
+def compare(before: Path, after: Path) -> str:
+    """A Markdown table of two results files, row by row (for RELIABILITY.md)."""
+    runs = [json.loads(before.read_text()), json.loads(after.read_text())]
+    by_name = [{r["attack"]: r for r in run["results"]} for run in runs]
+    head = [
+        "attack",
+        "run",
+        "ApiVersions p99 ms",
+        "RSS max MiB",
+        "/healthz",
+        "victim records",
+        "criteria",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in ATTACKS:
+        if not any(name in b for b in by_name):
+            continue
+        for label, run, rows in zip(("before", "after"), runs, by_name, strict=True):
+            cells = [name if label == "before" else "", f"{label} ({run['commit'][:7]})"]
+            lines.append("| " + " | ".join(cells + _cell(rows.get(name))) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.attacks", description=__doc__.split("\n")[0])
     p.add_argument("--only", help="comma-separated attacks (default: all): " + ",".join(ATTACKS))
@@ -1085,6 +1123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="partitions of 'wide' on real Kafka (fetches name the rest, which Kafka answers "
         "UNKNOWN_TOPIC_OR_PARTITION)",
     )
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("BEFORE", "AFTER"),
+        help="print a Markdown table of two results files and exit",
+    )
     # worker mode (internal)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--params", help=argparse.SUPPRESS)
@@ -1093,6 +1138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--http", help=argparse.SUPPRESS)
     p.add_argument("--topic", default="wide", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.compare:
+        print(compare(*args.compare))
+        return 0
     _raise_fd_limit()
     if args.worker:
         return worker_main(args)
