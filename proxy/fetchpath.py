@@ -38,7 +38,27 @@ step: the relay's ``PassThroughFetch``.
 
 Fetches of one connection are served one at a time, in arrival order (a
 session's epochs are a sequence); pipelined fetches wait in a queue bounded by
-the relay's ``max_in_flight``.
+the relay's ``max_in_flight``, as frames: a fetch is decoded when it reaches
+the head of the queue, so a connection holds at most one decoded request (a
+decoded Fetch is about 110 times its wire size in kio objects).
+
+Slices: one event loop serves every connection, so a fetch's stages must not
+hold it long.  A fetch covering more than ``SLICE_PARTITIONS`` partitions (or
+whose frame is larger than ``SLICE_BYTES``, for the decode) is served one
+stage per loop turn: decode | open + admission | shaping | upstream session |
+encode on the way up, decode | upstream session | shaping | downstream session
+| encode on the way down.  Each stage is a generator step (``_start`` and
+``_received`` yield between stages); after a step the handler calls the edge's
+waker, whose task calls ``resume()`` at its next turn, so other connections'
+requests are served between two slices.  The shared state a stage touches
+(the listener's session cache, the budget, the topic-id map) is consistent at
+every yield, as it already had to be while a fetch waited upstream; a
+connection closed between slices drops the rest (``close``).  A small fetch
+takes no extra turn.  What a slice still costs grows with the partitions a
+stage walks (``bench/fetch_stall.py``: about 20-60 us a partition a stage on a
+loaded 2-core machine), so the longest stage of a 10,000-partition fetch holds
+the loop for some 100-400 ms; cutting stages into partition ranges is the next
+step, and the typed fetch model of issue 17 shrinks every stage.
 
 Memory budget (:mod:`proxy.shaping.budget`): a fetch starts only once
 ``FetchAdmission`` grants it; otherwise it stays queued and the connection
@@ -79,7 +99,7 @@ import dataclasses
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -110,6 +130,14 @@ MIN_SESSION_FETCH_VERSION = 4
 """Older Fetch versions (and followers' fetches) pass through untouched."""
 DECODE_MEMO_MAX_BYTES = 1 << 20
 """The largest request body a connection keeps to skip decoding it again (``_decode``)."""
+SLICE_BYTES = 16 * 1024
+"""A Fetch request frame larger than this (about 500 partitions) is decoded in a slice of
+its own (see "Slices" in the module docstring)."""
+SLICE_PARTITIONS = 500
+"""A fetch covering more partitions than this is served in slices, one stage per slice."""
+
+Slices = Generator[None, None, None]
+"""One fetch's stages; each ``yield`` ends a slice (the rest runs in a later loop turn)."""
 
 
 class FetchMetrics(Protocol):
@@ -273,6 +301,8 @@ class _Exchange:
     """The client uses no fetch session (epoch -1; Fetch v4-v6 have none)."""
     upstream_request_bytes: int = 0
     upstream_response_bytes: int = 0
+    large: bool = False
+    """It covers more than ``SLICE_PARTITIONS`` partitions: served in slices."""
     rack: rack_fetch.RackStep | None = None
     """The rack sent upstream and whether the proxy set it (None: no ``rack`` setting)."""
     redirects: Mapping[rack_fetch.PartitionKey, int] | None = None
@@ -323,6 +353,12 @@ class FetchPathHandler:
         self._passthrough = PassThroughFetch(self.rack)
         self._upstream: Upstream | None = None
         self._queue: deque[tuple[ClientRequest, Any]] = deque()
+        """Fetches waiting their turn; each is decoded when it reaches the head (None
+        until then), so queued fetches hold their frames, not their decoded form."""
+        self._slices: Slices | None = None
+        """The fetch whose stages are being run one slice per loop turn (see ``_run``)."""
+        self.slices = 0
+        """Loop turns this connection's large fetches yielded between their stages."""
         self._exchange: _Exchange | None = None
         self._busy = False
         self._starting = False
@@ -355,11 +391,10 @@ class FetchPathHandler:
         if self.closed:
             return
         self._upstream = upstream
-        decoded = self._decode(request)
-        if int(request.header.api_version) < MIN_SESSION_FETCH_VERSION or replica_id(decoded) >= 0:
+        if int(request.header.api_version) < MIN_SESSION_FETCH_VERSION:
             self._passthrough.handle_fetch(request, upstream)
             return
-        self._queue.append((request, decoded))
+        self._queue.append((request, None))  # decoded when it starts (_serve)
         self._serve(upstream)
 
     def _decode(self, request: ClientRequest) -> Any:
@@ -390,8 +425,13 @@ class FetchPathHandler:
         self._waker = wake
 
     def resume(self) -> None:
-        """Start queued fetches that were waiting (for the memory budget)."""
-        if not self.closed and self._upstream is not None:
+        """Run the next slice of a large fetch, or start queued fetches that were waiting
+        (for their turn, or for the memory budget)."""
+        if self.closed or self._upstream is None:
+            return
+        if self._slices is not None:
+            self._step()
+        else:
             self._serve(self._upstream)
 
     def written(self) -> None:
@@ -421,6 +461,7 @@ class FetchPathHandler:
         self._unwritten = []
         self.shaper.close()
         self._queue.clear()
+        self._slices = None
         self._last_decoded = None
         self._waiting_for = None
         self.downstream.close()
@@ -445,6 +486,16 @@ class FetchPathHandler:
         try:
             while self._queue and not self._busy:
                 request, decoded = self._queue[0]
+                if decoded is None:
+                    decoded = self._decode(request)
+                    if replica_id(decoded) >= 0:  # a follower's: not ours to reshape
+                        self._queue.popleft()
+                        self._passthrough.handle_fetch(request, upstream)
+                        continue
+                    self._queue[0] = (request, decoded)
+                    if len(request.frame) > SLICE_BYTES and self._waker is not None:
+                        self._waker()  # decoding was this turn's slice: the rest next turn
+                        return
                 policy, limits = self.path.select(request.header.client_id, self.listener)
                 grant = self._admit(request, decoded, limits)
                 if grant is None:
@@ -452,9 +503,34 @@ class FetchPathHandler:
                 self._queue.popleft()
                 self._fetches += 1
                 self._busy = True
-                self._start(request, decoded, policy, limits, grant, upstream)
+                self._run(self._start(request, decoded, policy, limits, grant, upstream))
         finally:
             self._starting = False
+
+    def _run(self, work: Slices) -> None:
+        """Run a fetch's stages: at once, or one slice per loop turn when they yield.
+
+        Without an edge to come back through (no waker), every slice runs now.
+        """
+        if self._waker is None:
+            for _ in work:
+                pass
+            return
+        self._slices = work
+        self._step()
+
+    def _step(self) -> None:
+        """One slice of the fetch being sliced; the edge's next turn runs the next."""
+        work = self._slices
+        assert work is not None and self._waker is not None
+        try:
+            next(work)
+        except StopIteration:
+            if self._slices is work:  # (a next fetch may have started in its last slice)
+                self._slices = None
+            return
+        self.slices += 1
+        self._waker()
 
     def _admit(self, request: ClientRequest, decoded: Any, limits: Limits) -> Reservation | None:
         """The fetch's memory-budget grant, or None: it waits for a release."""
@@ -497,7 +573,8 @@ class FetchPathHandler:
         limits: Limits,
         grant: Reservation,
         upstream: Upstream,
-    ) -> None:
+    ) -> Slices:
+        """The request's stages; a large fetch yields between them (see ``_run``)."""
         started = self.path.clock()
         sessionless = int(getattr(decoded, "session_epoch", -1)) == -1
         translator = self._translator(int(request.header.api_version))
@@ -506,6 +583,14 @@ class FetchPathHandler:
             self._hold_until_written(grant)
             self._reply(request, opened.response, upstream, sessionless=sessionless)
             return
+        large = len(opened.by_ref) > SLICE_PARTITIONS
+        self._exchange = exchange = _Exchange(
+            request, opened, grant, None, policy, started, sessionless, large=large
+        )
+        if large:
+            yield
+            if self.closed:
+                return
         fetch, prepared = opened.request, None
         fetch = _cap_wait(fetch, self.path.config.max_upstream_wait_ms)
         step = None
@@ -515,11 +600,18 @@ class FetchPathHandler:
             self.shaper.limits = limits
             prepared = _shape(self.shaper, fetch, grant)
             fetch = prepared.upstream_request
+            if large:
+                yield
+                if self.closed:
+                    return
         translator.use_sessions = self.path.config.fetch_sessions
-        self._exchange = _Exchange(
-            request, opened, grant, prepared, policy, started, sessionless, rack=step
-        )
-        self._send(translator.begin(fetch), upstream)
+        exchange.prepared, exchange.rack = prepared, step
+        begun = translator.begin(fetch)
+        if large:
+            yield
+            if self.closed:
+                return
+        self._send(begun, upstream)
 
     def _send(self, step: UpstreamFetch, upstream: Upstream) -> None:
         """Encode the upstream session's next request and send it, as the client that asked.
@@ -537,34 +629,51 @@ class FetchPathHandler:
         exchange.upstream_request_bytes += len(frame)
 
         def on_response(frame: bytes) -> None:
-            self._received(version, frame, upstream)
+            self._run(self._received(version, frame, upstream))
 
         upstream.send(frame, api_key=FETCH, api_version=version, on_response=on_response)
 
     # -- the response, bottom-up --------------------------------------------------------
 
-    def _received(self, version: int, frame: bytes, upstream: Upstream) -> None:
+    def _received(self, version: int, frame: bytes, upstream: Upstream) -> Slices:
+        """The response's stages; a large fetch yields between them (see ``_run``)."""
         exchange = self._exchange
         translator = self.translator
         if exchange is None or translator is None:
             return  # the connection closed meanwhile
         exchange.upstream_response_bytes += len(frame)
         response = decode_fetch_response(version, frame)
+        if exchange.large:
+            yield
+            if self.closed:
+                return
         invalid_before = translator.stats.invalid_responses
         step = translator.complete(response)
         self._count_reset(response, translator.stats.invalid_responses > invalid_before)
         if isinstance(step, UpstreamFetch):
             self._send(step, upstream)  # a resend after an upstream session reset
             return
-        self._exchange = None
         full = step.response
         shaped: ShapedResponse | None = None
         if exchange.prepared is not None and int(getattr(full, "error_code", 0)) == 0:
+            if exchange.large:
+                yield
+                if self.closed:
+                    return
             shaped = self.shaper.finish(exchange.prepared, full)
             full = shaped.response
         if self.rack is not None and exchange.rack is not None:
             exchange.redirects = self.rack.answered(full)
+        if exchange.large:
+            yield
+            if self.closed:
+                return
         reply = self.downstream.answer(exchange.opened, full)
+        if exchange.large:
+            yield
+            if self.closed:
+                return
+        self._exchange = None  # (until now close() gives its grant back)
         self._hold_until_written(exchange.grant)
         self._reply(
             exchange.request,

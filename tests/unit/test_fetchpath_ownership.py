@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support.dev_upstream import client_fetch
-from test_fetchpath import ALL, Conn, World
+from support.fetch_world import ALL, Conn, World
 
 from proxy.config import FetchPathConfig
 from proxy.protocol import codec

@@ -1,0 +1,83 @@
+"""A large fetch does not hold the event loop: it is served in slices, queued fetches wait undecoded.
+
+Issue 19 part 2.  The harness is test_fetchpath's (the real Relay, the dev broker's
+dispatcher upstream); ``Conn.with_edge`` acts as the trio edge, whose wake loop
+runs the next slice in a later turn (``Conn.pump``), so other connections are
+served between two slices of one fetch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.fetch_world import Conn, World, delivered
+
+from proxy import fetchpath
+from proxy.protocol import codec
+
+
+def big_world(n: int) -> tuple[World, list[tuple[str, int, int]]]:
+    w = World()
+    w.state.create_topic("big", n)
+    for p in range(0, n, 97):
+        w.append("big", p, 2)
+    return w, [("big", p, 0) for p in range(n)]
+
+
+def test_a_large_fetch_is_served_in_slices_and_others_are_served_between_them() -> None:
+    n = fetchpath.SLICE_PARTITIONS * 3
+    w, parts = big_world(n)
+    big, small = Conn(w).with_edge(), Conn(w).with_edge()
+    big.relay.client_frame(big.fetch_frame(1, parts))
+    # The big fetch ran one slice (its decode) and asked the edge for another turn:
+    # nothing went upstream yet, and another client is served meanwhile.
+    assert big.wakes == 1 and not big.relay.take_upstream()
+    assert delivered(small.fetch(1, [("big", 0, 0)])) == {("big", 0): [(0, 2)]}
+    [out] = big.pump()
+    assert big.handler.slices >= 7  # decode | open | shape | begin ; decode | complete | ...
+    sliced = codec.decode_response(1, 12, out)[1]
+    # The same answer as served in one go (a connection with no edge runs every slice now).
+    whole = Conn(w).fetch(1, parts)
+    assert delivered(sliced) == delivered(whole)
+    assert sum(len(b) for b in delivered(sliced).values()) == len(range(0, n, 97))
+
+
+def test_a_small_fetch_takes_no_extra_loop_turn() -> None:
+    w, parts = big_world(fetchpath.SLICE_PARTITIONS // 2)
+    c = Conn(w).with_edge()
+    c.fetch(1, parts)
+    assert c.handler.slices == 0 and c.woken == 0
+
+
+def test_a_connection_closed_between_slices_gives_everything_back() -> None:
+    w, parts = big_world(fetchpath.SLICE_PARTITIONS * 2)
+    c = Conn(w).with_edge()
+    c.relay.client_frame(c.fetch_frame(1, parts))
+    for _ in range(2):  # decoded; opened against the session; shaped
+        c.wakes -= 1
+        c.handler.resume()
+    assert c.handler.slices == 2 and c.wakes == 1
+    c.handler.close()
+    c.handler.resume()  # the edge's pending wake-up finds nothing to run
+    assert w.path.budget.used == w.path.budget.working and not c.relay.take_upstream()
+    assert c.handler.slices == 2
+
+
+def test_queued_fetches_are_decoded_only_when_they_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded: list[int] = []
+    decode = fetchpath.FetchPathHandler._decode
+
+    def counting(self: fetchpath.FetchPathHandler, request: Any) -> Any:
+        decoded.append(request.header.correlation_id)
+        return decode(self, request)
+
+    monkeypatch.setattr(fetchpath.FetchPathHandler, "_decode", counting)
+    w, _ = big_world(8)
+    c = Conn(w).with_edge()
+    c.send(c.fetch_frame(1, [("big", 0, 0)]), answer=False)  # in flight upstream
+    frames = [c.fetch_frame(cid, [("big", 0, cid)]) for cid in range(2, 42)]
+    assert c.send(*frames, answer=False) == []
+    assert decoded == [1]  # 40 pipelined fetches wait as frames, not as decoded requests
+    out = c.release_held()
+    assert len(out) == 41 and decoded == list(range(1, 42))
