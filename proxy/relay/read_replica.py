@@ -6,9 +6,10 @@ those, the proxy can do what Kafka's Java consumer does (``SubscriptionState``
 keeps a preferred read replica per partition, ``AbstractFetch`` chooses the
 node of each partition's next fetch): fetch the redirected partitions from the
 replica and answer the client as if the leader had sent the data.  This module
-holds the parts of that which are plain values; the edge owns the connections
-to replicas.  NOT WIRED YET: ``FetchPathHandler`` does not call it (see the
-README's rack-aware section for what remains).
+holds the parts of that which are plain values; ``proxy.fetchpath`` calls them
+for such clients (between shaping and the upstream session), and the edge owns
+the connections to replicas (``proxy.server.replicas``, behind
+:class:`ReplicaUpstream`).
 
 One exchange, for the full fetch of one client connection (in the client's
 Fetch version, topics keyed as the client names them)::
@@ -71,13 +72,18 @@ from kio.schema.errors import ErrorCode
 
 from ..protocol.apis import FETCH
 from ..protocol.error_codes import NONE, OFFSET_OUT_OF_RANGE
-from ..protocol.messages import field_names, make, response_module
+from ..protocol.messages import convert, field_names, make, request_module, response_module
 from .racks import FallbackReason, PartitionKey, TopicKey, fallback_reason
 
 DEFAULT_EXPIRY_SECONDS = 300.0
 """How long a preferred read replica is followed without the leader naming it again
 (the Java consumer's ``metadata.max.age.ms`` default)."""
 DEFAULT_MAX_PARTITIONS = 10_000
+MIN_REPLICA_FETCH_VERSION = 11
+"""A broker serves a consumer's fetch as a follower only from Fetch v11 (the version that
+carries client metadata, KIP-392); an older one gets NOT_LEADER_OR_FOLLOWER."""
+NAMES_REPLICA_FETCH_VERSION = 12
+"""The version a replica fetch of a client below v11 is sent at (the last with topic names)."""
 DEFAULT_MAX_LAGGING = 10
 """Consecutive answers of a replica whose high watermark is below the client's fetch
 offset before the partition goes back to the leader."""
@@ -91,10 +97,14 @@ class ReplicaUpstream(Protocol):
     another client, so such clients get no replica connection at all and their
     fetches stay with the leader, ``client_authenticated``); exactly one of
     *on_response* (the response frame) or *on_failure* (no connection, or lost
-    before the answer) is called later from the connection's own task.
+    before the answer) is called later, from :meth:`deliver`, which the fetch path calls
+    in the connection's own task when the edge wakes it.
     """
 
     def available(self, node: int) -> bool: ...
+    def deliver(self) -> None:
+        """Run the callbacks of what arrived (from the client connection's own task)."""
+
     def send(
         self,
         node: int,
@@ -340,6 +350,62 @@ def split(request: Any, routes: Mapping[PartitionKey, int]) -> FetchSplit:
         if (topic_key(t), int(p.partition)) in routes
     }
     return FetchSplit(request, leader, replicas, routes, offsets)
+
+
+def replica_request(request: Any, rack: str) -> Any:
+    """A replica part of :func:`split` as it goes to the replica: at least Fetch v11
+    (v12 for an older client; its topics are named), carrying the proxy's *rack*."""
+    version = int(request.__version__)
+    if version >= MIN_REPLICA_FETCH_VERSION:
+        return dataclasses.replace(request, rack_id=rack)
+    mod = request_module(FETCH, NAMES_REPLICA_FETCH_VERSION)
+    topics = tuple(
+        make(
+            mod.FetchTopic,
+            topic=t.topic,
+            partitions=tuple(convert(p, mod.FetchPartition) for p in t.partitions),
+        )
+        for t in request.topics
+    )
+    return make(
+        mod.FetchRequest,
+        replica_id=-1,
+        max_wait=request.max_wait,
+        min_bytes=request.min_bytes,
+        max_bytes=request.max_bytes,
+        isolation_level=request.isolation_level,
+        session_id=0,
+        session_epoch=-1,
+        topics=topics,
+        forgotten_topics_data=(),
+        rack_id=rack,
+    )
+
+
+def as_version(response: Any, version: int) -> Any:
+    """A Fetch *response* (of a replica request) at the client's *version*."""
+    if int(response.__version__) == version:
+        return response
+    mod = response_module(FETCH, version)
+    topics = []
+    for t in response.responses:
+        parts = []
+        for pd in t.partitions:
+            aborted = pd.aborted_transactions
+            if aborted is not None:
+                aborted = tuple(convert(a, mod.AbortedTransaction) for a in aborted)
+            kind: type = type(pd)
+            fields = {f: getattr(pd, f) for f in field_names(kind)}
+            fields["aborted_transactions"] = aborted
+            parts.append(make(mod.PartitionData, **fields))
+        topics.append(make(mod.FetchableTopicResponse, topic=t.topic, partitions=tuple(parts)))
+    return make(
+        mod.FetchResponse,
+        throttle_time=response.throttle_time,
+        error_code=response.error_code,
+        session_id=response.session_id,
+        responses=tuple(topics),
+    )
 
 
 @dataclass(frozen=True, slots=True)

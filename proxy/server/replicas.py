@@ -1,0 +1,209 @@
+"""A client connection's own connections to preferred read replicas (the trio edge of
+``proxy.relay.read_replica``).
+
+When the proxy follows ``preferred_read_replica`` for a client (Fetch v10 or
+older, or a client that ignores redirects), the fetch path sends those
+partitions' fetches to the replica through a :class:`ReplicaLinks`, one per
+client connection (so nothing a replica answers is shared between clients, as
+the fetch caches are not).  Each replica node gets one connection, opened by
+the first fetch for it, with the proxy's own upstream TLS settings: it carries
+no identity of the client's.  A connection that carries the client's SASL
+identity is never used: the fetch path does not follow redirects for such
+clients (``client_authenticated``).
+
+Answers are not handed to the fetch path from the link's task: each finished
+callback is queued and the connection's waker is called, so the fetch path runs
+them in the connection's own task (``deliver``, from ``FetchPathHandler.resume``)
+as it does a fetch that waited for memory budget.  A node whose connection
+failed is ``available`` again only ``retry_seconds`` later (its partitions go to
+the leader meanwhile).
+"""
+
+from __future__ import annotations
+
+import ssl
+import struct
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import structlog
+import trio
+
+from ..config import HostPort
+from ..protocol.codec import peek_correlation_id
+from ..protocol.errors import ProtocolError
+from ..protocol.framing import FrameDecoder
+from .upstream import open_upstream
+
+log = structlog.get_logger("proxy.server")
+
+_I32 = struct.Struct(">i")
+DEFAULT_RETRY_SECONDS = 5.0
+_ERRORS = (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+@dataclass(slots=True)
+class _Send:
+    frame: bytes
+    on_response: Callable[[bytes], None]
+    on_failure: Callable[[], None]
+
+
+@dataclass(slots=True)
+class _Link:
+    node: int
+    address: HostPort
+    queue: deque[_Send] = field(default_factory=deque)
+    waiting: deque[tuple[int, _Send]] = field(default_factory=deque)
+    ready: trio.Event = field(default_factory=trio.Event)
+    next_cid: int = 0
+
+
+class ReplicaLinks:
+    """``proxy.relay.read_replica.ReplicaUpstream`` on trio (see the module docstring)."""
+
+    def __init__(
+        self,
+        address_of: Callable[[int], HostPort | None],
+        ssl_context: ssl.SSLContext | None,
+        *,
+        connect_timeout: float,
+        max_frame_bytes: int,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+    ) -> None:
+        self._address_of = address_of
+        self._ssl = ssl_context
+        self._connect_timeout = connect_timeout
+        self._max_frame_bytes = max_frame_bytes
+        self._retry_seconds = retry_seconds
+        self._links: dict[int, _Link] = {}
+        self._down_until: dict[int, float] = {}
+        self._done: list[Callable[[], None]] = []
+        self._nursery: trio.Nursery | None = None
+        self.wake: Callable[[], None] = lambda: None
+        """Asks the connection's task to call ``deliver`` (bound by the fetch path)."""
+
+    async def run(self) -> None:
+        """Own the links' tasks for as long as the client connection lives."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    # -- ReplicaUpstream ---------------------------------------------------------------
+
+    def available(self, node: int) -> bool:
+        if self._nursery is None or self._address_of(node) is None:
+            return False
+        until = self._down_until.get(node)
+        return until is None or trio.current_time() >= until
+
+    def send(
+        self,
+        node: int,
+        frame: bytes,
+        *,
+        api_version: int,
+        on_response: Callable[[bytes], None],
+        on_failure: Callable[[], None],
+    ) -> None:
+        link = self._links.get(node)
+        if link is None:
+            address = self._address_of(node)
+            if address is None or self._nursery is None:
+                self._finished(on_failure)
+                return
+            link = self._links[node] = _Link(node, address)
+            self._nursery.start_soon(self._run, link)
+        link.queue.append(_Send(frame, on_response, on_failure))
+        link.ready.set()
+
+    def deliver(self) -> None:
+        """Run the callbacks of the answers (and failures) that arrived (connection's task)."""
+        while self._done:
+            done, self._done = self._done, []
+            for callback in done:
+                callback()
+
+    # -- the links ---------------------------------------------------------------------
+
+    def _finished(self, callback: Callable[[], None]) -> None:
+        self._done.append(callback)
+        self.wake()
+
+    async def _run(self, link: _Link) -> None:
+        stream: trio.abc.Stream | None = None
+        try:
+            with trio.fail_after(self._connect_timeout):
+                stream = await open_upstream(link.address, self._ssl)
+            await self._serve(link, stream)
+        except (*_ERRORS, trio.TooSlowError, ProtocolError) as exc:
+            log.warning(
+                "replica_link_failed",
+                node_id=link.node,
+                upstream=str(link.address),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        finally:
+            self._links.pop(link.node, None)
+            self._down_until[link.node] = trio.current_time() + self._retry_seconds
+            for _, sent in link.waiting:
+                self._done.append(sent.on_failure)
+            for sent in link.queue:
+                self._done.append(sent.on_failure)
+            link.waiting.clear()
+            link.queue.clear()
+            self.wake()
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+
+    async def _serve(self, link: _Link, stream: trio.abc.Stream) -> None:
+        """Write and read the link until either fails; raises what failed (not a group)."""
+        failed: list[Exception] = []
+        async with trio.open_nursery() as nursery:
+
+            async def guarded(loop: Callable[[_Link, trio.abc.Stream], Awaitable[None]]) -> None:
+                try:
+                    await loop(link, stream)
+                except Exception as exc:  # the link ends; the client connection lives on
+                    failed.append(exc)
+                finally:
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(guarded, self._write)
+            nursery.start_soon(guarded, self._read)
+        if failed:
+            if isinstance(failed[0], (*_ERRORS, ProtocolError)):
+                raise failed[0]
+            raise ProtocolError(f"{type(failed[0]).__name__}: {failed[0]}") from failed[0]
+
+    async def _write(self, link: _Link, stream: trio.abc.Stream) -> None:
+        while True:
+            await link.ready.wait()
+            link.ready = trio.Event()
+            while link.queue:
+                sent = link.queue.popleft()
+                cid = link.next_cid
+                link.next_cid = (cid + 1) & 0x7FFFFFFF
+                body = bytearray(sent.frame)
+                _I32.pack_into(body, 4, cid)  # api key, api version, then the correlation id
+                link.waiting.append((cid, sent))
+                await stream.send_all(_I32.pack(len(body)) + bytes(body))
+
+    async def _read(self, link: _Link, stream: trio.abc.Stream) -> None:
+        decoder = FrameDecoder(self._max_frame_bytes)
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                raise trio.BrokenResourceError("the replica closed the connection")
+            decoder.feed(data)
+            while (frame := decoder.next_frame()) is not None:
+                cid = peek_correlation_id(frame)
+                if not link.waiting or link.waiting[0][0] != cid:
+                    raise ProtocolError(f"replica answered correlation id {cid} out of order")
+                _, sent = link.waiting.popleft()
+                self._finished(partial(sent.on_response, frame))
