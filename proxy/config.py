@@ -152,6 +152,7 @@ DEFAULT_REUSE_BUFFER_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_UPSTREAM_WAIT_MS = 500
 """The Java consumer's fetch.max.wait.ms: the longest the proxy's own fetches long-poll."""
 DEFAULT_MAX_CACHED_SESSION_PARTITIONS = 100_000
+DEFAULT_MAX_FETCH_PARTITIONS = 20_000
 
 
 class InvalidFetchConfig(ValueError):
@@ -176,6 +177,9 @@ class FetchPathConfig:
     cross-zone bytes avoided at."""
     max_cached_session_partitions: int = DEFAULT_MAX_CACHED_SESSION_PARTITIONS
     """Partitions all client fetch sessions together may hold (a restart applies a change)."""
+    max_fetch_partitions: int = DEFAULT_MAX_FETCH_PARTITIONS
+    """Partitions one client Fetch may name; more closes the connection (at the next fetch
+    after a reload)."""
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> FetchPathConfig:
@@ -197,6 +201,7 @@ class FetchPathConfig:
             max_cached_session_partitions=int(
                 raw.get("max_cached_session_partitions", DEFAULT_MAX_CACHED_SESSION_PARTITIONS)
             ),
+            max_fetch_partitions=int(raw.get("max_fetch_partitions", DEFAULT_MAX_FETCH_PARTITIONS)),
         )
 
 

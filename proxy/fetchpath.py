@@ -328,7 +328,10 @@ class FetchPathHandler:
         self.session_cache = path.sessions_for(node_id)
         """The downstream session cache of this connection's listener."""
         self.downstream = DownstreamSessions(
-            self.session_cache, path.topic_ids, bound=path.session_bound
+            self.session_cache,
+            path.topic_ids,
+            bound=path.session_bound,
+            max_fetch_partitions=config.max_fetch_partitions,
         )
         self.shaper = FetchShaper(
             config.limits, buffer_capacity=config.reuse_buffer_bytes, budget=path.budget

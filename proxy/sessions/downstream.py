@@ -60,6 +60,7 @@ from kio.schema.errors import ErrorCode
 
 from ..protocol.apis import FETCH
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
+from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
 from .downstream_cache import (
     INVALID_SESSION_ID,
@@ -91,6 +92,15 @@ DEFAULT_MAX_SESSION_PARTITIONS = 10_000
 """Partitions one client session may hold (setting ``max_fetch_session_partitions``)."""
 DEFAULT_MAX_CACHED_SESSION_PARTITIONS = 100_000
 """Partitions all client sessions together may hold (``max_cached_session_partitions``)."""
+DEFAULT_MAX_FETCH_PARTITIONS = 20_000
+"""Partitions one Fetch may name, with or without a session (``max_fetch_partitions``)."""
+
+
+class FetchTooLarge(ProtocolError):
+    """A Fetch names more partitions than ``max_fetch_partitions``: the connection closes
+    (with a log line, as for a frame too large), as Kafka's broker closes a connection whose
+    request is beyond what it accepts."""
+
 
 _partition_limits: weakref.WeakKeyDictionary[FetchSessionCache, int] = weakref.WeakKeyDictionary()
 
@@ -153,10 +163,14 @@ class DownstreamSessions:
         topic_ids: TopicIdMap,
         *,
         bound: SessionPartitionBound | None = None,
+        max_fetch_partitions: int = DEFAULT_MAX_FETCH_PARTITIONS,
     ) -> None:
         self.sessions = sessions
         self.topic_ids = topic_ids
         self.bound = bound
+        self.max_fetch_partitions = max_fetch_partitions
+        """The most partitions one Fetch may name (each costs every stage of the fetch path
+        CPU on the one event loop; ``FetchTooLarge`` past it)."""
         """Every client session's partitions together (None: no process-wide bound)."""
         self.refused_sessions = 0
         """Sessions refused or closed for holding more partitions than a limit allows."""
@@ -185,6 +199,12 @@ class DownstreamSessions:
             raise TranslationError("not a Fetch v4+ request")
         if replica_id(request) >= 0:
             raise TranslationError("follower fetches are not served by the proxy")
+        named = sum(len(topic.partitions) for topic in request.topics)
+        if named > self.max_fetch_partitions:
+            raise FetchTooLarge(
+                f"a Fetch of {named} partitions is more than max_fetch_partitions"
+                f" ({self.max_fetch_partitions})"
+            )
         on_ids = version >= FIRST_TOPIC_ID_VERSION
         names = self.topic_ids.names_by_id()
 

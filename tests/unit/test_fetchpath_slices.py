@@ -11,10 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from support.fetch_world import Conn, World, delivered
+from support.fetch_world import ALL, Conn, World, delivered
 
 from proxy import fetchpath
+from proxy.config import FetchPathConfig
 from proxy.protocol import codec
+from proxy.protocol.errors import ProtocolError
+from proxy.sessions.downstream import DEFAULT_MAX_FETCH_PARTITIONS, FetchTooLarge
 
 
 def big_world(n: int) -> tuple[World, list[tuple[str, int, int]]]:
@@ -81,3 +84,15 @@ def test_queued_fetches_are_decoded_only_when_they_start(monkeypatch: pytest.Mon
     assert decoded == [1]  # 40 pipelined fetches wait as frames, not as decoded requests
     out = c.release_held()
     assert len(out) == 41 and decoded == list(range(1, 42))
+
+
+def test_a_fetch_of_more_partitions_than_max_fetch_partitions_closes_the_connection() -> None:
+    assert FetchPathConfig.from_raw({}).max_fetch_partitions == DEFAULT_MAX_FETCH_PARTITIONS
+    w = World(FetchPathConfig(max_fetch_partitions=6))
+    c = Conn(w)
+    assert len(delivered(c.fetch(1, ALL[:6]))) == 6  # at the limit: served
+    with pytest.raises(FetchTooLarge, match="a Fetch of 7 partitions") as raised:
+        c.send(c.fetch_frame(2, ALL))  # sessionless: it names every partition it reads
+    # a ProtocolError: the edge closes the connection with one log line
+    assert isinstance(raised.value, ProtocolError)
+    assert not [f for f in c.relay.take_upstream() if codec.parse_request_header(f).api_key == 1]
