@@ -551,3 +551,46 @@ def test_followers_left_behind_by_an_acks_1_flood(cluster: KafkaCluster, stack: 
     flooded = [r for r in got if r[2].startswith("f-")]
     assert flooded == sorted(acked, key=lambda r: r[1])  # each once, in offset order
     assert [o for _, o, _ in got] == list(range(want))
+
+
+def test_rack_metrics_show_in_rack_bytes_avoided_bytes_and_their_cost(
+    cluster: KafkaCluster, stack: ProxyStack
+) -> None:
+    """The proxy's rack metrics on real Kafka (issue 18 part 4): what a client with no rack
+    reads through the proxy in rack b is in-rack; the bytes of partitions led in racks a
+    and c are cross-zone bytes avoided, valued at the default price (0.02 per GB)."""
+    value = stack.metrics.registry.get_sample_value
+    in_rack = cluster.node_in_rack(PROXY_RACK)
+    rack_bytes = f"{PREFIX}broker_to_proxy_fetch_rack_record_bytes_total"
+
+    def now() -> dict[str, float]:
+        return {
+            "same": value(rack_bytes, {"node": str(in_rack), "locality": "same_rack"}) or 0.0,
+            "other": sum(
+                value(rack_bytes, {"node": str(n), "locality": "other_rack"}) or 0.0
+                for n in cluster.nodes
+            ),
+            "avoided": value(f"{PREFIX}cross_zone_avoided_record_bytes_total") or 0.0,
+            "cost": value(f"{PREFIX}cross_zone_cost_avoided") or 0.0,
+            "redirects": value(f"{PREFIX}preferred_replica_redirects_total", {"node": str(in_rack)})
+            or 0.0,
+            "follower_fetches": value(
+                f"{PREFIX}proxy_to_broker_preferred_replica_fetches_total", {"node": str(in_rack)}
+            )
+            or 0.0,
+        }
+
+    topic = new_topic(cluster)
+    want = produce(cluster, topic, "metrics")
+    led_elsewhere = [p for p in range(PARTITIONS) if cluster.leader_of(topic, p) != in_rack]
+    before = now()
+    got = librdkafka(stack, topic)
+    after = now()
+    assert_exactly_once_in_order(want, got)
+    d = {k: after[k] - before[k] for k in after}
+    assert d["same"] >= sum(len(k) + len(v) for _, _, k, v in want)
+    assert d["other"] <= 0.05 * d["same"], d
+    assert 0 < d["avoided"] < d["same"], d  # the partitions rack b leads avoid nothing
+    assert d["cost"] == pytest.approx(d["avoided"] * 0.02 / 1e9)
+    assert d["redirects"] >= len(led_elsewhere) > 0, d
+    assert d["follower_fetches"] >= 1, d
