@@ -247,8 +247,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "preferred_replica_fallbacks_total",
         "counter",
         ["reason"],
-        "Fetches of partitions sent back to their leader instead of a preferred read "
-        "replica, by reason.",
+        "Fetches that went to the leader instead of a preferred read replica, by reason: "
+        "per partition fetch, or once per connection for client_ignores_redirect and "
+        "old_fetch_version.",
     ),
     _spec(
         "cross_zone_avoided_record_bytes_total",
