@@ -547,12 +547,12 @@ def budget_advice(results: dict[str, Any]) -> str:
     """How to size ``memory_budget_bytes``, with scenario (h)'s numbers when there are."""
     text = (
         "**Memory budget.** `memory_budget_bytes` (default 128 MiB) bounds the response data "
-        "the proxy holds. A fetch's grant is what its response may carry (its partitions' "
-        "max bytes plus one batch, at most budget/16) and, in this version, is held from "
-        "the moment the fetch is sent upstream, a long poll that returns nothing included: "
-        "the budget must cover the fetches in flight at once (long-polling consumers x their "
-        "grant), or fetches wait for room. With the default, about 120 one-partition long "
-        "polls fit."
+        "the proxy holds; a fetch's share is at most budget/16 (its partitions' max bytes plus "
+        "one batch). Size it for the response data in flight at once: consumers receiving data "
+        "at the same time x min(their fetch.max.bytes, budget/16), plus the reuse buffers "
+        "(`reuse_buffer_bytes` per connection that trims). Whether a long poll that returns "
+        "nothing holds budget depends on the version (README, `memory_budget_bytes`): the "
+        "idle-consumer and starvation scenarios show it for the revision measured."
     )
     sc = results["scenarios"].get("idle_consumers", {}).get("cases", {})
     measured = []
