@@ -8,7 +8,8 @@ it hands out.  A consumer fetch (v4+, not a follower's) goes through
 
     client request
       decode                    codec.decode_request_body
-      admission                 FetchPath.select (policy), FetchAdmission (budget grant)
+      admission                 FetchPath.select (policy), FetchAdmission.fetch_bytes
+                                (the max_bytes it may ask; nothing reserved)
       downstream session        DownstreamSessions.open: the partitions this fetch
                                 covers, as one sessionless full fetch (or a session
                                 error, answered at once)
@@ -27,8 +28,8 @@ it hands out.  A consumer fetch (v4+, not a follower's) goes through
                                 client) or the incremental part (session client)
       encode                    codec.encode_response_gathered -> client
 
-Admission comes before the downstream session: a fetch that waits for budget
-must not have moved its client's session on.  Shaping sits between the two
+Admission comes before the downstream session and never waits (memory is
+taken later, from the response's size).  Shaping sits between the two
 sessions, so it always works on full fetches whatever the client speaks, and
 the upstream session learns each partition's next offset from the shaped
 request of the next fetch (the client's offset, or past the batches the buffer
@@ -60,14 +61,27 @@ loaded 2-core machine), so the longest stage of a 10,000-partition fetch holds
 the loop for some 100-400 ms; cutting stages into partition ranges is the next
 step, and the typed fetch model of issue 17 shrinks every stage.
 
-Memory budget (:mod:`proxy.shaping.budget`): a fetch starts only once
-``FetchAdmission`` grants it; otherwise it stays queued and the connection
-joins the admission's FIFO of waiters.  A release of budget wakes waiters
-through the waker the trio edge bound (``bind_waker``), which calls
-``resume()`` from the connection's own task.  The grant is released when the
-edge says the response was written (``written()``).  When a fetch has to wait,
-every connection's reuse buffer is dropped first (it is a cache, and the budget
-must never be held by data nobody is fetching while fetches wait).
+Memory budget (:mod:`proxy.shaping.budget`, KIP-81 / KIP-72): a fetch starts
+at once with a grant of nothing and asks upstream for at most
+``FetchAdmission.fetch_bytes`` (its partitions' bound, 1/16 of the budget), so
+a long poll waiting upstream holds no budget.  When the edge has read the length
+prefix of its Fetch response, it asks ``reserve_response(size)`` before reading
+the body: the grant grows by the frame's size if the budget can take it
+(``FetchAdmission.take``: what fits, and while others wait, no more than the
+connection's fair share), else the connection joins the admission's FIFO of
+waiters and the edge stops reading that upstream connection (back-pressure; what
+the broker sends meanwhile waits in its socket).  A release of budget wakes
+waiters through the waker the trio edge bound (``bind_waker``); its task asks
+again.  A response that arrives within one read of the edge is in memory before
+it can be asked about: the grant is then sized after the fact (the shaper resizes
+it to the records in memory), so that much (one read, 256 KiB) can exceed the
+budget per connection.  The grant is released when the edge says the response
+was written (``written()``).  Before a response is made to wait, every
+connection's reuse buffer is dropped (it is a cache, and the budget must never
+be held by data nobody is fetching while responses wait).  Other traffic never
+asks the budget; answers leave a connection in request order, so a request a
+client pipelines behind a fetch whose response waits is answered after it
+(another connection's never waits).
 
 Topic ids are learnt from every Metadata response the relay forwards
 (``observe``); when a names client needs ids the handler asks upstream Metadata
@@ -301,6 +315,8 @@ class _Exchange:
     """The client uses no fetch session (epoch -1; Fetch v4-v6 have none)."""
     upstream_request_bytes: int = 0
     upstream_response_bytes: int = 0
+    response_reserved: int = 0
+    """Budget the edge took for upstream responses to this fetch (``reserve_response``)."""
     large: bool = False
     """It covers more than ``SLICE_PARTITIONS`` partitions: served in slices."""
     rack: rack_fetch.RackStep | None = None
@@ -500,13 +516,12 @@ class FetchPathHandler:
                         self._waker()  # decoding was this turn's slice: the rest next turn
                         return
                 policy, limits = self.path.select(request.header.client_id, self.listener)
-                grant = self._admit(request, decoded, limits)
-                if grant is None:
-                    return  # waits for budget; resume() starts it
+                max_bytes = self._max_bytes(decoded, limits)
                 self._queue.popleft()
                 self._fetches += 1
                 self._busy = True
-                self._run(self._start(request, decoded, policy, limits, grant, upstream))
+                grant = self.path.budget.reservation()  # nothing until a response arrives
+                self._run(self._start(request, decoded, policy, limits, grant, upstream, max_bytes))
         finally:
             self._starting = False
 
@@ -535,8 +550,12 @@ class FetchPathHandler:
         self.slices += 1
         self._waker()
 
-    def _admit(self, request: ClientRequest, decoded: Any, limits: Limits) -> Reservation | None:
-        """The fetch's memory-budget grant, or None: it waits for a release."""
+    def _max_bytes(self, decoded: Any, limits: Limits) -> int:
+        """The most record bytes the fetch may ask upstream for (``FetchAdmission.fetch_bytes``).
+
+        Nothing is reserved for it: memory is taken when the response's size is
+        known (``reserve_response``), so a long poll waiting upstream holds none.
+        """
         admission = self.path.admission
         # The most the response can carry: each partition the fetch covers (an
         # incremental fetch also covers its session's), at most its max_bytes.
@@ -549,24 +568,41 @@ class FetchPathHandler:
                 sizes += [cp.max_bytes for cp in session.partitions.values()]
                 known = True
         most = response_bound(sizes, self.path.budget.floor, limits.max_partition_bytes)
-        nbytes = admission.fetch_bytes(
+        return admission.fetch_bytes(
             int(decoded.max_bytes), limits.max_response_bytes, most_bytes=most if known else None
         )
-        grant = admission.try_admit(nbytes)
-        if grant is None and self.path.shed_buffers():
-            grant = admission.try_admit(nbytes)
-        if grant is None:
-            retry = self._waiting_for is request
-            if not retry:  # count each fetch once, not each retry
-                self._waiting_for = request
-                self.budget_waits += 1
-                if self.metrics is not None:
-                    self.metrics.memory_budget_wait()
-            admission.wait(self, retry=retry, nbytes=nbytes)
-            return None
-        admission.leave(self)
-        self._waiting_for = None
-        return grant
+
+    def reserve_response(self, nbytes: int) -> bool:
+        """The edge knows the size of the Fetch response it is about to read (its length
+        prefix): take *nbytes* of memory budget for it before reading its body.
+
+        False: the budget cannot take it now (or others wait and this connection holds
+        its fair share): the edge stops reading this upstream connection until ``wake``
+        says budget was released, then asks again (KIP-72's muted channel).  Every
+        connection's reuse buffer is dropped before a response is made to wait.
+        """
+        exchange = self._exchange
+        if exchange is None or self.closed:
+            return True  # no fetch of ours awaits it (a pass-through fetch: no budget)
+        admission = self.path.admission
+        held = exchange.grant.nbytes + sum(g.nbytes for g in self._unwritten)
+        taken = admission.take(self, exchange.grant, nbytes, held=held)
+        if not taken and self.path.shed_buffers():
+            taken = admission.take(self, exchange.grant, nbytes, held=held)
+        if taken:
+            admission.leave(self)
+            self._waiting_for = None
+            exchange.response_reserved += nbytes
+            self.path.refresh_gauges()
+            return True
+        retry = self._waiting_for is exchange.request
+        if not retry:  # count each response once, not each retry
+            self._waiting_for = exchange.request
+            self.budget_waits += 1
+            if self.metrics is not None:
+                self.metrics.memory_budget_wait()
+        admission.wait(self, retry=retry, nbytes=nbytes)
+        return False
 
     def _start(
         self,
@@ -576,6 +612,7 @@ class FetchPathHandler:
         limits: Limits,
         grant: Reservation,
         upstream: Upstream,
+        max_bytes: int,
     ) -> Slices:
         """The request's stages; a large fetch yields between them (see ``_run``)."""
         started = self.path.clock()
@@ -601,7 +638,7 @@ class FetchPathHandler:
             fetch, step = self._with_rack(request, fetch, self.rack)
         if self.path.shaping:
             self.shaper.limits = limits
-            prepared = _shape(self.shaper, fetch, grant)
+            prepared = _shape(self.shaper, fetch, grant, max_bytes)
             fetch = prepared.upstream_request
             if large:
                 yield
@@ -654,7 +691,10 @@ class FetchPathHandler:
         step = translator.complete(response)
         self._count_reset(response, translator.stats.invalid_responses > invalid_before)
         if isinstance(step, UpstreamFetch):
-            self._send(step, upstream)  # a resend after an upstream session reset
+            # a resend after an upstream session reset: the answer dropped gives its memory back
+            exchange.grant.resize(max(0, exchange.grant.nbytes - exchange.response_reserved))
+            exchange.response_reserved = 0
+            self._send(step, upstream)
             return
         full = step.response
         shaped: ShapedResponse | None = None
@@ -882,7 +922,7 @@ def _cap_wait(fetch: Any, max_wait_ms: int) -> Any:
     return dataclasses.replace(fetch, max_wait=cap)
 
 
-def _shape(shaper: FetchShaper, request: Any, grant: Reservation) -> PreparedFetch:
+def _shape(shaper: FetchShaper, request: Any, grant: Reservation, max_bytes: int) -> PreparedFetch:
     """Shaping's way up: the sessionless full fetch -> the one to serve upstream."""
     if len(shaper.buffer):
         # The client no longer fetches these (a full fetch lists every partition).
@@ -890,7 +930,7 @@ def _shape(shaper: FetchShaper, request: Any, grant: Reservation) -> PreparedFet
         gone = [k for k in shaper.buffer.keys() if k not in asked]
         if gone:
             shaper.forget(gone)
-    prepared = shaper.prepare(request, grant=grant)
+    prepared = shaper.prepare(request, grant=grant, max_bytes=max_bytes)
     upstream = prepared.upstream_request
     if prepared.prefixes and upstream.max_wait != timedelta(0):
         # The client gets data at once from the buffer: no long poll upstream.

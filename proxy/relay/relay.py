@@ -325,6 +325,14 @@ class Relay:
         return len(self._pending)
 
     @property
+    def next_response_key(self) -> int | None:
+        """The API key of the response upstream sends next (None: none awaited, or a raw
+        SASL token): what the edge learns a frame in progress is before reading its body."""
+        if not self._pending or self._pending[0].correlation_id is None:
+            return None
+        return self._pending[0].api_key
+
+    @property
     def upstream_queued(self) -> bool:
         """Whether frames wait to be taken by ``take_upstream``."""
         return bool(self._to_upstream)

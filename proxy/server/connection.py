@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 import trio
 
+from ..protocol.apis import FETCH
 from ..protocol.errors import FrameTooLarge, ProtocolError
 from ..protocol.framing import FrameDecoder, Payload, frame_chunks
 from ..relay.relay import Relay
@@ -102,14 +103,18 @@ log = structlog.get_logger("proxy.server")
 
 class FetchEdge(Protocol):
     """What the connection's Fetch path (``proxy.fetchpath.FetchPathHandler``) needs from the
-    edge: a fetch that waited for memory budget resumes in this connection's task, and the
-    grants of answered fetches are released once their responses are written."""
+    edge: memory budget for a Fetch response is asked from its length prefix before its body
+    is read (``reserve_response``; False: the upstream connection is not read until the
+    waker says budget was released), work that waited resumes in this connection's task, and
+    the grants of answered fetches are released once their responses are written."""
 
     def bind_waker(self, wake: Callable[[], None]) -> None: ...
 
     def resume(self) -> None: ...
 
     def written(self) -> None: ...
+
+    def reserve_response(self, nbytes: int) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -184,6 +189,9 @@ class Connection:
         """Bytes of requests taken from the relay and being written upstream."""
         self.peak_request_bytes = 0
         """The most request bytes this connection ever held (what a test of the limits reads)."""
+        self.upstream_paused = False
+        """The upstream connection is not read: the Fetch response in progress waits for
+        memory budget (``FetchEdge.reserve_response``)."""
         self.reading_paused: str | None = None
         """Why the client is not read for request memory: ``"own"`` (its requests must
         drain first) or ``"pool"`` (the process's request memory is taken); None: it is."""
@@ -414,12 +422,28 @@ class Connection:
     async def _upstream_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         relay = self.relay
+        fetch_path = self.fetch_path
         size = RECEIVE_BYTES
+        reserved = False  # the frame in progress has its memory budget (a Fetch response's)
         while True:
             # A client that does not read its responses stops this connection's
             # upstream reads: its broker's answers wait in the broker's socket.
             while self.client_full:
                 await self._changed.park()
+            # KIP-72: a Fetch response takes its memory budget from its length prefix,
+            # before its body is read; while the budget cannot take it, this upstream
+            # connection is not read (its other answers are behind it in order anyway).
+            if (
+                fetch_path is not None
+                and not reserved
+                and (missing := decoder.missing) is not None
+                and relay.next_response_key == FETCH
+            ):
+                while not fetch_path.reserve_response(missing + decoder.buffered):
+                    self.upstream_paused = True
+                    await self._changed.park()
+                self.upstream_paused = False
+                reserved = True
             data = await self.upstream.receive_some(size)
             size = UPSTREAM_RECEIVE_BYTES if len(data) >= size else RECEIVE_BYTES
             if not data:
@@ -432,6 +456,7 @@ class Connection:
             decoder.feed(data)
             now = trio.current_time() if self.meter is not None else 0.0
             while (frame := decoder.next_frame()) is not None:
+                reserved = False
                 if self.meter is not None:
                     self.meter.upstream_frame(frame, now)
                 relay.upstream_frame(frame)
@@ -478,6 +503,7 @@ class Connection:
             await wakeup.wait()
             wakeup = trio.Event()
             fetch_path.resume()
+            self._notify()  # an upstream loop waiting for budget asks again
             self._take_replies()
             await self._send_upstream()
 

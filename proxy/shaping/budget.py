@@ -1,24 +1,35 @@
 """The proxy-wide memory budget for response data (KIP-81's buffer.memory, for the proxy).
 
 Sans-I/O accounting: a byte counter with reservations.  It never blocks;
-when a fetch cannot be granted, :meth:`MemoryBudget.acquire_fetch` returns
-None and the caller waits for a release.  The trio edge does that by
-registering a listener (``add_listener``) that sets a ``trio.Event`` (or
-notifies a ``trio.Condition``), then retrying.  Only the Fetch path uses the
-budget: coordinator, group and metadata traffic never asks it for anything,
-so it is never blocked by it.
+when a response cannot be taken, :meth:`FetchAdmission.take` returns False and
+the caller waits for a release (the admission's FIFO of waiters, woken through
+a listener, ``add_listener``).  Only the Fetch path uses the budget:
+coordinator, group, metadata and produce traffic never asks it for anything,
+so it is never blocked by it (KIP-81 exempts coordinator traffic the same way).
 
-A fetch's life:
+A fetch's life (memory taken when the response's size is known, as Kafka's
+consumer bounds fetch memory (KIP-81) and its broker's ``MemoryPool`` takes a
+request's size from its length prefix and mutes the channel while it cannot
+(KIP-72)):
 
-1. ``grant = budget.acquire_fetch(requested_max_bytes)`` (what the response
-   can carry at most, see ``FetchAdmission.fetch_bytes``): reserves
-   min(requested, headroom), but at least ``floor`` bytes (set it to the
-   largest batch you expect, e.g. the broker's message.max.bytes, so that the
-   broker's one-batch progress exemption stays inside the grant).  None: wait.
-2. Send upstream with ``max_bytes = grant.nbytes``.
-3. When the response arrives, ``grant.resize(actual_record_bytes)``: the data
-   is in memory already, so this may exceed the budget (only when a single
-   batch is larger than the grant); ``overshoot_bytes`` records by how much.
+1. ``nbytes = admission.fetch_bytes(...)``: the max_bytes to send upstream
+   (the client's, the policy's cap, at most 1/FETCH_SHARE of the budget and
+   what its partitions can return, :func:`response_bound`).  Nothing is
+   reserved: ``grant = budget.reservation()`` holds 0 bytes, so a long poll
+   waiting upstream holds no budget, however large its max_bytes.
+2. When the response's length prefix has been read, ``admission.take(waiter,
+   grant, frame_size, held=...)`` grows the grant by the frame's size if the
+   budget can take it; False: the edge stops reading that upstream connection
+   and the connection waits (``wait``) until a release wakes it, then asks
+   again.  Fair share: the oldest waiter (or anyone when none waits) takes
+   what fits; while others wait, a connection takes only within ``share()``
+   (the usable budget split between the waiters and one more), so no
+   connection holds more than its share while others wait.  A response larger
+   than the budget can ever have room for is let in when nothing else is held.
+3. When the response has been decoded, ``grant.resize(actual_record_bytes)``:
+   a response that arrived whole within one read of the edge was never asked
+   about, so this may exceed the budget (by at most one read per
+   connection); ``overshoot_bytes`` records by how much.
 4. After trimming, the trimmed-away batches the reuse buffer keeps move to
    their own reservations (``split``), the rest shrinks to what waits to be
    written to the client, and ``release()`` once the response is written.
@@ -33,13 +44,13 @@ it arrived in, and kio copies its records before they are pointed back into
 the frame.  ``set_working(nbytes)`` keeps that much of the capacity back from
 every reservation (set it to the largest fetch grant); it counts as used.
 
-Admission: :class:`FetchAdmission` decides whether a client fetch may start
-(its grant, sized by the fetch's max_bytes, the policy's response cap, the
-per-fetch share of the budget and the most its partitions can return, see
-:func:`response_bound`) and keeps the FIFO of connections whose fetch
-had to wait.  Each release of budget wakes the oldest waiters, as many as the
-headroom could serve; a woken fetch that still finds no room goes back to the
-front (``wait(..., retry=True)``).
+Admission: :class:`FetchAdmission` sizes a client fetch (``fetch_bytes``),
+lets responses take memory (``take``) and keeps the FIFO of connections whose
+response had to wait.  Each release of budget wakes the oldest waiters, as
+many as the headroom could serve; a woken one that still finds no room goes
+back to the front (``wait(..., retry=True)``).  ``acquire_fetch`` and
+``try_admit`` (a reservation of a fetch's max_bytes up front) remain for
+accounting tests and tools; the fetch path no longer uses them.
 
 Shedding: a cache that holds reservations (the reuse buffers) registers with
 the budget while it holds bytes (``holding``/``empty``), so ``shed()`` clears
@@ -59,8 +70,9 @@ BUDGET_FLOOR = 1_048_588
 """Least bytes a fetch is granted (Kafka's default message.max.bytes, so the broker's
 one-batch progress exemption stays inside a grant)."""
 FETCH_SHARE = 16
-"""With a budget, one fetch is granted at most 1/FETCH_SHARE of it (never below the floor),
-so a few long polls waiting upstream cannot hold the whole budget while other fetches wait."""
+"""With a budget, one fetch asks upstream for at most 1/FETCH_SHARE of it (never below the
+floor), so one response cannot take most of the budget; the working copy of one response is
+kept back at that size."""
 
 
 class Holder(Protocol):
@@ -183,6 +195,10 @@ class MemoryBudget:
         self._adjust(0)
         if delta < 0:
             self._notify()
+
+    def reservation(self) -> Reservation:
+        """A reservation of nothing yet (a fetch's, before its response's size is known)."""
+        return Reservation(self, 0)
 
     def try_reserve(self, nbytes: int) -> Reservation | None:
         """Reserve exactly *nbytes* if it fits, else None (the reuse buffer uses this)."""
@@ -348,6 +364,33 @@ class FetchAdmission:
             if most_bytes is not None:
                 requested = min(requested, most_bytes)
         return max(requested, 0)
+
+    def share(self) -> int:
+        """What one connection may hold while others wait: the usable budget (less the
+        working copy) split between the waiters and one more, never below the floor."""
+        budget = self.budget
+        usable = budget.capacity - budget.working
+        return max(budget.floor, usable // (len(self._waiters) + 1))
+
+    def take(self, waiter: Waiter, grant: Reservation, nbytes: int, *, held: int) -> bool:
+        """Grow *grant* by *nbytes* (a response whose size is known) if the budget lets
+        *waiter*, which holds *held* bytes already, take them now; False: it must wait.
+
+        The oldest waiter, or anyone when none waits, takes what fits; when others wait,
+        a connection not first in line takes only within its ``share()`` (a fair share:
+        no connection holds more than that while others wait).  A response larger than
+        the room the budget can ever have is let in when nothing else is reserved (data
+        larger than the pool, as Kafka's MemoryPool lets one in when it is empty).
+        """
+        budget = self.budget
+        waiters = self._waiters
+        first = not waiters or next(iter(waiters)) is waiter
+        if not first and held + nbytes > self.share():
+            return False
+        if budget.fits(nbytes) or budget.used == budget.working:
+            grant.resize(grant.nbytes + nbytes)
+            return True
+        return False
 
     def try_admit(self, nbytes: int) -> Reservation | None:
         """The grant for a fetch of *nbytes* (``fetch_bytes``), or None: it must wait."""

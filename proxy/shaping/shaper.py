@@ -99,6 +99,7 @@ class FetchShaper:
         request: Any,
         *,
         max_bytes_cap: int | None = None,
+        max_bytes: int | None = None,
         grant: Reservation | None = None,
         session_offsets: Mapping[PartitionKey, tuple[int, int]] | None = None,
         session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
@@ -106,11 +107,14 @@ class FetchShaper:
         """Shape the client's *request* for upstream.
 
         *grant*: the memory budget's reservation for this fetch
-        (``MemoryBudget.acquire_fetch``); its size caps the upstream max_bytes
+        (``MemoryBudget.reservation`` or ``acquire_fetch``); its size caps the upstream max_bytes
         unless *max_bytes_cap* is given, batches taken from the reuse buffer
         move into it, and :meth:`finish` resizes it to the data in memory and
         then to the bytes delivered.  The caller releases it once the response
-        is written.  *session_offsets*: for an
+        is written.  *max_bytes*: the most the response may carry, held batches
+        included (the upstream max_bytes is what is left after them); given, it
+        caps instead of the grant's size (a grant that holds nothing until the
+        response's size is known).  *session_offsets*: for an
         incremental fetch, (fetch offset, current leader epoch) of the session
         partitions the request does not repeat, so held batches for them are
         used too (their new upstream offsets come back in ``upstream_offsets``).
@@ -138,7 +142,9 @@ class FetchShaper:
                 prefixes[key] = prefix
                 upstream_offsets[key] = prefix.run.next_offset
                 upstream_epochs[key] = prefix.run.headers[-1].partition_leader_epoch
-        if max_bytes_cap is None and grant is not None:
+        if max_bytes_cap is None and max_bytes is not None:
+            max_bytes_cap = max(0, max_bytes - sum(p.run.size for p in prefixes.values()))
+        elif max_bytes_cap is None and grant is not None:
             max_bytes_cap = max(0, grant.nbytes - sum(p.run.size for p in prefixes.values()))
         upstream = clamp_request(request, limits, max_bytes_cap=max_bytes_cap)
         if upstream_offsets:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections import deque
 from typing import Any
 
 import pytest
@@ -46,6 +47,9 @@ class Conn:
         self.upstream_frames: list[bytes] = []
         self.held: list[bytes] = []
         """Upstream requests not answered yet (answer=False)."""
+        self.answers: deque[bytes] = deque()
+        """Upstream answers not read yet (a Fetch response waiting for budget, what follows)."""
+        self.edge = False
         self.woken = 0
 
     def with_edge(self) -> Conn:
@@ -55,7 +59,21 @@ class Conn:
             self.woken += 1
 
         self.handler.bind_waker(wake)
+        self.edge = True
         return self
+
+    def read_upstream(self) -> None:
+        """Read upstream answers in order; as the edge does, a Fetch response first takes
+        its memory budget from its size, and while it cannot, nothing more is read."""
+        while self.answers:
+            frame = self.answers[0]
+            if (
+                self.edge
+                and self.relay.next_response_key == 1
+                and not self.handler.reserve_response(len(frame))
+            ):
+                return
+            self.relay.upstream_frame(self.answers.popleft())
 
     def send(self, *client_frames: bytes, answer: bool = True) -> list[bytes]:
         for f in client_frames:
@@ -71,8 +89,8 @@ class Conn:
             if not answer:
                 self.held.extend(frames)
                 break
-            for f in frames:
-                self.relay.upstream_frame(self.world.answer(f))
+            self.answers.extend(self.world.answer(f) for f in frames)
+            self.read_upstream()
         out = [payload_bytes(p) for p in self.relay.take_client()]
         if out:
             self.handler.written()
@@ -80,8 +98,8 @@ class Conn:
 
     def release_held(self) -> list[bytes]:
         held, self.held = self.held, []
-        for f in held:
-            self.relay.upstream_frame(self.world.answer(f))
+        self.answers.extend(self.world.answer(f) for f in held)
+        self.read_upstream()
         return self.pump()
 
     def fetch(self, cid: int, parts: list[tuple[str, int, int]], version: int = 12) -> Any:
@@ -199,23 +217,28 @@ def test_record_cap_delivers_whole_batches_and_serves_the_rest_from_the_buffer(
     assert w.path.budget.used == 0  # nothing held once the buffer is drained and written
 
 
-def test_a_fetch_waits_for_budget_and_resumes_when_another_connection_frees_it() -> None:
+def test_a_long_poll_holds_no_budget_and_its_response_waits_unread_for_room() -> None:
     metrics = Metrics(process_metrics=False)
     w = World(FetchPathConfig(memory_budget_bytes=1 << 20), metrics=metrics)
-    w.path.budget.floor = 1 << 20  # every fetch needs the whole budget
+    budget = w.path.budget
+    budget.floor = 1 << 20  # no working copy kept back: the whole budget is usable
     a, b = Conn(w).with_edge(), Conn(w).with_edge()
+    assert a.send(a.fetch_frame(2, ALL), answer=False) == []  # a long poll waiting upstream
+    assert a.held and budget.used == 0  # holds nothing while it waits (KIP-81)
+    assert b.send(b.fetch_frame(2, ALL), answer=False) == []  # so b's goes upstream at once
+    assert b.held and b.handler.budget_waits == 0
+    hog = budget.try_reserve(budget.capacity)  # responses of others, not yet written
+    assert hog is not None
     w.append("orders", 0, 3)
-    assert a.send(a.fetch_frame(2, ALL), answer=False) == []
-    assert a.held and w.path.budget.used == 1 << 20
-    assert b.send(b.fetch_frame(2, ALL)) == []
-    assert not [f for f in b.upstream_frames if codec.parse_request_header(f).api_key == 1]
+    assert a.release_held() == []  # its response's size is known: no room, it is not read
+    assert a.answers and a.handler.budget_waits == 1 and w.path.fetch_waits == 1
     assert metrics.registry.get_sample_value(f"{PREFIX}memory_budget_waits_total") == 1
-    [out_a] = a.release_held()  # answered and written: the budget is free again
-    assert b.woken == 1
-    b.handler.resume()  # what the edge does in b's own task
-    [out_b] = b.pump()
-    assert codec.peek_correlation_id(out_a) == codec.peek_correlation_id(out_b) == 2
-    assert w.path.budget.used == 0 and w.path.budget.peak <= 1 << 20
+    hog.release()
+    assert a.woken == 1  # the edge asks again from a's task
+    a.read_upstream()
+    [out] = a.pump()
+    assert delivered(codec.decode_response(1, 12, out)[1])[("orders", 0)] == [(0, 3)]
+    assert budget.used == 0 and budget.peak <= budget.capacity
 
 
 def test_closing_a_connection_gives_back_its_budget() -> None:
@@ -368,34 +391,42 @@ def test_reloader_applies_or_keeps_the_old_config_and_counts() -> None:
     assert value(f"{PREFIX}config_reload_failures_total") == 2
 
 
-def test_waiting_fetches_are_woken_oldest_first_one_per_free_grant() -> None:
+def test_responses_waiting_for_budget_are_read_oldest_first() -> None:
     w = World(FetchPathConfig(memory_budget_bytes=1 << 20))
-    w.path.budget.floor = 1 << 20  # one fetch at a time
-    a, b, c = (Conn(w).with_edge() for _ in range(3))
-    a.send(a.fetch_frame(2, ALL), answer=False)
-    assert b.send(b.fetch_frame(2, ALL)) == [] and c.send(c.fetch_frame(2, ALL)) == []
-    assert w.path.fetch_waits == 2
-    a.release_held()
-    assert (b.woken, c.woken) == (1, 0)  # only as many as the free budget can serve
-    b.handler.resume()
-    b.send(answer=False)  # b now holds the budget, its upstream answer outstanding
-    assert b.held
-    b.release_held()
-    assert c.woken == 1
-    c.handler.resume()
-    assert len(c.pump()) == 1 and w.path.budget.used == 0
-
-
-def test_a_waiting_fetch_sheds_the_reuse_buffers_first() -> None:
-    w = World(FetchPathConfig(limits=Limits(max_records=1), memory_budget_bytes=1 << 20))
-    w.path.budget.floor = 1 << 20
+    budget = w.path.budget
+    budget.floor = 1 << 20
     a, b = Conn(w).with_edge(), Conn(w).with_edge()
-    w.append("orders", 0, 1, times=4)
-    a.fetch(2, [("orders", 0, 0)])
-    assert len(a.handler.shaper.buffer) == 1 and w.path.budget.used > 0
+    hog = budget.try_reserve(budget.capacity)
+    assert hog is not None
+    w.append("orders", 0, 2)
+    assert a.send(a.fetch_frame(2, ALL)) == [] and b.send(b.fetch_frame(2, ALL)) == []
+    assert a.answers and b.answers and w.path.fetch_waits == 2
+    hog.resize(budget.capacity - len(a.answers[0]))  # room for a's response alone
+    assert (a.woken, b.woken) == (1, 0)  # the oldest first, as many as the room serves
+    a.read_upstream()
+    assert len(a.pump()) == 1  # written: its grant goes back, the next waiter is woken
+    assert b.woken == 1
+    b.read_upstream()
+    assert len(b.pump()) == 1
+    hog.release()
+    assert budget.used == 0
+
+
+def test_a_response_that_would_wait_sheds_the_reuse_buffers_first() -> None:
+    w = World(FetchPathConfig(limits=Limits(max_records=1), memory_budget_bytes=1 << 20))
+    budget = w.path.budget
+    budget.floor = 1 << 20
+    a, b = Conn(w).with_edge(), Conn(w).with_edge()
+    w.append("orders", 1, 1, times=40)
+    w.append("orders", 0, 1)
+    a.fetch(2, [("orders", 1, 0)])
+    assert len(a.handler.shaper.buffer) == 1 and budget.used > 1000  # 39 batches held
+    hog = budget.try_reserve(budget.headroom)  # no room left but what the buffer holds
+    assert hog is not None
     assert delivered(b.fetch(2, [("orders", 0, 0)]))[("orders", 0)] == [(0, 1)]
     assert len(a.handler.shaper.buffer) == 0 and w.path.fetch_waits == 0
-    assert delivered(a.fetch(3, [("orders", 0, 1)]))[("orders", 0)] == [(1, 1)]  # refetched
+    hog.release()
+    assert delivered(a.fetch(3, [("orders", 1, 1)]))[("orders", 1)] == [(1, 1)]  # refetched
 
 
 def test_rack_accounting_reaches_the_metrics_and_the_decision_log() -> None:
@@ -561,21 +592,25 @@ def test_other_traffic_never_waits_for_the_budget() -> None:
         ]
 
     w = World(FetchPathConfig(memory_budget_bytes=1 << 20))
-    w.path.budget.floor = 1 << 20  # every fetch needs the whole budget
-    a, b, c = Conn(w).with_edge(), Conn(w).with_edge(), Conn(w).with_edge()
-    assert a.send(a.fetch_frame(2, ALL), answer=False) == []  # a long poll holds the budget
-    assert b.send(b.fetch_frame(2, ALL)) == []  # b's fetch waits for it
-    assert b.handler.budget_waits == 1
+    budget = w.path.budget
+    budget.floor = 1 << 20
+    b, c = Conn(w).with_edge(), Conn(w).with_edge()
+    hog = budget.try_reserve(budget.capacity)  # the budget is taken
+    assert hog is not None
+    w.append("orders", 0, 1)
+    assert b.send(b.fetch_frame(2, ALL)) == []  # b's response waits for budget, unread
+    assert b.answers and b.handler.budget_waits == 1
     # Another connection's non-fetch requests: answered at once, in order.
     answers = c.send(*others(10))
     assert [codec.peek_correlation_id(f) for f in answers] == [10, 11, 12]
     # The same connection pipelines them behind its waiting fetch: they go upstream at
     # once (the broker sees the heartbeat and the commit in time), but Kafka answers a
-    # connection's requests in order, so their answers leave after the fetch's.
+    # connection's requests in order, so their answers are read after the fetch's.
     assert b.send(*others(3)) == []
     up = [codec.parse_request_header(f).api_key for f in b.upstream_frames]
-    assert up == [METADATA, HEARTBEAT, OFFSET_COMMIT]  # no fetch yet: it waits
-    a.release_held()
-    b.handler.resume()
+    assert up == [1, METADATA, HEARTBEAT, OFFSET_COMMIT]
+    hog.release()
+    assert b.woken == 1
+    b.read_upstream()
     answers = b.pump()
     assert [codec.peek_correlation_id(f) for f in answers] == [2, 3, 4, 5]

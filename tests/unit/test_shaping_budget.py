@@ -226,7 +226,8 @@ class Client:
 
 def test_idle_long_polls_of_one_partition_each_hold_one_partition_s_worth() -> None:
     """64 MiB budget: 50 long polls of one partition (max.partition.fetch.bytes 1 MiB,
-    fetch.max.bytes 50 MiB) all wait upstream at once; each was granted 1 MiB, not 4."""
+    fetch.max.bytes 50 MiB) all wait upstream at once; each asks upstream for 1 MiB, not 4,
+    and none holds budget while it waits (memory is taken when a response's size is known)."""
     up = Upstream()
     path = FetchPath(FetchPathConfig(memory_budget_bytes=64 << 20))
     budget = path.budget
@@ -236,16 +237,15 @@ def test_idle_long_polls_of_one_partition_each_hold_one_partition_s_worth() -> N
         c.send(client_fetch(up, 12, [("orders", 0, 0)]), 1)
     assert path.fetch_waits == 0
     assert [c.upstream_max_bytes() for c in clients] == [[one]] * 50
-    assert budget.used == budget.working + 50 * one <= budget.capacity
-    # Fetches of every partition (7 MiB could come back) are still granted budget/16 each.
-    wide = [Client(path, up) for _ in range(4)]
-    left = budget.headroom - 2 * (4 << 20)
+    assert budget.used == budget.working  # waiting upstream, they hold nothing
+    # Fetches of every partition (7 MiB could come back) still ask for budget/16 each,
+    # however many wait: no fetch waits to be sent.
+    wide = [Client(path, up) for _ in range(40)]
     everything = [(t, p, 0) for t, p in PARTITIONS]
     for c in wide:
         c.send(client_fetch(up, 12, everything), 1)
-    assert [c.upstream_max_bytes() for c in wide[:3]] == [[4 << 20], [4 << 20], [left]]
-    assert wide[3].upstream == [] and path.fetch_waits == 1  # no room left: it waits
-    assert budget.used == budget.capacity
+    assert [c.upstream_max_bytes() for c in wide] == [[4 << 20]] * 40
+    assert path.fetch_waits == 0 and budget.used == budget.working
 
 
 def test_an_incremental_fetch_is_bounded_by_its_session_s_partitions() -> None:
@@ -260,7 +260,7 @@ def test_an_incremental_fetch_is_bounded_by_its_session_s_partitions() -> None:
     assert session_id != 0
     # Nothing changed: the request lists no partitions, its response may carry both.
     c.send(dataclasses.replace(full, session_id=session_id, session_epoch=1, topics=()), 2)
-    assert budget.used == budget.working + response_bound([1 << 20] * 2, budget.floor)
+    assert c.upstream_max_bytes()[-1] == response_bound([1 << 20] * 2, budget.floor)
     c.answer()
     assert budget.used == budget.working
     # A session the proxy does not know: answered with a session error, never bounded low.
@@ -326,3 +326,37 @@ def test_the_oldest_waiter_is_woken_without_room_when_buffers_can_be_shed() -> N
     woken.clear()
     admission.wake_waiters()  # a reload: the oldest retries whatever the headroom
     assert woken == [second]
+
+
+def test_a_response_takes_budget_when_its_size_is_known_within_a_fair_share() -> None:
+    """KIP-72 style: a fetch's grant holds nothing until its response's size is known;
+    then the response takes what fits, and while others wait no connection takes more
+    than its share (the usable budget split between the waiters and one more)."""
+    mib = 1 << 20
+    admission = FetchAdmission(32 * mib)
+    budget = admission.budget
+    assert budget.working == 2 * mib  # one fetch's grant (32 MiB / 16) kept back
+    first, second, third = (Sleeper([]) for _ in range(3))
+    grants = [budget.reservation() for _ in range(3)]
+    assert budget.used == budget.working  # fetches waiting upstream hold nothing
+    hog = budget.try_reserve(budget.headroom - mib)  # 1 MiB of room left
+    assert hog is not None
+    assert not admission.take(first, grants[0], 2 * mib, held=0)  # does not fit
+    admission.wait(first, retry=False, nbytes=2 * mib)
+    assert admission.share() == 15 * mib
+    # Others wait: a connection under its share takes what fits ...
+    assert admission.take(second, grants[1], mib // 2, held=0)
+    assert grants[1].nbytes == mib // 2
+    # ... one beyond it waits behind them, even though it would fit.
+    assert not admission.take(third, grants[2], 1000, held=15 * mib)
+    assert grants[2].nbytes == 0
+    # The oldest waiter takes what fits, whatever it holds.
+    hog.resize(hog.nbytes - 2 * mib)
+    assert admission.take(first, grants[0], 2 * mib, held=29 * mib)
+    admission.leave(first)
+    assert admission.take(third, grants[2], 1000, held=15 * mib)  # nobody waits now
+    # A response larger than the budget can ever hold gets in when nothing else is held.
+    for r in (hog, *grants):
+        r.release()
+    big = budget.reservation()
+    assert admission.take(first, big, 64 * mib, held=0) and budget.overshoot_bytes > 0
