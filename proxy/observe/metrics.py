@@ -340,7 +340,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "memory_budget_waits_total",
         "counter",
         [],
-        "Fetch requests that had to wait for memory budget.",
+        "Fetch responses that waited for memory budget before being read (their broker connection is not read meanwhile).",
     ),
     _spec(
         "request_bytes_held",
