@@ -34,6 +34,13 @@ Limits (each a setting, see ``proxy.config``):
     connection reads within its share.  A connection the pool cannot serve is
     not read until memory comes back (back-pressure, never an error;
     ``proxy.relay.request_memory`` says in what order).
+``memory_budget_bytes`` (the fetch path's, ``FetchEdge.reserve_response``)
+    a Fetch response takes its size from the memory budget once its length
+    prefix is read, before its body is: while the budget cannot take it, the
+    upstream connection is not read (``upstream_paused``; the broker's answers
+    wait in its socket, KIP-72's muted channel).  Reads of a reserved frame stop
+    at its end, so what is in memory unreserved is at most one read
+    (``RECEIVE_BYTES``) past it: the next frames' start, or small answers whole.
 ``max_in_flight`` (the relay's)
     the client loop stops reading while that many requests await a response
     (at most the frame it has started, within its share or reservation, is
@@ -444,7 +451,10 @@ class Connection:
                     await self._changed.park()
                 self.upstream_paused = False
                 reserved = True
-            data = await self.upstream.receive_some(size)
+            want = size
+            if reserved and (missing := decoder.missing):
+                want = min(size, missing)  # to its end: what follows is not reserved yet
+            data = await self.upstream.receive_some(want)
             size = UPSTREAM_RECEIVE_BYTES if len(data) >= size else RECEIVE_BYTES
             if not data:
                 # Kafka answers and then closes (a failed SASL authentication, for one):
