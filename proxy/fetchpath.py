@@ -15,6 +15,11 @@ it hands out.  A consumer fetch (v4+, not a follower's) goes through
                                 error, answered at once)
       shaping                   FetchShaper.prepare: caps clamped, held batches taken
                                 from the reuse buffer, round-robin order
+      replica split             read_replica.split, only when the proxy follows
+                                preferred_read_replica for this client (Fetch
+                                v10-, or a client that ignores redirects):
+                                redirected partitions go to the replica (the
+                                edge's ReplicaUpstream), the rest to the leader
       upstream session          FetchTranslator.begin: the next request of the
                                 connection's KIP-227 session upstream
       encode                    codec.encode_request -> upstream
@@ -22,6 +27,8 @@ it hands out.  A consumer fetch (v4+, not a follower's) goes through
       decode                    decode_fetch_response (records stay views of the frame)
       upstream session          FetchTranslator.complete: the complete full response
                                 (or a resend after a session reset)
+      replica merge             read_replica.merge: the leader's and the replica's
+                                answers as one, in the client's order (when split)
       shaping                   FetchShaper.finish: trimmed to the limits in
                                 serve-rotation order, trimmed-away batches kept
       downstream session        DownstreamSessions.answer: all of it (sessionless
@@ -111,6 +118,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Mapping
@@ -120,17 +128,23 @@ from typing import Any, Protocol
 
 from .config import FetchPathConfig
 from .protocol import codec
-from .protocol.apis import API_VERSIONS, FETCH, METADATA
+from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response
-from .relay import rack_fetch
+from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, RackUsage, account
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
 from .sessions.downstream import DownstreamFetch, DownstreamSessions, SessionPartitionBound
 from .sessions.downstream_cache import FetchSessionCache
 from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
-from .sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch, replica_id
+from .sessions.upstream import (
+    FIRST_TOPIC_ID_VERSION,
+    ClientReply,
+    FetchTranslator,
+    UpstreamFetch,
+    replica_id,
+)
 from .sessions.upstream_session import FetchSessionClient
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision
@@ -323,6 +337,18 @@ class _Exchange:
     """The rack sent upstream and whether the proxy set it (None: no ``rack`` setting)."""
     redirects: Mapping[rack_fetch.PartitionKey, int] | None = None
     """Partitions the answer sends to a preferred read replica (KIP-392), and which."""
+    follow: bool = False
+    """The proxy follows the leader's redirects for this client (``read_replica``)."""
+    plan: read_replica.FetchSplit | None = None
+    """The fetch split between the leader and preferred replicas (when following)."""
+    leader_redirects: Mapping[rack_fetch.PartitionKey, int] | None = None
+    """Redirects of the leader's answer as upstream sent them (a v10 client's version
+    has no field for them)."""
+    leader_answer: Any = None
+    leader_done: bool = False
+    replica_answers: dict[int, Any] = dataclasses.field(default_factory=dict)
+    served_by: Mapping[rack_fetch.PartitionKey, int] | None = None
+    """Partitions a preferred replica served, and which (for the rack metrics)."""
 
 
 class FetchPathHandler:
@@ -370,6 +396,13 @@ class FetchPathHandler:
         self._old_version_counted = False
         """A fetch too old for a rack (v10-) was counted as a fallback (once per connection)."""
         self._passthrough = PassThroughFetch(self.rack)
+        self.replicas: read_replica.ReplicaUpstream | None = None
+        """The edge's connections to preferred read replicas (None: follow no redirect)."""
+        self.read_replicas = read_replica.ReadReplicas()
+        self.watermarks = read_replica.Watermarks()
+        self.authenticated = False
+        """The client authenticates end to end (SASL through the proxy)."""
+        self._authenticated_counted = False
         self._upstream: Upstream | None = None
         self._queue: deque[tuple[ClientRequest, Any]] = deque()
         """Fetches waiting their turn; each is decoded when it reaches the head (None
@@ -405,6 +438,8 @@ class FetchPathHandler:
                 return  # not ours to judge: the client gets the frame as it came
             self.path.topic_ids.learn_metadata(response)
             self.path.racks.learn_metadata(response)
+        elif api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            self.authenticated = True  # never follow a redirect with another identity
 
     def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
         if self.closed:
@@ -445,9 +480,12 @@ class FetchPathHandler:
 
     def resume(self) -> None:
         """Run the next slice of a large fetch, or start queued fetches that were waiting
-        (for their turn, or for the memory budget)."""
+        (for their turn, or for the memory budget); run the answers of preferred replicas
+        that arrived (``read_replica``)."""
         if self.closed or self._upstream is None:
             return
+        if self.replicas is not None:
+            self.replicas.deliver()
         if self._slices is not None:
             self._step()
         else:
@@ -646,6 +684,16 @@ class FetchPathHandler:
                     return
         translator.use_sessions = self.path.config.fetch_sessions
         exchange.prepared, exchange.rack = prepared, step
+        if self._follows(int(request.header.api_version)):
+            exchange.follow = True
+            self.read_replicas.retain(read_replica.requested_keys(opened.request))
+            self.watermarks.retain(read_replica.requested_keys(opened.request))
+            plan = exchange.plan = self._split(fetch)
+            if plan.replicas:
+                self._send_replicas(exchange, plan)
+                if plan.leader is None:
+                    return  # every partition goes to a replica
+                fetch = plan.leader
         begun = translator.begin(fetch)
         if large:
             yield
@@ -665,7 +713,15 @@ class FetchPathHandler:
         client_id = exchange.request.header.client_id
         self._ask_topic_ids(step.missing_topic_ids, upstream, client_id)
         version = int(step.request.__version__)
-        frame = codec.encode_request(step.request, 0, client_id)
+        upstream_request = step.request
+        if (
+            exchange.follow
+            and self.rack is not None
+            and version >= rack_fetch.MIN_RACK_VERSION
+            and not upstream_request.rack_id
+        ):  # the leader is asked with the proxy's rack: the proxy follows its redirect
+            upstream_request = dataclasses.replace(upstream_request, rack_id=self.rack.rack)
+        frame = codec.encode_request(upstream_request, 0, client_id)
         exchange.upstream_request_bytes += len(frame)
 
         def on_response(frame: bytes) -> None:
@@ -683,6 +739,10 @@ class FetchPathHandler:
             return  # the connection closed meanwhile
         exchange.upstream_response_bytes += len(frame)
         response = decode_fetch_response(version, frame)
+        if exchange.follow:
+            exchange.leader_redirects = self._client_keys(
+                rack_fetch.redirects(response), int(exchange.request.header.api_version)
+            )
         if exchange.large:
             yield
             if self.closed:
@@ -696,7 +756,14 @@ class FetchPathHandler:
             exchange.response_reserved = 0
             self._send(step, upstream)
             return
-        full = step.response
+        if exchange.follow:
+            exchange.leader_answer, exchange.leader_done = step.response, True
+            self._merge_when_answered(exchange)
+            return
+        yield from self._complete(exchange, step.response, upstream)
+
+    def _complete(self, exchange: _Exchange, full: Any, upstream: Upstream) -> Slices:
+        """The full answer to the exchange's fetch (from upstream): shape it and answer."""
         shaped: ShapedResponse | None = None
         if exchange.prepared is not None and int(getattr(full, "error_code", 0)) == 0:
             if exchange.large:
@@ -706,7 +773,8 @@ class FetchPathHandler:
             shaped = self.shaper.finish(exchange.prepared, full)
             full = shaped.response
         if self.rack is not None and exchange.rack is not None:
-            exchange.redirects = self.rack.answered(full)
+            # a redirect the proxy followed itself is counted too (``exchange.redirects``)
+            exchange.redirects = self.rack.answered(full) or exchange.redirects
         if exchange.large:
             yield
             if self.closed:
@@ -785,7 +853,11 @@ class FetchPathHandler:
         if rack.asked(rack_fetch.requested(fetch)) and self.metrics is not None:
             self.metrics.preferred_replica_fallback(FallbackReason.CLIENT_IGNORES_REDIRECT)
         h = request.header
-        if int(h.api_version) < rack_fetch.MIN_RACK_VERSION and not self._old_version_counted:
+        if (
+            int(h.api_version) < rack_fetch.MIN_RACK_VERSION
+            and not self._old_version_counted
+            and not self._follows(int(h.api_version))
+        ):
             self._old_version_counted = True
             if self.metrics is not None:
                 self.metrics.preferred_replica_fallback(FallbackReason.OLD_FETCH_VERSION)
@@ -797,6 +869,109 @@ class FetchPathHandler:
         if step.set_by_proxy:
             fetch = dataclasses.replace(fetch, rack_id=step.rack_id)
         return fetch, step
+
+    # -- following preferred read replicas (proxy.relay.read_replica) ------------------
+
+    def _follows(self, client_version: int) -> bool:
+        """Whether the proxy follows redirects for this fetch: it has a rack and replica
+        connections, and the client cannot (v10-) or does not (it ignored redirects)."""
+        rack = self.rack
+        if rack is None or not rack.rack or self.replicas is None:
+            return False
+        if client_version >= rack_fetch.MIN_RACK_VERSION and not rack.stopped:
+            return False
+        if self.authenticated:
+            if not self._authenticated_counted and self.metrics is not None:
+                self.metrics.preferred_replica_fallback(FallbackReason.CLIENT_AUTHENTICATED)
+            self._authenticated_counted = True
+            return False
+        return True
+
+    def _split(self, fetch: Any) -> read_replica.FetchSplit:
+        replicas = self.replicas
+        assert replicas is not None
+        routes, dropped = self.read_replicas.routes(
+            read_replica.requested_keys(fetch),
+            self.path.clock(),
+            available=replicas.available,
+            in_sync=self.path.racks.in_sync,
+        )
+        if self.metrics is not None:
+            for _, reason in dropped:
+                self.metrics.preferred_replica_fallback(reason)
+        return read_replica.split(fetch, routes)
+
+    def _send_replicas(self, exchange: _Exchange, plan: read_replica.FetchSplit) -> None:
+        replicas = self.replicas
+        assert replicas is not None and self.rack is not None
+        client_id = exchange.request.header.client_id
+        client_version = int(exchange.request.header.api_version)
+        for node, part in plan.replicas.items():
+            request = read_replica.replica_request(part, self.rack.rack)
+            version = int(request.__version__)
+            frame = codec.encode_request(request, 0, client_id)
+            exchange.upstream_request_bytes += len(frame)
+
+            def answered(frame: bytes, node: int = node, version: int = version) -> None:
+                answer = None
+                try:
+                    answer = read_replica.as_version(
+                        decode_fetch_response(version, frame), client_version
+                    )
+                except DecodeError:
+                    pass
+                exchange.upstream_response_bytes += len(frame)
+                exchange.replica_answers[node] = answer
+                self._merge_when_answered(exchange)
+
+            def failed(node: int = node) -> None:
+                exchange.replica_answers[node] = None
+                self._merge_when_answered(exchange)
+
+            replicas.send(node, frame, api_version=version, on_response=answered, on_failure=failed)
+
+    def _merge_when_answered(self, exchange: _Exchange) -> None:
+        """Once every part of a followed fetch is answered: merge them and answer the client."""
+        plan = exchange.plan
+        upstream = self._upstream
+        if self._exchange is not exchange or plan is None or upstream is None:
+            return  # the connection closed meanwhile
+        if plan.leader is not None and not exchange.leader_done:
+            return
+        if any(node not in exchange.replica_answers for node in plan.replicas):
+            return
+        merged = read_replica.merge(
+            plan,
+            exchange.leader_answer,
+            exchange.replica_answers,
+            watermarks=self.watermarks,
+            read_replicas=self.read_replicas,
+            now=self.path.clock(),
+            leader_redirects=exchange.leader_redirects,
+        )
+        if self.metrics is not None:
+            for fallback in merged.fallbacks:
+                self.metrics.preferred_replica_fallback(fallback.reason)
+        exchange.served_by = {key: node for key, node, _ in merged.served if node is not None}
+        if merged.redirects:
+            exchange.redirects = merged.redirects
+        self._run(self._complete(exchange, merged.response, upstream))
+
+    def _client_keys(
+        self, found: Mapping[rack_fetch.PartitionKey, int], client_version: int
+    ) -> dict[rack_fetch.PartitionKey, int]:
+        """Redirects keyed as the upstream answer named topics, keyed as the client does."""
+        out: dict[rack_fetch.PartitionKey, int] = {}
+        ids = self.path.topic_ids
+        for (topic, partition), node in found.items():
+            key: Any = topic
+            if client_version >= FIRST_TOPIC_ID_VERSION and isinstance(topic, str):
+                key = ids.id_for(topic)
+            elif client_version < FIRST_TOPIC_ID_VERSION and isinstance(topic, uuid.UUID):
+                key = ids.name_for(topic)
+            if key is not None:
+                out[(key, partition)] = node
+        return out
 
     def _translator(self, client_version: int) -> FetchTranslator:
         if self.translator is None:
@@ -853,18 +1028,28 @@ class FetchPathHandler:
         m = self.metrics
         policy = exchange.policy
         # where the bytes came from: this connection's broker served every partition
+        served_by = exchange.served_by or {}
         usage = account(
             self.path.racks,
             (
-                (key, self.node_id, o.upstream_bytes)
+                (key, served_by.get(key, self.node_id), o.upstream_bytes)
                 for key, o in shaped.result.outcomes.items()
-                if o.upstream_bytes
+                if o.upstream_bytes or key in served_by
             ),
         )
         redirects = len(exchange.redirects) if exchange.redirects else 0
         if m is not None:
             # record batches from the broker vs to the client (batch headers, never payloads)
-            m.upstream_fetch_data(self.node_id, d.upstream_records, d.upstream_bytes)
+            if served_by:  # a preferred replica served some partitions
+                by_node: dict[int | None, list[int]] = {}
+                for key, o in shaped.result.outcomes.items():
+                    n = by_node.setdefault(served_by.get(key, self.node_id), [0, 0])
+                    n[0] += o.upstream_records
+                    n[1] += o.upstream_bytes
+                for node, (records, nbytes) in by_node.items():
+                    m.upstream_fetch_data(node, records, nbytes)
+            else:
+                m.upstream_fetch_data(self.node_id, d.upstream_records, d.upstream_bytes)
             m.rack_fetch_data(usage, client_id=request.header.client_id)
             if exchange.redirects:
                 m.preferred_replica_redirected(exchange.redirects.values())

@@ -34,8 +34,9 @@ replica gets a sessionless fetch of its partitions carrying the client's
 FENCED/UNKNOWN_LEADER_EPOCH instead of data of another leader's log).  The
 response-level ``max_bytes`` is shared between the parts, so the answers
 together are bounded as the client's one fetch was (partition sets are
-disjoint, each keeps its ``partition_max_bytes``): the memory budget granted
-for the client's fetch covers both upstream answers.  When a replica part
+disjoint, each keeps its ``partition_max_bytes``); each answer takes its memory
+budget into the same fetch's grant when its size is known (the edge asks the
+fetch path's ``reserve_response`` for the replica's as for the leader's).  When a replica part
 exists the leader part does not long-poll (``max_wait`` 0): the leader is asked
 only for partitions not redirected yet, whose answer is the redirect itself.
 

@@ -45,6 +45,7 @@ from ..relay.relay import FetchHandler, FetchHandlerFactory, Relay
 from ..relay.request_memory import RequestMemory
 from ..sessions.downstream import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
+from .replicas import ReplicaLinks
 from .sockets import lean
 from .upstream import LazyUpstream, client_ssl_context, open_upstream, server_ssl_context
 
@@ -408,6 +409,7 @@ class Proxy:
         upstream: LazyUpstream | None = None
         fetch_handler: FetchHandler | None = None
         path_handler: FetchPathHandler | None = None
+        links: ReplicaLinks | None = None
         conn: Connection | None = None
         # Until the client's first whole request: TLS handshake and request within
         # first_request_timeout_seconds of the accept, or the connection is closed.
@@ -432,6 +434,16 @@ class Proxy:
                         self.settings.max_fetch_session_partitions,
                     )
                     fetch_handler = path_handler = self.fetch_path.handler(node_id)
+                    # its own connections to preferred read replicas (never the client's)
+                    links = ReplicaLinks(
+                        self._replica_address,
+                        self.upstream_ssl,
+                        connect_timeout=self.settings.connect_timeout_seconds,
+                        max_frame_bytes=self.settings.max_frame_bytes,
+                    )
+                    links.wake = path_handler.wake
+                    links.reserve = path_handler.reserve_response
+                    path_handler.replicas = links
                 elif self.fetch_handler_factory is not None:
                     fetch_handler = self.fetch_handler_factory()
                 relay = Relay(
@@ -457,6 +469,7 @@ class Proxy:
                     request_memory=self.request_memory,
                     meter=self._meter(node_id),
                     fetch_path=path_handler,
+                    background=links.run if links is not None else None,
                 )
                 conn.on_request = partial(_first_request_arrived, first, conn)
                 self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
@@ -560,6 +573,11 @@ class Proxy:
         """Before each scrape: run ``metrics_refreshers`` (gauges read from live state)."""
         for refresh in list(self.metrics_refreshers):
             refresh()
+
+    def _replica_address(self, node_id: int) -> HostPort | None:
+        """A broker's address, for a connection of the proxy's own to a preferred replica."""
+        address = self.book.upstream.get(node_id)
+        return None if address is None else HostPort(*address)
 
     async def _connect_for(self, node_id: int | None) -> trio.abc.Stream | None:
         """An upstream stream for a client of ``node_id``'s listener (None: the bootstrap)."""

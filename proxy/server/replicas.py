@@ -11,7 +11,9 @@ no identity of the client's.  A connection that carries the client's SASL
 identity is never used: the fetch path does not follow redirects for such
 clients (``client_authenticated``).
 
-Answers are not handed to the fetch path from the link's task: each finished
+An answer takes its memory budget from its length prefix before its body is
+read, as the leader's answers do (``reserve``; while the budget cannot take it
+the link is not read).  Answers are not handed to the fetch path from the link's task: each finished
 callback is queued and the connection's waker is called, so the fetch path runs
 them in the connection's own task (``deliver``, from ``FetchPathHandler.resume``)
 as it does a fetch that waited for memory budget.  A node whose connection
@@ -84,6 +86,13 @@ class ReplicaLinks:
         self._nursery: trio.Nursery | None = None
         self.wake: Callable[[], None] = lambda: None
         """Asks the connection's task to call ``deliver`` (bound by the fetch path)."""
+        self.reserve: Callable[[int], bool] = lambda nbytes: True
+        """Memory budget for an answer of *nbytes*, asked from its length prefix before its
+        body is read (the fetch path's ``reserve_response``, as for the leader's answers);
+        False: the link is not read until the next ``deliver`` (a release woke the
+        connection)."""
+        self._budget = trio.Event()
+        """Set by ``deliver``: links waiting for budget ask again."""
 
     async def run(self) -> None:
         """Own the links' tasks for as long as the client connection lives."""
@@ -124,6 +133,8 @@ class ReplicaLinks:
 
     def deliver(self) -> None:
         """Run the callbacks of the answers (and failures) that arrived (connection's task)."""
+        self._budget.set()
+        self._budget = trio.Event()
         while self._done:
             done, self._done = self._done, []
             for callback in done:
@@ -196,12 +207,18 @@ class ReplicaLinks:
 
     async def _read(self, link: _Link, stream: trio.abc.Stream) -> None:
         decoder = FrameDecoder(self._max_frame_bytes)
+        reserved = False  # the answer in progress has its memory budget
         while True:
+            if not reserved and (missing := decoder.missing) is not None:
+                while not self.reserve(missing + decoder.buffered):
+                    await self._budget.wait()  # back-pressure: the answer waits in the socket
+                reserved = True
             data = await stream.receive_some(65536)
             if not data:
                 raise trio.BrokenResourceError("the replica closed the connection")
             decoder.feed(data)
             while (frame := decoder.next_frame()) is not None:
+                reserved = False
                 cid = peek_correlation_id(frame)
                 if not link.waiting or link.waiting[0][0] != cid:
                     raise ProtocolError(f"replica answered correlation id {cid} out of order")

@@ -10,14 +10,14 @@ per node (``kafka_fetch_proxy_broker_to_proxy_fetch_record_bytes_total{node}``):
 least 95 % of the record bytes each client reads come from the rack-b broker, and every
 record arrives exactly once and in order per partition.  The same holds for librdkafka
 authenticating with SCRAM-SHA-512 end to end (a second proxy in front of the cluster's
-SASL listeners).  Two clients cannot get there yet, and their tests say what they get:
-aiokafka 0.14 ignores a redirect unless it set ``client_rack`` (the proxy notices and
-withdraws its rack on that connection), and a raw Fetch v10 client (kafka-go's ceiling)
-gets no rack at all; both read from the leaders, exactly once.
+SASL listeners).  Two clients cannot follow a redirect, and the proxy follows it for
+them (proxy.relay.read_replica): aiokafka 0.14, which ignores a redirect unless it set
+``client_rack`` (the proxy notices), and a raw Fetch v10 client (kafka-go's ceiling),
+whose Fetch has no rack at all.
 
 Faults (a librdkafka consumer through the proxy, tests/support/verifier.py, and an
 ``acks=1`` flood checked offset by offset): the rack-b broker stopped mid-consumption and
-started again, followers left behind by a producer flooding one partition with
+started again (and stopped under a v10 client the proxy follows redirects for), followers left behind by a producer flooding one partition with
 ``acks=1``, and leaders moved to and from the rack-b broker.  Nothing is lost
 or repeated, and the fetches return to the rack-b broker once it is back.
 
@@ -269,22 +269,24 @@ def test_clients_without_a_rack_read_from_the_proxy_rack(
     assert share >= MIN_IN_RACK, f"{name}: {share:.3f} from rack {PROXY_RACK} {measured.by_node}"
 
 
-def test_aiokafka_ignores_the_redirect_so_the_proxy_stops_sending_its_rack(
+def test_aiokafka_ignores_the_redirect_so_the_proxy_follows_it(
     cluster: KafkaCluster, stack: ProxyStack
 ) -> None:
     """aiokafka 0.14 follows ``preferred_read_replica`` only when it set ``client_rack``
     itself: it would ask the leader again and again and get no records.  The proxy sees
-    that and stops sending its rack on that connection, so aiokafka reads everything
-    from the leaders (a third in rack b), exactly once.  Reading from rack b needs the
-    proxy to follow the redirect itself (issue 18 part 3, not built)."""
+    that (the connection's redirect watch stops) and from then on follows the redirect
+    itself (proxy.relay.read_replica): it fetches those partitions from the rack-b broker
+    on a connection of its own and answers aiokafka as the leader would, so at least
+    95 % of the record bytes come from rack b, exactly once and in order."""
     topic = new_topic(cluster)
     want = produce(cluster, topic, "aiokafka")
     with Measured(stack) as measured:
         got = aiokafka_(stack, topic)
     assert_exactly_once_in_order(want, got)
-    SHARES["aiokafka"] = measured.share(cluster.node_in_rack(PROXY_RACK))
+    SHARES["aiokafka"] = share = measured.share(cluster.node_in_rack(PROXY_RACK))
     handlers = list(stack.run_sync(lambda: list(stack.proxy.fetch_path.handlers)))
     assert any(h.rack is not None and h.rack.stopped for h in handlers)
+    assert share >= MIN_IN_RACK, f"{share:.3f} from rack {PROXY_RACK} {measured.by_node}"
 
 
 def acls_in_effect(cluster: KafkaCluster, topic: str, sasl: dict[str, str]) -> None:
@@ -327,15 +329,15 @@ def test_a_sasl_client_reads_from_the_proxy_rack(cluster: KafkaCluster) -> None:
     assert share >= MIN_IN_RACK, f"{share:.3f} from rack {PROXY_RACK} {measured.by_node}"
 
 
-def test_a_fetch_v10_client_gets_no_rack_and_reads_from_the_leaders(
+def test_a_fetch_v10_client_reads_from_the_proxy_rack(
     cluster: KafkaCluster, stack: ProxyStack
 ) -> None:
     """A raw Fetch v10 client stands in for segmentio/kafka-go: v10 has no rack id and its
-    answer no ``preferred_read_replica``, so a redirect would reach it as an empty
-    partition for ever.  The proxy sends no rack for it (even though it speaks a newer
-    Fetch upstream), and it reads every record from the leaders, once and in order.  Its
-    reads stay out of rack b (a third of the bytes) until the proxy follows the redirect
-    itself (issue 18 part 3, not built): then this share must reach 95 %."""
+    answer no ``preferred_read_replica``.  The proxy sends its rack in the newer Fetch it
+    speaks upstream, follows the leader's redirect itself (proxy.relay.read_replica: the
+    partitions fetched from the rack-b broker on a connection of its own) and answers the
+    client as the leader would: at least 95 % of the record bytes from rack b, every
+    record once and in order."""
     topic = new_topic(cluster)
     want = produce(cluster, topic, "v10")
     counts = {p: sum(1 for r in want if r[0] == p) for p in range(PARTITIONS)}
@@ -366,7 +368,7 @@ def test_a_fetch_v10_client_gets_no_rack_and_reads_from_the_leaders(
                                 offsets[p] = h.next_offset
     assert offsets == counts  # every record once, in order (batch by batch, no gap or overlap)
     SHARES["fetch v10 (raw)"] = share = measured.share(cluster.node_in_rack(PROXY_RACK))
-    assert share < MIN_IN_RACK, "the proxy follows redirects now: make this >= MIN_IN_RACK"
+    assert share >= MIN_IN_RACK, f"{share:.3f} from rack {PROXY_RACK} {measured.by_node}"
 
 
 METADATA_V9 = {
@@ -376,7 +378,9 @@ METADATA_V9 = {
 }
 
 
-def fetch_v10(topic: str, partitions: list[int], offsets: dict[int, int]) -> dict[str, Any]:
+def fetch_v10(
+    topic: str, partitions: list[int], offsets: dict[int, int], partition_max_bytes: int = 1 << 20
+) -> dict[str, Any]:
     return {
         "replica_id": -1,
         "max_wait": 500,
@@ -394,7 +398,7 @@ def fetch_v10(topic: str, partitions: list[int], offsets: dict[int, int]) -> dic
                         "current_leader_epoch": -1,
                         "fetch_offset": offsets[p],
                         "log_start_offset": -1,
-                        "partition_max_bytes": 1 << 20,
+                        "partition_max_bytes": partition_max_bytes,
                     }
                     for p in partitions
                 ],
@@ -444,6 +448,66 @@ def test_rack_b_broker_stopped_and_started_again(cluster: KafkaCluster, stack: P
     print("rack-b stop/start:", ", ".join(f"{m} +{t:.1f} s" for m, t in v.marks))
     verifier.REPORTS["rack-b broker stopped"] = report
     verifier.check(report)
+
+
+def fallbacks(stack: ProxyStack, reason: str) -> float:
+    registry = stack.metrics.registry
+    name = f"{PREFIX}preferred_replica_fallbacks_total"
+    return registry.get_sample_value(name, {"reason": reason}) or 0.0
+
+
+def test_a_fetch_v10_client_goes_back_to_the_leader_when_rack_b_stops(
+    cluster: KafkaCluster, stack: ProxyStack
+) -> None:
+    """The proxy follows the redirect for a raw Fetch v10 client (partitions led by the
+    rack-a broker, served by the rack-b one); the rack-b broker stops after the first
+    records came from it: the proxy's connection to it fails, those partitions are
+    answered empty (no error) and go back to their leader, and the client reads every
+    record once and in order, the rest from the leader."""
+    in_rack = cluster.node_in_rack(PROXY_RACK)
+    rack_a = cluster.node_in_rack("a")
+    topic = new_topic(cluster)
+    want = produce(cluster, topic, "v10-stop")
+    parts = [p for p in range(PARTITIONS) if cluster.leader_of(topic, p) == rack_a]
+    counts = {p: sum(1 for r in want if r[0] == p) for p in parts}
+    deadline = time.monotonic() + 2 * DEADLINE
+    with RawClient(stack.bootstrap, client_id="rack-v10", deadline=deadline) as c:
+        meta = c.call(3, 9, METADATA_V9 | {"topics": [{"name": topic}]})
+    address = next(f"{b.host}:{b.port}" for b in meta.brokers if int(b.node_id) == rack_a)
+    offsets = dict.fromkeys(parts, 0)
+    unavailable = fallbacks(stack, "replica_unavailable") + fallbacks(
+        stack, "not_leader_or_follower"
+    )
+    start = record_bytes(stack)
+    stopped: dict[int, float] | None = None
+    try:
+        with RawClient(address, client_id="rack-v10-stop", deadline=deadline) as c:
+            c.call(18, 3, {"client_software_name": "raw", "client_software_version": "1"})
+            while any(offsets[p] < counts[p] for p in parts):
+                # one small batch per partition and fetch: the stop lands mid-consumption
+                fetched = c.call(1, 10, fetch_v10(topic, parts, offsets, 2048))
+                assert int(fetched.error_code) == 0
+                for t in fetched.responses:
+                    for pd in t.partitions:
+                        p = int(pd.partition_index)
+                        assert int(pd.error_code) == 0, (p, pd.error_code)
+                        data = bytes(pd.records or b"")
+                        for h in iter_batches(data[: complete_prefix_size(data)]):
+                            assert h.base_offset == offsets[p], (p, h.base_offset, offsets[p])
+                            offsets[p] = h.next_offset
+                if stopped is None and record_bytes(stack)[in_rack] > start[in_rack]:
+                    cluster.stop_broker(in_rack)
+                    stopped = record_bytes(stack)
+    finally:
+        cluster.start_broker(in_rack)
+    assert stopped is not None, "no record came from rack b before the stop"
+    assert offsets == counts  # every record once, in order
+    after = record_bytes(stack)
+    assert after[rack_a] > stopped[rack_a], "nothing came from the leader after the stop"
+    assert (
+        fallbacks(stack, "replica_unavailable") + fallbacks(stack, "not_leader_or_follower")
+        > unavailable
+    )
 
 
 def test_leaders_change(cluster: KafkaCluster, stack: ProxyStack) -> None:

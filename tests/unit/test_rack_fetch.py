@@ -455,3 +455,114 @@ def test_pass_through_watches_the_answers_and_stops_for_a_client_that_ignores_th
         assert back.responses[0].partitions[0].preferred_read_replica == REPLICA
     assert sent == [PROXY_RACK] * 3 + [""] * 2
     assert handler.rack is not None and handler.rack.stopped
+
+
+# -- the proxy following the redirect itself (proxy.relay.read_replica) ---------------------
+
+
+class Replicas:
+    """The edge's replica connections (``read_replica.ReplicaUpstream``): node 2 answers
+    from the leader's log (a replica in sync), when ``deliver`` runs, as the edge does."""
+
+    def __init__(self, leader: Leader) -> None:
+        self.leader = leader
+        self.sent: list[tuple[int, Any]] = []
+        self.down = False
+        """The next sends fail (the connection to the replica is lost)."""
+        self._done: list[Any] = []
+
+    def available(self, node: int) -> bool:
+        return True
+
+    def deliver(self) -> None:
+        done, self._done = self._done, []
+        for callback in done:
+            callback()
+
+    def send(
+        self, node: int, frame: bytes, *, api_version: int, on_response: Any, on_failure: Any
+    ) -> None:
+        _, request = codec.decode_request(frame)
+        self.sent.append((node, request))
+        if self.down:
+            self._done.append(on_failure)
+            return
+        outcome = self.leader.dispatcher.handle(frame)
+        if isinstance(outcome, Wait):  # nothing to read yet: the long poll ends at once
+            assert outcome.pending.poll(0.0)
+            response, cid = outcome.pending.complete(), outcome.correlation_id
+        else:
+            assert isinstance(outcome, Reply), outcome
+            response, cid = outcome.response, outcome.correlation_id
+        answer = codec.encode_response(response, cid)
+        self._done.append(lambda: on_response(answer))
+
+
+def fetch_following(conn: Conn, replicas: Replicas, parts: list[tuple[str, int, int]]) -> Any:
+    """A v10 fetch through the handler, the leader and the replica; the client's answer."""
+
+    class _Up:
+        state = conn.leader.state
+
+    request = client_fetch(_Up(), 10, parts)  # type: ignore[arg-type]
+    conn.relay.client_frame(codec.encode_request(request, 7, conn.client_id))
+    out: list[bytes] = []
+    for _ in range(20):
+        for f in conn.relay.take_upstream():
+            conn.relay.upstream_frame(conn.leader.answer(f))
+        conn.handler.resume()  # the edge's wake: replica answers run in the connection's task
+        out += [payload_bytes(p) for p in conn.relay.take_client()]
+        if out:
+            break
+    [frame] = out
+    return codec.decode_response(1, 10, frame)[1]
+
+
+def test_the_proxy_follows_the_redirect_for_a_fetch_v10_client() -> None:
+    leader, path = world(rack=PROXY_RACK)
+    for p in range(4):
+        leader.append("orders", p, count=2, times=3)
+    leader.redirect = {("orders", 0), ("orders", 1)}
+    conn = Conn(leader, path)
+    conn.handler.upstream_fetch_max = 12  # learnt from ApiVersions: v11+ upstream
+    replicas = Replicas(leader)
+    conn.handler.replicas = replicas
+    offsets = dict.fromkeys(range(4), 0)
+    got: dict[int, list[int]] = {p: [] for p in range(4)}
+    for _ in range(6):
+        response = fetch_following(conn, replicas, [("orders", p, offsets[p]) for p in range(4)])
+        for (_, p), pd in partitions(response, leader).items():
+            assert pd.error_code == 0
+            for h in iter_batches(bytes(pd.records or b"")):
+                assert h.base_offset == offsets[p]
+                got[p] += list(range(h.base_offset, h.next_offset))
+                offsets[p] = h.next_offset
+    assert got == {p: list(range(6)) for p in range(4)}  # every record once, in order
+    assert leader.racks[0] == PROXY_RACK  # the leader is asked with the proxy's rack
+    assert replicas.sent, "nothing was fetched from the replica"
+    node, request = replicas.sent[0]
+    assert node == REPLICA and request.__version__ == 12 and request.rack_id == PROXY_RACK
+    assert {(t.topic, p.partition) for t in request.topics for p in t.partitions} == {
+        ("orders", 0),
+        ("orders", 1),
+    }
+
+
+def test_a_lost_replica_sends_the_partitions_back_to_the_leader() -> None:
+    leader, path = world(rack=PROXY_RACK)
+    for p in range(2):
+        leader.append("orders", p, count=1, times=4)
+    leader.redirect = {("orders", 0)}
+    conn = Conn(leader, path)
+    conn.handler.upstream_fetch_max = 12  # learnt from ApiVersions: v11+ upstream
+    replicas = Replicas(leader)
+    conn.handler.replicas = replicas
+    parts = [("orders", 0, 0), ("orders", 1, 0)]
+    fetch_following(conn, replicas, parts)  # the redirect
+    replicas.down = True
+    answer = partitions(fetch_following(conn, replicas, parts), leader)
+    assert answer[("orders", 0)].error_code == 0 and not answer[("orders", 0)].records
+    assert ("orders", 0) not in conn.handler.read_replicas
+    leader.redirect = set()  # the leader now serves it itself
+    answer = partitions(fetch_following(conn, replicas, parts), leader)
+    assert records(answer[("orders", 0)]) > 0
