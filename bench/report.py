@@ -601,7 +601,12 @@ def merge_partial(previous: dict[str, Any] | None, results: dict[str, Any]) -> d
     out = previous or {"scenarios": {}, "targets": []}
     label = run_label(results["meta"])
     for name, data in results["scenarios"].items():
-        out["scenarios"][name] = {**data, "run": label, "command": results["meta"]["command"]}
+        out["scenarios"][name] = {
+            **data,
+            "run": label,
+            "command": results["meta"]["command"],
+            "load": results["meta"].get("machine", {}).get("load average at start", "?"),
+        }
     chosen = set(results["scenarios"])
     out["targets"] = [t for t in out["targets"] if t["scenario"] not in chosen] + [
         {**t, "run": label} for t in results["targets"] if t["scenario"] in chosen
@@ -623,8 +628,9 @@ def merge_markdown(
         data = partial["scenarios"][name]
         targets = [t for t in partial["targets"] if t["scenario"] == name]
         preface = [
-            f"Not part of the run above: measured by `{data['command']}` ({data['run']}), "
-            "median and (min-max) of its repetitions.",
+            f"Not part of the run above: measured by `{data['command']}` ({data['run']}, "
+            f"load average at its start {data.get('load', '?')}), median and (min-max) of its "
+            "repetitions.",
         ]
         if targets:
             preface += ["", "| target | case | status | numbers |", "|---|---|---|---|"]
