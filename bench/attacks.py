@@ -406,9 +406,17 @@ ATTACKS: dict[str, Attack] = {
         Attack(
             "big-fetch",
             "One large Fetch freezes every client (one sessionless Fetch of 100,000 partitions)",
-            lambda t, p: big_fetch(t, p["partitions"], 1),
+            lambda t, p: big_fetch(t, p["partitions"], 1, rounds=p.get("rounds", 1)),
             {"partitions": 100_000},
-            {"partitions": 30_000},
+            {"partitions": 30_000, "rounds": 3},
+        ),
+        Attack(
+            "admitted-fetch",
+            "One large Fetch freezes every client (the largest sessionless Fetch "
+            "max_fetch_partitions admits, 20,000 partitions)",
+            lambda t, p: big_fetch(t, p["partitions"], 1, rounds=p.get("rounds", 1)),
+            {"partitions": 20_000, "rounds": 3},
+            {"partitions": 20_000},
         ),
         Attack(
             "nine-big-fetches",
