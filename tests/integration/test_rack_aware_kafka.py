@@ -8,12 +8,14 @@ broker, the client follows it through the proxy's listener for that broker, and 
 rack-b broker serves the records.  What counts is the proxy's own upstream byte counter
 per node (``kafka_fetch_proxy_broker_to_proxy_fetch_record_bytes_total{node}``): at
 least 95 % of the record bytes each client reads come from the rack-b broker, and every
-record arrives exactly once and in order per partition.  The same holds for librdkafka
-authenticating with SCRAM-SHA-512 end to end (a second proxy in front of the cluster's
-SASL listeners).  Two clients cannot follow a redirect, and the proxy follows it for
-them (proxy.relay.read_replica): aiokafka 0.14, which ignores a redirect unless it set
-``client_rack`` (the proxy notices), and a raw Fetch v10 client (kafka-go's ceiling),
-whose Fetch has no rack at all.
+record arrives exactly once and in order per partition: the Java client, librdkafka,
+franz-go, sarama, kafka-python, kcat (assign and group consumer) and a Spark batch read
+(Spark's Kafka connector; its SparkSession starts only when that test runs).  The same
+holds for librdkafka authenticating with SCRAM-SHA-512 end to end (a second proxy in
+front of the cluster's SASL listeners).  Two clients cannot follow a redirect, and the
+proxy follows it for them (proxy.relay.read_replica): aiokafka 0.14, which ignores a
+redirect unless it set ``client_rack`` (the proxy notices), and a raw Fetch v10 client
+(kafka-go's ceiling), whose Fetch has no rack at all.
 
 Faults (a librdkafka consumer through the proxy, tests/support/verifier.py, and an
 ``acks=1`` flood checked offset by offset): the rack-b broker stopped mid-consumption and
@@ -28,6 +30,7 @@ is no follower to prefer.  One cluster for the module; small data.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 import uuid
@@ -244,12 +247,45 @@ def aiokafka_(stack: ProxyStack, topic: str) -> list[tuple[int, int, str, str]]:
     return asyncio.run(asyncio.wait_for(consume(), DEADLINE))
 
 
+def kcat_lines(*args: str) -> list[tuple[int, int, str, str]]:
+    """Run kcat (librdkafka 2.0.2) to the end of every partition (``-e``), no ``client.rack``,
+    killed by its pid if it overruns; (partition, offset, key, value) in arrival order."""
+    try:
+        done = subprocess.run(
+            ["kcat", *args, "-e", "-q", "-f", "%p %o %k %s\n"],
+            capture_output=True,
+            timeout=DEADLINE,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as overrun:  # subprocess.run has killed it
+        raise AssertionError(f"kcat {args} overran {DEADLINE:.0f} s: {overrun.stderr!r}") from None
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    got = []
+    for line in done.stdout.decode().splitlines():
+        p, o, k, v = line.split(" ", 3)
+        got.append((int(p), int(o), k, v))
+    return got
+
+
+def kcat_assign(stack: ProxyStack, topic: str) -> list[tuple[int, int, str, str]]:
+    """kcat's simple consumer: every partition assigned, from the beginning."""
+    return kcat_lines("-b", stack.bootstrap, "-C", "-o", "beginning", "-t", topic)
+
+
+def kcat_group(stack: ProxyStack, topic: str) -> list[tuple[int, int, str, str]]:
+    """kcat as a balanced group consumer (``-G``)."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    return kcat_lines("-b", stack.bootstrap, "-X", "auto.offset.reset=earliest", "-G", group, topic)
+
+
 CLIENTS: dict[str, Consume] = {
     "java": java,
     "librdkafka": librdkafka,
     "franz-go": go("franz-go"),
     "sarama": go("sarama"),
     "kafka-python": kafka_python,
+    "kcat-assign": kcat_assign,
+    "kcat-group": kcat_group,
 }
 
 
@@ -267,6 +303,52 @@ def test_clients_without_a_rack_read_from_the_proxy_rack(
     total = sum(measured.by_node.values())
     assert total >= sum(len(k) + len(v) for _, _, k, v in want)  # the records went through
     assert share >= MIN_IN_RACK, f"{name}: {share:.3f} from rack {PROXY_RACK} {measured.by_node}"
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """One SparkSession (one JVM, Spark's own Kafka connector and the kafka-clients it
+    pins) for the module, started only if a Spark test runs, stopped by its pid."""
+    from pipeline.spark import kafka_connector_jars, require_kafka_source, session, stop
+
+    s = session("rack-aware", "local[2]", kafka_connector_jars())
+    try:
+        require_kafka_source(s)
+        yield s
+    finally:
+        stop(s)
+
+
+@pytest.mark.slow
+def test_spark_batch_read_reads_from_the_proxy_rack(
+    cluster: KafkaCluster, stack: ProxyStack, spark: Any
+) -> None:
+    """Spark's ``spark-sql-kafka-0-10`` batch read (its executors' consumers are the Java
+    ``kafka-clients`` the connector pins, 3.9.2, assign mode, no ``client.rack``): every
+    record once, at its offset, and at least 95 % of the record bytes from rack b."""
+    topic = new_topic(cluster)
+    want = produce(cluster, topic, "spark")
+    with Measured(stack) as measured:
+        rows = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", stack.bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest")
+            .option("kafkaConsumer.pollTimeoutMs", str(int(DEADLINE * 1000)))
+            .load()
+            .select("partition", "offset", "key", "value")
+            .collect()
+        )
+    got = sorted(
+        (r["partition"], r["offset"], bytes(r["key"]).decode(), bytes(r["value"]).decode())
+        for r in rows
+    )
+    assert len(got) == len(want)
+    assert_exactly_once_in_order(want, got)  # sorted by offset: every one once, at its offset
+    SHARES["spark"] = share = measured.share(cluster.node_in_rack(PROXY_RACK))
+    assert sum(measured.by_node.values()) >= sum(len(k) + len(v) for _, _, k, v in want)
+    assert share >= MIN_IN_RACK, f"{share:.3f} from rack {PROXY_RACK} {measured.by_node}"
 
 
 def test_aiokafka_ignores_the_redirect_so_the_proxy_follows_it(
