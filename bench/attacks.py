@@ -428,9 +428,11 @@ ATTACKS: dict[str, Attack] = {
         Attack(
             "unfinished-frames",
             "Request bytes have no overall bound (8 connections, 64 MiB each of an unfinished frame)",
-            lambda t, p: unfinished_frames(t, p["connections"], p["send_bytes"], p["hold"]),
+            lambda t, p: unfinished_frames(
+                t, p["connections"], p["send_bytes"], p["hold"], p.get("send_timeout", 30.0)
+            ),
             {"connections": 8, "send_bytes": 64 * MIB, "hold": 15.0},
-            {"connections": 4, "send_bytes": 64 * MIB, "hold": 3.0},
+            {"connections": 8, "send_bytes": 64 * MIB, "hold": 3.0, "send_timeout": 5.0},
         ),
         Attack(
             "pipelined-fetches",
