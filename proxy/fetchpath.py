@@ -63,10 +63,16 @@ requests are served between two slices.  The shared state a stage touches
 every yield, as it already had to be while a fetch waited upstream; a
 connection closed between slices drops the rest (``close``).  A small fetch
 takes no extra turn.  What a slice still costs grows with the partitions a
-stage walks (``bench/fetch_stall.py``: about 20-60 us a partition a stage on a
-loaded 2-core machine), so the longest stage of a 10,000-partition fetch holds
-the loop for some 100-400 ms; cutting stages into partition ranges is the next
-step, and the typed fetch model of issue 17 shrinks every stage.
+stage walks (``bench/fetch_stall.py``: about 10-25 us a partition a stage on a
+loaded 2-core machine, the stages of one size), so the longest stage of a
+10,000-partition fetch holds the loop for some 100-250 ms; cutting stages into
+partition ranges is the next step, and the typed fetch model of issue 17
+shrinks every stage.
+
+A Fetch naming more than ``max_fetch_partitions`` closes the connection
+(``FetchTooLarge``) when it arrives: its partitions are counted from its bytes
+(:mod:`.protocol.fetch_count`, a walk of the topic and partition counts), so
+the refusal costs no decode and the frame is never queued.
 
 Memory budget (:mod:`proxy.shaping.budget`, KIP-81 / KIP-72): a fetch starts
 at once with a grant of nothing and asks upstream for at most
@@ -127,14 +133,19 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from .config import FetchPathConfig
-from .protocol import codec
+from .protocol import codec, fetch_count
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, RackUsage, account
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
-from .sessions.downstream import DownstreamFetch, DownstreamSessions, SessionPartitionBound
+from .sessions.downstream import (
+    DownstreamFetch,
+    DownstreamSessions,
+    FetchTooLarge,
+    SessionPartitionBound,
+)
 from .sessions.downstream_cache import FetchSessionCache
 from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
@@ -448,8 +459,26 @@ class FetchPathHandler:
         if int(request.header.api_version) < MIN_SESSION_FETCH_VERSION:
             self._passthrough.handle_fetch(request, upstream)
             return
+        self._refuse_too_large(request)
         self._queue.append((request, None))  # decoded when it starts (_serve)
         self._serve(upstream)
+
+    def _refuse_too_large(self, request: ClientRequest) -> None:
+        """Close the connection (``FetchTooLarge``) when the Fetch names more partitions than
+        ``max_fetch_partitions``, counted from its bytes (:mod:`.protocol.fetch_count`), before
+        it is queued or decoded: the refusal costs one walk of its structure, not the decode
+        (tens of microseconds a partition on the event loop).  A frame the count cannot follow
+        goes on to the decode, which refuses it.  (``DownstreamSessions.open`` checks the
+        decoded request too.)"""
+        h = request.header
+        if h.body_offset is None:
+            return
+        named = fetch_count.fetch_partitions(int(h.api_version), request.frame, h.body_offset)
+        limit = self.downstream.max_fetch_partitions
+        if named is not None and named > limit:
+            raise FetchTooLarge(
+                f"a Fetch of {named} partitions is more than max_fetch_partitions ({limit})"
+            )
 
     def _decode(self, request: ClientRequest) -> Any:
         """The request body, decoded; a repeated body is decoded once.

@@ -96,3 +96,22 @@ def test_a_fetch_of_more_partitions_than_max_fetch_partitions_closes_the_connect
     # a ProtocolError: the edge closes the connection with one log line
     assert isinstance(raised.value, ProtocolError)
     assert not [f for f in c.relay.take_upstream() if codec.parse_request_header(f).api_key == 1]
+
+
+def test_a_fetch_over_max_fetch_partitions_is_refused_before_it_is_decoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decoded: list[int] = []
+    decode = fetchpath.FetchPathHandler._decode
+
+    def counting(self: fetchpath.FetchPathHandler, request: Any) -> Any:
+        decoded.append(request.header.correlation_id)
+        return decode(self, request)
+
+    monkeypatch.setattr(fetchpath.FetchPathHandler, "_decode", counting)
+    w = World(FetchPathConfig(max_fetch_partitions=6))
+    c = Conn(w).with_edge()
+    with pytest.raises(FetchTooLarge, match="a Fetch of 7 partitions"):
+        c.relay.client_frame(c.fetch_frame(1, ALL))
+    # counted from its bytes: the refusal cost no decode, and nothing was queued
+    assert decoded == [] and not c.handler._queue

@@ -1,0 +1,57 @@
+"""The partitions a Fetch names, counted from its bytes (``proxy.protocol.fetch_count``)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from proxy.protocol import codec
+from proxy.protocol.fetch_count import fetch_partitions
+from proxy.protocol.messages import make, request_module
+
+
+def frame(version: int, sizes: list[int]) -> tuple[bytes, int]:
+    mod = request_module(1, version)
+    topics = []
+    for i, n in enumerate(sizes):
+        name = {"topic_id": uuid.UUID(int=i + 1)} if version >= 13 else {"topic": "t" * (i + 1)}
+        parts = tuple(
+            make(mod.FetchPartition, partition=p, fetch_offset=p, partition_max_bytes=1)
+            for p in range(n)
+        )
+        topics.append(make(mod.FetchTopic, partitions=parts, **name))
+    request = make(
+        mod.FetchRequest,
+        replica_id=-1,
+        max_wait=timedelta(0),
+        min_bytes=1,
+        max_bytes=1,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=tuple(topics),
+        forgotten_topics_data=(),
+    )
+    f = codec.encode_request(request, 1, "c")
+    offset = codec.parse_request_header(f).body_offset
+    assert offset is not None
+    return f, offset
+
+
+@pytest.mark.parametrize("version", range(4, 19))
+def test_the_count_is_the_decoded_requests(version: int) -> None:
+    f, offset = frame(version, [3, 0, 300, 1])
+    decoded = codec.decode_request(f)[1]
+    assert fetch_partitions(version, f, offset) == 304
+    assert sum(len(t.partitions) for t in decoded.topics) == 304
+    assert fetch_partitions(version, memoryview(f), offset) == 304
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 17])
+def test_bytes_the_count_cannot_follow_give_none(version: int) -> None:
+    f, offset = frame(version, [3, 300])
+    assert fetch_partitions(version, f[: len(f) - 40], offset) is None
+    assert fetch_partitions(version, f[: offset + 2], offset) is None
+    assert fetch_partitions(99, f, offset) is None
