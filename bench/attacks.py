@@ -789,6 +789,8 @@ def summarize(
     rss_max = max(during + after) if during or after else 0
     held = (after[-1] if after else rss_max) - baseline
     health = [s for t, s in w.healthz if start <= t <= end]
+    if not health:  # a window shorter than the poll: the first answer after it started
+        health = [s for t, s in w.healthz if t >= start][:1]
     health_counts: dict[str, int] = {}
     for s in health:
         health_counts[s] = health_counts.get(s, 0) + 1
