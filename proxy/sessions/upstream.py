@@ -45,7 +45,7 @@ the client gets the error.  If the upstream connection fails, call ``abort``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import ModuleType
@@ -199,11 +199,25 @@ class FetchTranslator:
 
     def begin(self, request: Any) -> UpstreamFetch:
         """Start serving a client's full fetch: the first request to send upstream."""
+        step: UpstreamFetch = _drain(self.begin_in_ranges(request, 0))
+        return step
+
+    def begin_in_ranges(self, request: Any, every: int) -> Generator[None, None, UpstreamFetch]:
+        """``begin``, yielding after every *every* partitions (0: never) while it reads the
+        client's partitions and while it builds the upstream request.  What reads shared
+        state (the topic-id map) and the session's next request are decided at one point,
+        with no yield between them."""
         if self._pending is not None:
             raise TranslationError("a client fetch is already being served on this session")
         if not is_sessionless_consumer_fetch(request):
             raise TranslationError("not a sessionless consumer fetch (v4+)")
-        partitions = list(_client_partitions(request))
+        partitions = []
+        for i, cp in enumerate(_client_partitions(request), 1):
+            if every and i % every == 0:
+                yield
+            partitions.append(cp)
+        if self._pending is not None:  # (checked again: a yield came between)
+            raise TranslationError("a client fetch is already being served on this session")
         client_on_ids = int(request.__version__) >= FIRST_TOPIC_ID_VERSION
         missing: tuple[str, ...] = ()
         version = self.upstream_max_version
@@ -237,7 +251,8 @@ class FetchTranslator:
             missing=missing,
             by_key=by_key,
         )
-        return UpstreamFetch(self._upstream_request(self._pending), missing)
+        upstream_request = yield from self._upstream_request_in_ranges(self._pending, every)
+        return UpstreamFetch(upstream_request, missing)
 
     def _count(self, request: SessionRequest) -> None:
         if request.is_full:
@@ -257,15 +272,23 @@ class FetchTranslator:
         return None if name is None else PartitionKey(name, cp.partition)
 
     def _upstream_request(self, pending: _Pending) -> Any:
+        return _drain(self._upstream_request_in_ranges(pending, 0))
+
+    def _upstream_request_in_ranges(
+        self, pending: _Pending, every: int
+    ) -> Generator[None, None, Any]:
         mod = request_module(FETCH, pending.version)
         sreq = pending.session_request
         client = pending.request
-        topics = [
-            make(
-                mod.FetchTopic,
-                topic=topic,
-                topic_id=topic,
-                partitions=tuple(
+        topics = []
+        done = 0
+        for topic, items in group_runs(sreq.to_send.items(), lambda kv: kv[0].topic):
+            parts = []
+            for key, params in items:
+                done += 1
+                if every and done % every == 0:
+                    yield
+                parts.append(
                     make(
                         mod.FetchPartition,
                         partition=key.partition,
@@ -275,11 +298,10 @@ class FetchTranslator:
                         current_leader_epoch=params.current_leader_epoch,
                         last_fetched_epoch=params.last_fetched_epoch,
                     )
-                    for key, params in items
-                ),
+                )
+            topics.append(
+                make(mod.FetchTopic, topic=topic, topic_id=topic, partitions=tuple(parts))
             )
-            for topic, items in group_runs(sreq.to_send.items(), lambda kv: kv[0].topic)
-        ]
         forgotten = [
             make(
                 mod.ForgottenTopic,
@@ -323,6 +345,16 @@ class FetchTranslator:
 
     def complete(self, response: Any) -> UpstreamFetch | ClientReply:
         """Consume the upstream response to the last request: resend, or answer the client."""
+        step: UpstreamFetch | ClientReply = _drain(self.complete_in_ranges(response, 0))
+        return step
+
+    def complete_in_ranges(
+        self, response: Any, every: int
+    ) -> Generator[None, None, UpstreamFetch | ClientReply]:
+        """``complete``, yielding after every *every* partitions (0: never) while it records
+        the answer's partitions and builds the client's response (``proxy.fetchpath``
+        runs the rest in a later event-loop turn).  Between two yields only this
+        translator's own state is half-updated; it serves one fetch at a time."""
         pending = self._pending
         if pending is None:
             raise TranslationError("no client fetch is being served")
@@ -356,7 +388,8 @@ class FetchTranslator:
                 if key not in data and self.cache.lookup(key) is None
             ]
             if not unusable:
-                return ClientReply(self._finish(pending, data, response))
+                reply = yield from self._finish(pending, data, response, every)
+                return ClientReply(reply)
             problem = (
                 f"omitted {len(unusable)} partition(s) with no usable state, e.g. {unusable[0]}"
             )
@@ -380,9 +413,13 @@ class FetchTranslator:
                 out.append((PartitionKey(ref, int(pd.partition_index)), pd))
         return out
 
-    def _finish(self, pending: _Pending, data: dict[PartitionKey, Any], response: Any) -> Any:
+    def _finish(
+        self, pending: _Pending, data: dict[PartitionKey, Any], response: Any, every: int
+    ) -> Generator[None, None, Any]:
         self._pending = None
-        for key, pd in data.items():
+        for i, (key, pd) in enumerate(data.items(), 1):
+            if every and i % every == 0:
+                yield
             if key not in pending.by_key:
                 continue
             code = int(pd.error_code)
@@ -399,7 +436,9 @@ class FetchTranslator:
                     # Our name -> id mapping is stale; learn it again from Metadata.
                     self.topic_ids.forget_name(name)
         self.cache.retain(pending.session_request.session_partitions)
-        return self._client_response(pending, data, response)
+        if every:
+            yield
+        return (yield from self._client_response_in_ranges(pending, data, response, every))
 
     # -- building the client's response --------------------------------------------------
 
@@ -411,12 +450,25 @@ class FetchTranslator:
         *,
         empty: bool = False,
     ) -> Any:
+        return _drain(self._client_response_in_ranges(pending, data, upstream, 0, empty=empty))
+
+    def _client_response_in_ranges(
+        self,
+        pending: _Pending,
+        data: dict[PartitionKey, Any],
+        upstream: Any,
+        every: int,
+        *,
+        empty: bool = False,
+    ) -> Generator[None, None, Any]:
         client_version = int(pending.request.__version__)
         mod = response_module(FETCH, client_version)
         read_committed = int(getattr(pending.request, "isolation_level", 0)) == READ_COMMITTED
         client_on_ids = client_version >= FIRST_TOPIC_ID_VERSION
         answered: list[tuple[str | uuid.UUID | None, Any]] = []
-        for cp in [] if empty else _dedupe(pending.partitions):
+        for i, cp in enumerate([] if empty else _dedupe(pending.partitions), 1):
+            if every and i % every == 0:
+                yield
             if cp.key is None:
                 pd = _error_partition(mod, cp.partition, _unknown_topic(cp))
             elif cp.key in data:
@@ -519,6 +571,15 @@ def _client_partitions(request: Any) -> Iterator[_ClientPartition]:
 
 def _client_topic(cp: _ClientPartition) -> str | uuid.UUID | None:
     return cp.topic_id if cp.topic_name is None else cp.topic_name
+
+
+def _drain(steps: Generator[None, None, Any]) -> Any:
+    """Run *steps* to the end: its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def _dedupe(partitions: list[_ClientPartition]) -> list[_ClientPartition]:

@@ -27,7 +27,7 @@ the new ones.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from .decision import ShapingDecision
 from .keys import PartitionKey, topic_key
 from .limits import Limits, ResponseLimits, clamp_request, response_limits
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
-from .trim import Prefix, TrimResult, trim_response
+from .trim import Prefix, TrimResult, trim_response_in_ranges
 
 
 def is_full_fetch(request: Any) -> bool:
@@ -167,6 +167,21 @@ class FetchShaper:
 
     def finish(self, prepared: PreparedFetch, response: Any) -> ShapedResponse:
         """Trim upstream's *response* for the client and keep what was trimmed away."""
+        steps = self.finish_in_ranges(prepared, response, 0)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                shaped: ShapedResponse = done.value
+                return shaped
+
+    def finish_in_ranges(
+        self, prepared: PreparedFetch, response: Any, every: int
+    ) -> Generator[None, None, ShapedResponse]:
+        """``finish``, yielding after every *every* partitions (0: never) while it trims
+        (``trim_response_in_ranges``, which touches no shared state).  The budget grant,
+        the reuse buffer and the rotations are updated before the first yield and after
+        the last, each at one point."""
         grant = prepared.grant
         if grant is not None:
             in_memory = sum(p.run.size for p in prepared.prefixes.values())
@@ -202,11 +217,12 @@ class FetchShaper:
                     discarded.add(key)
         if discarded:
             response = _withhold(response, discarded)
-        result = trim_response(
+        result = yield from trim_response_in_ranges(
             response,
             prepared.response_limits,
             prefixes=prefixes,
             order=self.serve_rotation.order,
+            every=every,
         )
         with_data = [k for k in result.serve_order]
         served = [k for k, o in result.outcomes.items() if o.delivered_batches]

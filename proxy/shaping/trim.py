@@ -37,7 +37,7 @@ Responses that had a list keep a list (possibly empty); null stays null.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -344,6 +344,24 @@ def trim_response(
     prefixes: Mapping[PartitionKey, Prefix] | None = None,
     order: Callable[[Sequence[PartitionKey]], Sequence[PartitionKey]] | None = None,
 ) -> TrimResult:
+    """Trim *response* to *limits* (see ``trim_response_in_ranges``), in one go."""
+    steps = trim_response_in_ranges(response, limits, prefixes=prefixes, order=order)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: TrimResult = done.value
+            return result
+
+
+def trim_response_in_ranges(
+    response: Any,
+    limits: ResponseLimits,
+    *,
+    prefixes: Mapping[PartitionKey, Prefix] | None = None,
+    order: Callable[[Sequence[PartitionKey]], Sequence[PartitionKey]] | None = None,
+    every: int = 0,
+) -> Generator[None, None, TrimResult]:
     """Trim *response* (a kio FetchResponse, any version) to *limits*.
 
     *prefixes* holds reuse-buffer runs to deliver ahead of upstream's data for
@@ -354,8 +372,13 @@ def trim_response(
     and so do partitions whose data is in a legacy message format (magic 0 or
     1: no v2 headers to count by; only brokers before 4.0 can hold such data):
     their outcome says ``shaped=False``.
+
+    A generator: it yields after every *every* partitions it walks (0: never), so
+    its caller can let other work run between ranges; it touches no state but
+    its own (*order* is called once, between the two walks).
     """
     prefixes = prefixes or {}
+    walked = 0
     runs: dict[PartitionKey, Run] = {}
     upstream: dict[PartitionKey, tuple[int, int, int, int]] = {}
     errors: dict[PartitionKey, int] = {}
@@ -365,6 +388,9 @@ def trim_response(
     for topic in response.responses:
         tkey = topic_key(topic)
         for pd in topic.partitions:
+            walked += 1
+            if every and walked % every == 0:
+                yield
             key = (tkey, int(pd.partition_index))
             if pd.error_code != NONE:
                 errors[key] = int(pd.error_code)
@@ -409,6 +435,9 @@ def trim_response(
         tkey = topic_key(topic)
         new_parts = []
         for pd in topic.partitions:
+            walked += 1
+            if every and walked % every == 0:
+                yield
             key = (tkey, int(pd.partition_index))
             if key in errors:
                 up_bytes = len(pd.records or b"")

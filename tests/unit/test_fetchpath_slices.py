@@ -17,6 +17,7 @@ from proxy import fetchpath
 from proxy.config import FetchPathConfig
 from proxy.protocol import codec
 from proxy.protocol.errors import ProtocolError
+from proxy.protocol.framing import payload_bytes
 from proxy.sessions.downstream import DEFAULT_MAX_FETCH_PARTITIONS, FetchTooLarge
 
 
@@ -115,3 +116,39 @@ def test_a_fetch_over_max_fetch_partitions_is_refused_before_it_is_decoded(
         c.relay.client_frame(c.fetch_frame(1, ALL))
     # counted from its bytes: the refusal cost no decode, and nothing was queued
     assert decoded == [] and not c.handler._queue
+
+
+def test_a_large_fetch_yields_within_its_stages_and_others_are_served_between_ranges() -> None:
+    n = 5_000
+    w, parts = big_world(n)
+    big, small = Conn(w).with_edge(), Conn(w).with_edge()
+    served = 0
+
+    def turn() -> None:  # one turn of the big connection's wake loop, then another client's
+        nonlocal served
+        big.wakes -= 1
+        big.handler.resume()
+        assert delivered(small.fetch(1, [("big", 0, 0)])) == {("big", 0): [(0, 2)]}
+        served += 1
+
+    big.relay.client_frame(big.fetch_frame(1, parts))
+    out: list[bytes] = []
+    for _ in range(1000):
+        while big.wakes:
+            turn()
+        frames = big.relay.take_upstream()
+        for f in frames:
+            big.relay.upstream_frame(big.world.answer(f))
+        out += [payload_bytes(p) for p in big.relay.take_client()]
+        if out and not big.wakes:
+            break
+    # Stage boundaries alone are 7 yields; the upstream session's begin (reading the
+    # client's partitions, building the upstream request) and complete (recording the
+    # answer, building the client's) yield every SLICE_PARTITIONS partitions besides.
+    ranges = n // fetchpath.SLICE_PARTITIONS
+    assert big.handler.slices >= 7 + 4 * ranges
+    assert served == big.handler.slices + 1  # (+1: the decode's own turn)
+    [frame] = out
+    sliced = codec.decode_response(1, 12, frame)[1]
+    whole = Conn(w).fetch(1, parts)
+    assert delivered(sliced) == delivered(whole)
