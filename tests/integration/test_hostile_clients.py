@@ -14,6 +14,12 @@ and for the rows about state kept after its owner left, the RSS still held a few
 seconds after the attack stays under 64 MiB.  The full-size run and its numbers are in
 RELIABILITY.md ("Hostile clients").
 
+The suite asserts every criterion but the first: a p99 in milliseconds is a speed target,
+which belongs to the benchmark (``python -m bench.attacks``, whose table judges it), not
+to a test that a loaded CI machine could fail with a correct proxy.  The round trips still
+have to be answered: the prober's samples must exist, and every ``/healthz`` answer must
+be 200 within its 2 s timeout.
+
 Rows here: three sessionless Fetches of 30,000 partitions in a row (refused from their
 bytes by ``max_fetch_partitions``; before, each held the event loop for seconds), and
 20 idle sockets on the HTTP port (before, ``/healthz`` answered 503 while they were
@@ -41,6 +47,8 @@ REPO = Path(__file__).resolve().parents[2]
 ATTACKS = ("big-fetch", "http-idle")
 """The rows that pass on this code (bench/attacks.py has every row of the table)."""
 TIMEOUT = 120.0
+TIMED = frozenset({"rtt_p99"})
+"""Criteria that are speed targets: judged by bench/attacks.py, not asserted here."""
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,6 +87,7 @@ def test_under_attack_the_proxy_keeps_serving_the_others(
     results: dict[str, dict[str, Any]], attack: str
 ) -> None:
     r = results[attack]
-    failed = [name for name, ok in r["criteria"].items() if not ok]
+    assert r["rtt"]["answered"] > 0, f"{attack}: the ApiVersions prober got no answer"
+    failed = [name for name, ok in r["criteria"].items() if not ok and name not in TIMED]
     summary = json.dumps({k: r[k] for k in ("rtt", "rss", "healthz", "victim", "worker")})
     assert not failed, f"{attack}: {failed} failed ({r['row']}): {summary}"
