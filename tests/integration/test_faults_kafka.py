@@ -452,6 +452,10 @@ def _long_poll(cluster: KafkaCluster, grace: float, max_wait_ms: int) -> dict[st
             ports,
             "--shutdown-grace-seconds",
             str(grace),
+            # The long poll must really wait upstream for max_wait_ms: without this the
+            # proxy's cap (max_upstream_wait_ms, 500 ms) answers it before any grace ends.
+            "--max-upstream-wait-ms",
+            str(max_wait_ms),
             "--log-level",
             "debug",
         )
