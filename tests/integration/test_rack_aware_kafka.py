@@ -248,11 +248,17 @@ def aiokafka_(stack: ProxyStack, topic: str) -> list[tuple[int, int, str, str]]:
 
 
 def kcat_lines(*args: str) -> list[tuple[int, int, str, str]]:
-    """Run kcat (librdkafka 2.0.2) to the end of every partition (``-e``), no ``client.rack``,
-    killed by its pid if it overruns; (partition, offset, key, value) in arrival order."""
+    """Run kcat (librdkafka 2.0.2) until it has ``COUNT`` records (``-c``), no ``client.rack``,
+    killed by its pid if it overruns; (partition, offset, key, value) in arrival order.
+
+    Not ``-e`` (exit at the end of every partition): a follower learns the high watermark
+    after the leader, so a partition redirected to it can answer "end of partition" at
+    offset 0 just after the records were produced, and kcat then exits without them (seen
+    in a fresh-clone run: partitions 0 and 1 missing).  A consumer that keeps polling gets
+    them on its next fetch, which is what ``-c`` does."""
     try:
         done = subprocess.run(
-            ["kcat", *args, "-e", "-q", "-f", "%p %o %k %s\n"],
+            ["kcat", *args, "-c", str(COUNT), "-q", "-f", "%p %o %k %s\n"],
             capture_output=True,
             timeout=DEADLINE,
             check=False,
