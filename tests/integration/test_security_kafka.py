@@ -52,7 +52,7 @@ T = TypeVar("T")
 USERS = {"alice": "alice-pw", "bob": "bob-pw"}
 TOPIC_AUTHORIZATION_FAILED = 29
 SASL_AUTHENTICATION_FAILED = 58
-FETCH_SESSION_TOPIC_ID_ERROR = 106
+FETCH_SESSION_ID_NOT_FOUND = 70
 TEST_TIMEOUT = 60.0
 
 
@@ -639,35 +639,31 @@ async def bob_probes(proxy: Proxy, x: str, x_id: uuid.UUID) -> None:
         assert int(topic.error_code) == TOPIC_AUTHORIZATION_FAILED
         assert topic.topic_id is None or uuid.UUID(str(topic.topic_id)).int == 0
 
-        # alice's fetch session with the proxy (its id and epoch as /debug/sessions shows
-        # them): the proxy serves its partitions to bob through bob's upstream connection,
-        # so the broker refuses every one, as Kafka does for a session used by another
-        # principal; none of alice's records or cached partition state reaches bob
-        served = 0
-        version = 17
-        for _ in range(20):
-            sessions = proxy.debug_sessions()["downstream"]["sessions"]
-            assert sessions, "alice (kafka-python) holds a fetch session with the proxy"
-            target = sessions[0]
-            response = await raw.fetch(
-                version, session_id=target["session_id"], epoch=target["epoch"]
-            )
-            error = int(response.error_code)
-            if error == FETCH_SESSION_TOPIC_ID_ERROR:  # alice's session is on topic names
-                version = 12
-                continue
-            if error != 0:
-                assert error in (70, 71)  # alice moved on first: try again
-                await trio.sleep(0.02)
-                continue
-            served += 1
-            parts = partitions_of(response)
-            assert parts, "the session's partitions are in the answer"
-            for _, p in parts:
-                assert int(p.error_code) == TOPIC_AUTHORIZATION_FAILED and not p.records
-                assert int(p.high_watermark) == -1
-            break
-        assert served == 1, "bob never got alice's session served"
+        # alice's fetch sessions with the proxy (their ids and epochs as /debug/sessions
+        # shows them) belong to her connections: on bob's each id is unknown, as a broker
+        # answers an id it never created (FETCH_SESSION_ID_NOT_FOUND, no session, no
+        # partitions), by names and by ids, at her epoch and the next; and a full fetch
+        # naming her id gets bob nothing of hers and leaves her sessions as they were
+        targets = proxy.debug_sessions()["downstream"]["sessions"]
+        assert targets, "alice (kafka-python) holds a fetch session with the proxy"
+        alice_ids = {t["session_id"] for t in targets}
+        for target in targets:
+            for version in (12, 17):
+                for epoch in (target["epoch"], target["epoch"] + 1):
+                    response = await raw.fetch(
+                        version, session_id=target["session_id"], epoch=epoch
+                    )
+                    assert int(response.error_code) == FETCH_SESSION_ID_NOT_FOUND
+                    assert int(response.session_id) == 0
+                    assert not partitions_of(response)
+            full = await raw.fetch(12, topic=x, session_id=target["session_id"], epoch=0)
+            assert int(full.error_code) == 0
+            assert int(full.session_id) not in alice_ids
+            parts = partitions_of(full)
+            assert [int(p.error_code) for _, p in parts] == [TOPIC_AUTHORIZATION_FAILED]
+            assert not any(p.records for _, p in parts)
+        after = {t["session_id"] for t in proxy.debug_sessions()["downstream"]["sessions"]}
+        assert alice_ids <= after, "bob's fetches closed one of alice's sessions"
         assert not any(b"ALICE-SECRET" in frame for frame in raw.frames)
 
 

@@ -28,6 +28,7 @@ from proxy.protocol.apis import FETCH
 from proxy.protocol.framing import FrameDecoder
 from proxy.server import proxy as proxy_module
 from proxy.server.proxy import Proxy
+from proxy.sessions.upstream import TranslatorStats
 
 from .kafka import KafkaCluster
 from .stack import ProxyStack
@@ -106,6 +107,9 @@ class SessionStack(ProxyStack):
             settings, nodes=nodes, name="session-stack", upstream=upstream, dev_options=dev_options
         )
         self.handlers: list[FetchPathHandler] = []
+        self.closed_stats: list[TranslatorStats] = []
+        """The upstream sessions' counters of closed handlers (close() drops the
+        translator with the connection since 8d49b2c)."""
         self.proxy_upstream = Traffic()
         """Every byte on the proxy's upstream sockets (with ``counting_upstream``)."""
 
@@ -117,6 +121,14 @@ class SessionStack(ProxyStack):
         def keep(node_id: int | None = None) -> FetchPathHandler:
             handler = new_handler(node_id)
             self.handlers.append(handler)
+            close = handler.close
+
+            def close_keeping_stats() -> None:
+                if handler.translator is not None:
+                    self.closed_stats.append(handler.translator.stats)
+                close()
+
+            handler.close = close_keeping_stats  # type: ignore[method-assign]
             return handler
 
         path.handler = keep  # type: ignore[method-assign]
@@ -138,13 +150,12 @@ class SessionStack(ProxyStack):
     def upstream_stats(self) -> dict[str, int]:
         def collect() -> dict[str, int]:
             total: dict[str, int] = defaultdict(int)
-            for h in self.handlers:
-                if h.translator is not None:
-                    s = h.translator.stats
-                    total["full"] += s.full_requests
-                    total["incremental"] += s.incremental_requests
-                    total["resends"] += s.resends
-                    total["session_errors"] += s.session_errors
+            live = [h.translator.stats for h in self.handlers if h.translator is not None]
+            for s in [*self.closed_stats, *live]:
+                total["full"] += s.full_requests
+                total["incremental"] += s.incremental_requests
+                total["resends"] += s.resends
+                total["session_errors"] += s.session_errors
             return dict(total)
 
         return self.run_sync(collect)
