@@ -38,9 +38,11 @@ Limits (each a setting, see ``proxy.config``):
     a Fetch response takes its size from the memory budget once its length
     prefix is read, before its body is: while the budget cannot take it, the
     upstream connection is not read (``upstream_paused``; the broker's answers
-    wait in its socket, KIP-72's muted channel).  Reads of a reserved frame stop
-    at its end, so what is in memory unreserved is at most one read
-    (``RECEIVE_BYTES``) past it: the next frames' start, or small answers whole.
+    wait in its socket, KIP-72's muted channel).  When a Fetch response is next
+    (or no answer is awaited), only its 4-byte length prefix is read before its
+    budget is taken, and reads of a reserved frame stop at its end, so a
+    connection waiting for budget holds none of its body; what is in memory
+    unreserved is at most one read (``RECEIVE_BYTES``) past a non-Fetch answer.
 ``max_in_flight`` (the relay's)
     the client loop stops reading while that many requests await a response
     (at most the frame it has started, within its share or reservation, is
@@ -99,6 +101,8 @@ They are that large only while data streams in (the previous read filled its buf
 after a short one asks for ``RECEIVE_BYTES``, served from the heap, so a small answer costs
 no ``mmap``/``mremap``/``munmap`` (and page fault) of its own; at most the first piece of a
 large response comes from the heap."""
+_PREFIX_BYTES = 4
+"""A Kafka frame's length prefix."""
 DEFAULT_MAX_CLIENT_BUFFER_BYTES = 1024 * 1024
 _UNBOUNDED = 1 << 62
 """The request memory of a connection given no pool: no limit beyond the share's read sizes."""
@@ -454,6 +458,16 @@ class Connection:
             want = size
             if reserved and (missing := decoder.missing):
                 want = min(size, missing)  # to its end: what follows is not reserved yet
+            elif (
+                fetch_path is not None
+                and decoder.missing is None
+                and relay.next_response_key in (FETCH, None)
+            ):
+                # A Fetch response (or one to a request sent while this read waits) is
+                # next: read its length prefix alone, so none of its body is in memory
+                # before its budget is taken (a connection waiting for budget would hold
+                # a whole read of it unaccounted, 64-256 KiB each).
+                want = max(1, _PREFIX_BYTES - decoder.buffered)
             data = await self.upstream.receive_some(want)
             size = UPSTREAM_RECEIVE_BYTES if len(data) >= size else RECEIVE_BYTES
             if not data:
