@@ -9,12 +9,15 @@ import signal
 import subprocess
 import sys
 import threading
+import tomllib
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cluster import ThreadedCluster
+
+from devbroker import cli
 
 pytestmark = pytest.mark.integration
 
@@ -211,3 +214,15 @@ def test_cli_reports_a_port_in_use() -> None:
     assert done.returncode == 1
     assert done.stderr.decode().startswith("cannot listen:")
     assert done.stdout == b""
+
+
+def test_devbroker_is_installed_with_its_own_command() -> None:
+    """A top-level package of its own, with its own command, checked by mypy; that the
+    proxy never imports it is one of the import contracts (``lint-imports``)."""
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["kafka-devbroker"] == "devbroker.cli:main"
+    assert "devbroker*" in project["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert "devbroker" in project["tool"]["mypy"]["packages"]
+    args = cli.build_parser().parse_args(["--nodes", "1", "--port", "0", "--topic", "t:2"])
+    assert (args.nodes, args.port, args.topic) == (1, 0, [("t", 2)])
