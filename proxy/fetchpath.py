@@ -290,9 +290,6 @@ class FetchPath:
         self.handlers.add(h)
         return h
 
-    def factory(self, node_id: int | None = None) -> Callable[[], FetchPathHandler]:
-        return lambda: self.handler(node_id)
-
     def reload(self, config: FetchPathConfig) -> None:
         """Apply a new configuration; live connections use it from their next fetch."""
         self.admission.configure(config.memory_budget_bytes)
