@@ -227,6 +227,7 @@ class RequestAccount:
         if self.closed:
             return
         self.closed = True
+        self.wake = None  # no reference back to the connection's edge (a cycle otherwise)
         pool._queue.pop(self, None)
         pool._report(self, 0)
         pool.accounts -= 1

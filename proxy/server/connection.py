@@ -245,6 +245,11 @@ class Connection:
                     nursery.start_soon(self._guard, self._idle_loop, scope)
         finally:
             self._account.close()  # its request memory goes back to the other connections
+            # ... and its bytes go now: whatever still refers to the Connection (its tasks'
+            # closures, the proxy's bookkeeping: cycles the GC frees late) must not keep a
+            # partial frame resident (up to a whole frame: 64 MiB while the pool lets the
+            # next connection in).
+            self._decoder = FrameDecoder(self.max_frame_bytes)
         reason = self.outcome.reason or "cancelled"
         fields: dict[str, object] = {
             "reason": reason,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import random
 import struct
 import sys
@@ -542,6 +543,37 @@ async def test_a_connection_waits_for_the_pool_while_small_requests_of_others_pa
             assert await other.answers(1) == [99]
             nursery.cancel_scope.cancel()
     assert pool.peak_used <= 3 * MiB + 4 - pool.share + 1
+
+
+async def test_a_closed_connection_lets_go_of_its_partial_frame_at_once() -> None:
+    """Issue 19's lean unfinished-frames finding: a connection let into the pool with most of
+    a 64 MiB frame kept it resident after its client left, until the cyclic GC ran (the
+    Connection is in reference cycles: its account's wake, its tasks' closures).  The pool
+    then let the next connection in, so a second 64 MiB came on top of the first: RSS
+    +128 MiB for a bound of one frame.  A closed connection holds none of its request bytes,
+    however long the Connection object itself is referenced (here: by the test)."""
+    pool = RequestMemory(MiB, per_connection=4 * MiB, share=16 * 1024)
+    wire = encode_frame(produce(1, 3 * MiB))
+    gc.disable()  # only reference counting frees it, as for a Connection in a cycle
+    tracemalloc.start()
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                s = Served(pool=pool)
+                s.start(nursery)
+                await s.client.send_all(memoryview(wire)[:-1])
+                await until(s.conn.wait_changed, lambda: s.conn.request_bytes >= 3 * MiB - 1)
+                holding, _ = tracemalloc.get_traced_memory()
+                await s.client.aclose()  # the client leaves half a frame
+                await s.ended.wait()
+                nursery.cancel_scope.cancel()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert s.reason == "protocol_error"
+    assert s.conn.request_bytes == 0 and pool.held == 0 and pool.used == 0
+    assert holding - after > 3 * MiB - 64 * 1024, (holding, after)
 
 
 # --- the whole proxy, loopback, dev cluster -----------------------------------------------------
