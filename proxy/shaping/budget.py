@@ -48,9 +48,7 @@ Admission: :class:`FetchAdmission` sizes a client fetch (``fetch_bytes``),
 lets responses take memory (``take``) and keeps the FIFO of connections whose
 response had to wait.  Each release of budget wakes the oldest waiters, as
 many as the headroom could serve; a woken one that still finds no room goes
-back to the front (``wait(..., retry=True)``).  ``acquire_fetch`` and
-``try_admit`` (a reservation of a fetch's max_bytes up front) remain for
-accounting tests and tools; the fetch path no longer uses them.
+back to the front (``wait(..., retry=True)``).
 
 Shedding: a cache that holds reservations (the reuse buffers) registers with
 the budget while it holds bytes (``holding``/``empty``), so ``shed()`` clears
@@ -168,8 +166,6 @@ class MemoryBudget:
         self.peak = 0
         self.overshoot_bytes = 0
         """Largest amount by which data already in memory pushed use past capacity."""
-        self.waits = 0
-        """Times a fetch was told to wait."""
         self._listeners: list[Callable[[], None]] = []
         self._holders: dict[Holder, None] = {}
         """Caches that hold bytes now, in the order they started to (a dict: ordered)."""
@@ -208,29 +204,6 @@ class MemoryBudget:
             return None
         reservation = Reservation(self, nbytes)
         self._adjust(nbytes)
-        return reservation
-
-    def fetch_size(self, requested: int) -> int | None:
-        """The max_bytes a fetch asking for *requested* may send upstream now; None: wait.
-
-        min(requested, headroom), never below min(requested, floor).
-        """
-        if requested < 0:
-            raise ValueError("requested must be >= 0")
-        want = min(requested, self.headroom)
-        least = min(requested, self.floor)
-        if want < least:
-            return None
-        return max(want, least)
-
-    def acquire_fetch(self, requested: int) -> Reservation | None:
-        """Reserve the max_bytes for an upstream fetch (see :meth:`fetch_size`); None: wait."""
-        size = self.fetch_size(requested)
-        if size is None:
-            self.waits += 1
-            return None
-        reservation = Reservation(self, size)
-        self._adjust(size)
         return reservation
 
     def holding(self, holder: Holder) -> None:
@@ -392,10 +365,6 @@ class FetchAdmission:
             return True
         return False
 
-    def try_admit(self, nbytes: int) -> Reservation | None:
-        """The grant for a fetch of *nbytes* (``fetch_bytes``), or None: it must wait."""
-        return self.budget.acquire_fetch(nbytes)
-
     def wait(self, waiter: Waiter, *, retry: bool, nbytes: int | None = None) -> None:
         """Queue *waiter* to be woken when budget is released (once, however often asked).
 
@@ -424,8 +393,8 @@ class FetchAdmission:
         self._released(force=True)
 
     def _released(self, *, force: bool = False) -> None:
-        """Wake the oldest waiters, as many as the headroom can start (as ``acquire_fetch``
-        grants: min(asked, headroom), at least min(asked, floor)).
+        """Wake the oldest waiters, as many as the headroom can start (a waiter asking
+        *nbytes* can start once the headroom holds min(nbytes, floor)).
 
         The oldest is woken even without room when reuse buffers hold bytes (its retry
         sheds them) or when *force*d; none is woken for a release too small to start it,

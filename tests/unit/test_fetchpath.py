@@ -256,11 +256,11 @@ def test_a_budget_keeps_one_fetch_grant_back_for_the_working_copy() -> None:
     w = World(FetchPathConfig(memory_budget_bytes=64 << 20))
     budget = w.path.budget
     assert budget.working == (64 << 20) // 16 == budget.used  # the largest single grant
-    assert budget.fetch_size(64 << 20) == 60 << 20
+    assert budget.headroom == 60 << 20
     w.path.reload(FetchPathConfig(memory_budget_bytes=1 << 21))  # 2 MiB: 1 MiB floor
     assert budget.working == (1 << 21) - budget.floor
     w.path.reload(FetchPathConfig(memory_budget_bytes=1 << 20))  # the floor itself: none
-    assert budget.working == 0 and budget.fetch_size(1 << 20) == 1 << 20
+    assert budget.working == 0 and budget.headroom == 1 << 20
     w.path.reload(FetchPathConfig())  # no budget: nothing kept back
     assert budget.working == 0 and budget.used == 0
 

@@ -99,20 +99,20 @@ async def test_every_leg_is_counted_and_timed_and_live_connections_are_listed() 
 
 
 def test_the_shutdown_summary_reports_a_peak_only_against_a_budget() -> None:
-    """Without a budget a fetch reserves all its client asked for (librdkafka: 50 MiB),
-    so a reserved peak of 150 MiB with three idle consumers says nothing about memory."""
+    """Without a budget nothing is refused and nothing is kept back for the working copy,
+    so the accounted peak bounds nothing and is left out."""
     from proxy.server.cli import budget_summary
     from proxy.shaping.budget import MemoryBudget
 
     unlimited = MemoryBudget(2**62)
-    for _ in range(3):  # three long polls waiting upstream, no data yet
-        assert unlimited.acquire_fetch(52_428_800) is not None
+    for _ in range(3):  # three responses of 50 MiB, accounted
+        assert unlimited.try_reserve(52_428_800) is not None
     assert budget_summary(None, unlimited, 0) == {"limit_bytes": None, "count": 0}
 
     budget = MemoryBudget(64 << 20, floor=1 << 20)
-    grant = budget.acquire_fetch(4 << 20)
-    assert grant is not None
-    grant.resize(1000)  # what actually arrived
+    grant = budget.reservation()  # nothing while the fetch waits upstream
+    assert grant.try_grow(4 << 20)  # its response's size, known from its length prefix
+    grant.resize(1000)  # what the decoded response held
     grant.release()
     assert budget_summary(64 << 20, budget, 2) == {
         "limit_bytes": 64 << 20,

@@ -19,26 +19,17 @@ from proxy.shaping.buffer import ReuseBuffer
 from proxy.shaping.trim import parse_records
 
 
-def test_fetch_grant_is_lowered_to_headroom_but_not_below_floor() -> None:
+def test_a_reservation_resizes_and_is_released_once() -> None:
     b = MemoryBudget(1000, floor=100)
-    g1 = b.acquire_fetch(700)
-    assert g1 is not None and g1.nbytes == 700
-    g2 = b.acquire_fetch(700)
-    assert g2 is not None and g2.nbytes == 300  # lowered to what is left
-    assert b.headroom == 0 and b.acquire_fetch(50) is None and b.waits == 1
+    g1 = b.try_reserve(700)
+    g2 = b.try_reserve(300)
+    assert g1 is not None and g2 is not None and b.headroom == 0
+    assert b.try_reserve(50) is None
     g1.resize(150)  # the response was smaller than asked
-    assert b.fetch_size(700) == 550
+    assert b.headroom == 550
     g2.release()
     g2.release()  # idempotent
     assert b.used == 150 and b.peak == 1000
-
-
-def test_small_requests_need_only_their_own_size() -> None:
-    b = MemoryBudget(1000, floor=500)
-    assert b.acquire_fetch(900) is not None
-    assert b.fetch_size(600) is None  # 100 left < floor
-    assert b.fetch_size(80) == 80  # asks for less than the floor: fits
-    assert b.fetch_size(0) == 0
 
 
 def test_working_copy_is_kept_back_from_every_reservation() -> None:
@@ -47,11 +38,11 @@ def test_working_copy_is_kept_back_from_every_reservation() -> None:
     b.add_listener(lambda: heard.append(b.used))
     b.set_working(300)
     assert b.used == 300 and b.headroom == 700 and b.peak == 300 and heard == []
-    g = b.acquire_fetch(1000)
-    assert g is not None and g.nbytes == 700  # the working copy's bytes are not granted
-    assert b.try_reserve(1) is None and b.fetch_size(100) is None
+    assert b.try_reserve(701) is None  # the working copy's bytes are not granted
+    g = b.try_reserve(700)
+    assert g is not None and b.try_reserve(1) is None
     b.set_working(200)  # smaller: room appeared, waiting fetches must hear of it
-    assert heard == [900] and b.fetch_size(100) == 100
+    assert heard == [900] and b.headroom == 100
     g.release()
     assert b.used == 200 and b.peak == 1000 and b.overshoot_bytes == 0
     for bad in (-1, 901):  # a floor-sized fetch must always remain possible
@@ -78,7 +69,7 @@ def test_listeners_hear_releases_only() -> None:
 
 def test_overshoot_is_recorded_when_data_is_already_in_memory() -> None:
     b = MemoryBudget(100)
-    r = b.acquire_fetch(100)
+    r = b.try_reserve(100)
     assert r is not None
     r.resize(130)  # one batch larger than the grant (KIP-74 exemption)
     assert b.overshoot_bytes == 30 and b.peak == 130
@@ -95,8 +86,6 @@ def test_invalid_arguments() -> None:
     b = MemoryBudget(10)
     with pytest.raises(ValueError):
         b.try_reserve(-1)
-    with pytest.raises(ValueError):
-        b.fetch_size(-1)
     r = Reservation(b, 0)
     with pytest.raises(ValueError):
         r.resize(-1)
@@ -117,13 +106,12 @@ def test_budget_never_exceeded_when_responses_stay_within_their_grant(
     b = MemoryBudget(capacity, floor=min(floor, capacity))
     held: list[list[object]] = []  # [reservation, its grant, settled]
     for op, n in ops:
-        if op == "fetch":
-            r = b.acquire_fetch(n)
-            if r is None:
-                assert b.headroom < min(n, b.floor)
-            else:
-                assert min(n, b.floor) <= r.nbytes <= n
+        if op == "fetch":  # a response of n bytes: its grant grows by n if they fit
+            r = b.reservation()
+            if r.try_grow(n):
                 held.append([r, r.nbytes, False])
+            else:
+                assert b.headroom < n and r.nbytes == 0
         elif op == "buffer":
             r = b.try_reserve(n)
             if r is not None:
@@ -290,7 +278,7 @@ def test_a_release_wakes_only_the_waiters_it_can_start_oldest_first() -> None:
     admission = FetchAdmission(64 << 20)
     budget = admission.budget
     woken: list[Sleeper] = []
-    taken = admission.try_admit(budget.headroom)  # everything but the working copy
+    taken = budget.try_reserve(budget.headroom)  # everything but the working copy
     assert taken is not None and budget.headroom == 0
     sleepers = [Sleeper(woken) for _ in range(1000)]
     for s in sleepers:
@@ -316,7 +304,7 @@ def test_the_oldest_waiter_is_woken_without_room_when_buffers_can_be_shed() -> N
     r = one_batch(0, 2)
     buf = ReuseBuffer(10 << 20, budget=budget)
     buf.put(K, 0, r, high_watermark=9)
-    grant = admission.try_admit(budget.headroom)
+    grant = budget.try_reserve(budget.headroom)
     assert grant is not None and budget.headroom == 0
     first, second = Sleeper(woken), Sleeper(woken)
     admission.wait(first, retry=False, nbytes=1 << 20)
