@@ -50,6 +50,7 @@ class CloseCause(StrEnum):
     IO_ERROR = "io_error"  # reset, broken pipe, TLS failure
     IDLE_TIMEOUT = "idle_timeout"
     FIRST_REQUEST_TIMEOUT = "first_request_timeout"  # no whole request soon after the accept
+    DISPLACED = "displaced"  # no whole request yet: its slot given to a newcomer at max_connections
     SHUTDOWN = "shutdown"  # the proxy is stopping
     OTHER = OTHER
 

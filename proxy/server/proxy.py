@@ -41,6 +41,7 @@ from ..protocol.messages import make, request_module
 from ..relay import rewrite
 from ..relay.addresses import AddressBook
 from ..relay.apiversions import kio_range
+from ..relay.connection_slots import ConnectionSlots
 from ..relay.relay import FetchHandler, FetchHandlerFactory, Relay
 from ..relay.request_memory import RequestMemory
 from ..sessions.downstream import limit_session_partitions
@@ -159,6 +160,22 @@ FIRST_REQUEST_TIMEOUT_HINT = (
     " send ApiVersions at once): a client or scanner holding idle connections; for slow TLS"
     " clients raise it ({flag})"
 )
+DISPLACED_HINT = (
+    "max_connections was reached and this connection had sent no whole request (Kafka's"
+    " clients send ApiVersions at once): it gave its slot to a newer connection; a client or"
+    " scanner is leaking idle connections (raise max_connections ({flag}) if these are expected)"
+)
+
+
+@dataclass(slots=True, eq=False)
+class _Slot:
+    """A client connection's hold on one of ``max_connections`` (``ConnectionSlots``' handle)."""
+
+    first: trio.CancelScope
+    """Open until its first whole request: cancelled at ``first_request_timeout_seconds`` or
+    when it gives its slot to a newcomer."""
+    accepted: float
+    displaced: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -179,6 +196,7 @@ _CLOSE_CAUSES = {
     "idle_timeout": "idle_timeout",
     "first_request_timeout": "first_request_timeout",
     "frame_timeout": "frame_timeout",
+    "displaced": "displaced",
     "cancelled": "shutdown",
     "drained": "shutdown",
 }
@@ -215,7 +233,8 @@ class Proxy:
         self.upstream_seen = False
         self.upstream_auth_only = False
         """Discovery found an upstream that answers but wants SASL before Metadata."""
-        self.open_connections = 0
+        self.slots: ConnectionSlots[_Slot] = ConnectionSlots()
+        """The connections counted against ``max_connections`` (``proxy.relay.connection_slots``)."""
         self.discovered = trio.Event()
         self._state_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -258,6 +277,11 @@ class Proxy:
             )
 
     # --- public state ----------------------------------------------------------------------
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections holding a slot of ``max_connections``."""
+        return len(self.slots)
 
     def readiness(self) -> tuple[bool, dict[str, bool]]:
         """(ready, checks): ready when every listener is bound and an upstream broker answered."""
@@ -373,7 +397,15 @@ class Proxy:
         )
 
     async def _handle_client(self, stream: trio.SocketStream, *, node_id: int | None) -> None:
-        if self.open_connections >= self.settings.max_connections:
+        # Until the client's first whole request: TLS handshake and request within
+        # first_request_timeout_seconds of the accept, or the connection is closed; at
+        # max_connections the silent connection that has waited longest is closed to let a
+        # newcomer in, and only when every connection has spoken is the newcomer refused.
+        now = trio.current_time()
+        timeout = self.settings.first_request_timeout_seconds
+        slot = _Slot(trio.CancelScope(deadline=now + timeout if timeout else math.inf), now)
+        admitted, displaced = self.slots.admit(slot, self.settings.max_connections)
+        if not admitted:
             log.warning(
                 "connection_refused",
                 reason="max_connections",
@@ -387,13 +419,17 @@ class Proxy:
                 self.metrics.connection_refused("max_connections")
             await trio.aclose_forcefully(stream)
             return
-        self.open_connections += 1
+        if displaced is not None:  # it closes in its own task, with its own log line
+            displaced.displaced = True
+            displaced.first.cancel()
         try:
-            await self._serve_client(stream, node_id)
+            await self._serve_client(stream, node_id, slot)
         finally:
-            self.open_connections -= 1
+            self.slots.leave(slot)
 
-    async def _serve_client(self, stream: trio.SocketStream, node_id: int | None) -> None:
+    async def _serve_client(
+        self, stream: trio.SocketStream, node_id: int | None, slot: _Slot
+    ) -> None:
         structlog.contextvars.clear_contextvars()
         conn_id = f"c{next(self._conn_ids)}"
         structlog.contextvars.bind_contextvars(
@@ -411,11 +447,8 @@ class Proxy:
         path_handler: FetchPathHandler | None = None
         links: ReplicaLinks | None = None
         conn: Connection | None = None
-        # Until the client's first whole request: TLS handshake and request within
-        # first_request_timeout_seconds of the accept, or the connection is closed.
         # The broker connection opens when the first request is relayed (LazyUpstream).
-        timeout = self.settings.first_request_timeout_seconds
-        first = trio.CancelScope(deadline=trio.current_time() + timeout if timeout else math.inf)
+        first = slot.first
         try:
             with first:
                 if self.downstream_ssl is None:
@@ -471,7 +504,7 @@ class Proxy:
                     fetch_path=path_handler,
                     background=links.run if links is not None else None,
                 )
-                conn.on_request = partial(_first_request_arrived, first, conn)
+                conn.on_request = partial(_first_request_arrived, self.slots, slot, conn)
                 self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
                 drainable.quiet = _answered(relay, conn)
                 self._drains.add(drainable)
@@ -484,12 +517,21 @@ class Proxy:
             if first.cancelled_caught and upstream is not None and upstream.failed:
                 reason = "upstream_unreachable"
                 log.warning("connection_closed", reason=reason, hint=CLIENT_CLOSED_HINT)
+            elif first.cancelled_caught and slot.displaced:
+                reason = "displaced"
+                log.warning(
+                    "connection_closed",
+                    reason=reason,
+                    limit=self.settings.max_connections,
+                    waited_seconds=round(trio.current_time() - slot.accepted, 3),
+                    hint=DISPLACED_HINT.format(flag=_setting_hint("max_connections")),
+                )
             elif first.cancelled_caught:
                 reason = "first_request_timeout"
                 log.info(
                     "connection_closed",
                     reason=reason,
-                    timeout_seconds=timeout,
+                    timeout_seconds=self.settings.first_request_timeout_seconds,
                     hint=FIRST_REQUEST_TIMEOUT_HINT.format(
                         flag=_setting_hint("first_request_timeout_seconds")
                     ),
@@ -878,9 +920,13 @@ class DrainableStream(trio.abc.Stream):
         await self.stream.aclose()
 
 
-def _first_request_arrived(first: trio.CancelScope, conn: Connection, *_request: int) -> None:
-    """The client's first whole request arrived: no deadline any more (and no more calls)."""
-    first.deadline = math.inf
+def _first_request_arrived(
+    slots: ConnectionSlots[_Slot], slot: _Slot, conn: Connection, *_request: int
+) -> None:
+    """The client's first whole request arrived: no deadline any more, its slot is its own
+    (and no more calls)."""
+    slot.first.deadline = math.inf
+    slots.spoke(slot)
     conn.on_request = None
 
 
