@@ -176,9 +176,6 @@ class FetchSessionClient:
     def session_partitions(self) -> tuple[PartitionKey, ...]:
         return tuple(self._session)
 
-    def session_params(self, key: PartitionKey) -> FetchParams | None:
-        return self._session.get(key)
-
     @property
     def in_flight(self) -> SessionRequest | None:
         return self._in_flight

@@ -36,8 +36,3 @@ def _field_of(topic: Any) -> str:
 def topic_key(topic: Any) -> TopicKey:
     """The key of a request FetchTopic / ForgottenTopic or a response FetchableTopicResponse."""
     return getattr(topic, _field_of(topic))  # type: ignore[no-any-return]
-
-
-def topic_field(topic: Any) -> str:
-    """The name of the field that identifies *topic* in its version ("topic" or "topic_id")."""
-    return _field_of(topic)

@@ -37,7 +37,7 @@ Responses that had a list keep a list (possibly empty); null stays null.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -570,13 +570,3 @@ def _rebuild_partition(pd: Any, head: Run) -> Any:
             else tuple(cls(producer_id=p, first_offset=f) for p, f in aborted)
         )
     return dataclasses.replace(pd, **changes) if changes else pd
-
-
-def iter_delivered(result: TrimResult) -> Iterable[tuple[PartitionKey, BatchHeader]]:
-    """Headers of every delivered batch, by partition (for tests and metrics)."""
-    for topic in result.response.responses:
-        tkey = topic_key(topic)
-        for pd in topic.partitions:
-            if pd.error_code == NONE and pd.records:
-                for h in records.iter_batches(pd.records):
-                    yield (tkey, int(pd.partition_index)), h
