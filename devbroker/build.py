@@ -45,10 +45,6 @@ def _fields(cls: type) -> tuple[_Field, ...]:
     )
 
 
-def has_field(cls: type, name: str) -> bool:
-    return any(f.name == name for f in _fields(cls))
-
-
 def _convert(hint: Any, value: Any) -> Any:
     if value is None:
         return None

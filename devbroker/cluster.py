@@ -77,10 +77,6 @@ class DevNode:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    @property
-    def connection_count(self) -> int:
-        return len(self._connections)
-
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.port, host=self.host)
         listener = listeners[0]

@@ -85,9 +85,3 @@ class ClusterState:
         if t is None or not 0 <= index < len(t.partitions):
             return None
         return t.partitions[index]
-
-    def partition_by_id(self, topic_id: uuid.UUID, index: int) -> PartitionState | None:
-        t = self.topics_by_id.get(topic_id)
-        if t is None or not 0 <= index < len(t.partitions):
-            return None
-        return t.partitions[index]

@@ -7,7 +7,7 @@ appear as counts, and the worst starvation as a number.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .limits import Limits
 from .trim import PartitionOutcome, TrimResult
@@ -118,14 +118,6 @@ class ShapingDecision:
             trimmed_bytes=trimmed_bytes,
             trimmed_by_limit=_by_limit(with_data) if trimmed else (),
         )
-
-    def as_log_fields(self) -> dict[str, object]:
-        """Flat, payload-free fields for a structured log line."""
-        fields = asdict(self)
-        fields["limits"] = self.limits.as_dict()
-        fields["limited_by"] = sorted(self.limited_by)
-        fields["trimmed_by_limit"] = [list(t) for t in self.trimmed_by_limit]
-        return fields
 
 
 def _by_limit(outcomes: list[PartitionOutcome]) -> tuple[tuple[str, int, int], ...]:

@@ -100,12 +100,6 @@ class Limits:
     def unlimited(self) -> bool:
         return all(getattr(self, name) is None for name in LIMIT_NAMES)
 
-    def tightened(self, other: Limits) -> Limits:
-        """The stricter of two limit sets, field by field (e.g. global and per-policy)."""
-        return Limits(
-            **{name: _min(getattr(self, name), getattr(other, name)) for name in LIMIT_NAMES}
-        )
-
     def as_dict(self) -> dict[str, int | None]:
         return {name: getattr(self, name) for name in LIMIT_NAMES}
 

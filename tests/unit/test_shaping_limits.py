@@ -34,12 +34,10 @@ def test_invalid_limits_rejected(kwargs: dict[str, object]) -> None:
         Limits(**kwargs)  # type: ignore[arg-type]
 
 
-def test_limits_defaults_unlimited_and_tightened() -> None:
+def test_limits_defaults_unlimited() -> None:
     assert Limits().unlimited
     a = Limits(max_response_bytes=100, max_records=5)
-    b = Limits(max_response_bytes=50, max_partition_bytes=7)
-    assert a.tightened(b) == Limits(max_response_bytes=50, max_partition_bytes=7, max_records=5)
-    assert a.as_dict()["max_records"] == 5
+    assert not a.unlimited and a.as_dict()["max_records"] == 5
 
 
 @pytest.mark.parametrize("version", VERSIONS)
