@@ -40,9 +40,10 @@ request's size from its length prefix and mutes the channel while it cannot
 The working copy: besides the data the reservations cover, one response
 exists twice for a moment while it is handled (the proxy's I/O is
 single-threaded, so one at a time): a large frame is joined from the pieces
-it arrived in, and kio copies its records before they are pointed back into
-the frame.  ``set_working(nbytes)`` keeps that much of the capacity back from
-every reservation (set it to the largest fetch grant); it counts as used.
+it arrived in (its records are then decoded as views of the joined frame, not
+copied: :mod:`proxy.protocol.fetch_views`).  ``set_working(nbytes)`` keeps that
+much of the capacity back from every reservation (set it to the largest fetch
+grant, ``max_fetch_bytes``); it counts as used.
 
 Admission: :class:`FetchAdmission` sizes a client fetch (``fetch_bytes``),
 lets responses take memory (``take``) and keeps the FIFO of connections whose
@@ -326,8 +327,9 @@ class FetchAdmission:
 
         *most_bytes*: the most its response can carry whatever max_bytes says
         (:func:`response_bound` of its partitions; None: unknown).  With a budget
-        the grant is no larger: a long poll of one partition holds what one
-        partition can return (1 MiB by default), not budget/16.
+        the fetch asks no more: a long poll of one partition asks upstream for what
+        one partition can return (1 MiB by default), not budget/16, and holds
+        nothing until its response's size is known (``take``).
         """
         requested = max_bytes
         if max_response_bytes is not None:
