@@ -323,12 +323,12 @@ async def _drain(proxy: Proxy, grace: float, stop: trio.CancelScope) -> None:
 def budget_summary(limit: int | None, budget: MemoryBudget, waits: int) -> dict[str, Any]:
     """The fields of the ``memory_budget_summary`` line written at shutdown.
 
-    ``peak_bytes`` is the most the budget ever had reserved at once: the max_bytes
-    grants of fetches waiting upstream (a long poll holds its whole grant while no
-    data has arrived), the reuse buffers and the working copy.  It bounds the
-    response data held, it is not bytes received.  Without a budget each fetch
-    reserves all the client asked for (librdkafka's fetch.max.bytes is 50 MiB), so
-    the number says nothing about memory and is left out.
+    ``peak_bytes`` is the most the budget ever had reserved at once: responses
+    taken from their length prefix until written (a fetch waiting upstream holds
+    nothing), the reuse buffers and the working copy.  It bounds the response data
+    held, it is not bytes received.  Without a budget (a ``FetchPathConfig`` with
+    none; the command always has one) nothing is kept back or refused, so only the
+    wait count is given.
     """
     if limit is None:
         return {"limit_bytes": None, "count": waits}
