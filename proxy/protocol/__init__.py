@@ -8,8 +8,15 @@ else from the proxy either; everything above it builds on it.
   fetch path acts on.
 - :mod:`.errors`: the one exception family that escapes (``ProtocolError``).
 - :mod:`.framing`: size-prefixed frames in and out, bounded.
-- :mod:`.varint`, :mod:`.codec`: headers and bodies, decoded and encoded with kio.
-- :mod:`.walk`: schema-driven checking and rewriting of encoded messages.
+- :mod:`.varint`, :mod:`.codec`: headers and bodies, decoded and encoded with kio's
+  schemas; every body is decoded by one compiled, validating pass (:mod:`.readers`)
+  and encoded by compiled writers (:mod:`.writers`).
+- :mod:`.fetch_views`: a Fetch response decoded with its records left as views of
+  the frame; :mod:`.fetch_count`: a Fetch request's partitions counted from its bytes.
+- :mod:`.walk`: schema-driven walks of encoded messages: byte-level rewriting (broker
+  addresses, ApiVersions), field spans, the layout the Fetch count follows.  Bodies are
+  no longer walked before they are decoded: ``walk.check`` is the verdict the tests
+  hold the readers to.
 - :mod:`.messages`: kio message classes by version, and entities built across versions.
 - :mod:`.records`: RecordBatch v2 headers, read without decompressing anything.
 """
