@@ -1,10 +1,13 @@
 """Fetch shaping: byte and record caps, fair rotation, the reuse buffer, the memory budget.
 
 Sans-I/O: everything here is plain code over kio Fetch request/response objects
-and RecordBatch v2 headers.  No trio import; the relay sits on top.
+and RecordBatch v2 headers.  No trio import; the fetch path (``proxy.fetchpath``)
+calls it, and it imports only the protocol layer below it.
 
 Modules, one per feature:
 
+- :mod:`.keys`: how a partition is named across Fetch versions (topic name or id,
+  partition index).
 - :mod:`.limits`: the configured :class:`~.limits.Limits`, request clamping,
   the per-response :class:`~.limits.ResponseLimits`, and the names of what held
   data back (:class:`~.limits.LimitKind`).
@@ -15,7 +18,8 @@ Modules, one per feature:
 - :mod:`.rotation`: upstream round-robin order and serve-order rotation with a
   starvation measure.
 - :mod:`.buffer`: the per-connection reuse buffer of trimmed-away batches.
-- :mod:`.budget`: the proxy-wide memory budget (KIP-81's buffer.memory) and admission to it.
+- :mod:`.budget`: the proxy-wide memory budget (KIP-81's buffer.memory), taken when a
+  response's size is known, and the admission (fair share, waiters) to it.
 - :mod:`.decision`: the per-response decision record for logs and metrics.
 - :mod:`.shaper`: the per-connection composition the fetch path calls.
 """
