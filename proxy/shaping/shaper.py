@@ -1,14 +1,14 @@
-"""Per-connection fetch shaping: the one object the relay calls per Fetch.
+"""Per-connection fetch shaping: the one object the fetch path calls per Fetch.
 
     shaper = FetchShaper(limits, buffer_capacity=..., budget=budget)
-    prepared = shaper.prepare(client_request, max_bytes_cap=grant.nbytes)
+    prepared = shaper.prepare(client_request, grant=grant, max_bytes=max_bytes)
     ... send prepared.upstream_request upstream (or apply prepared.upstream_offsets
         and prepared.upstream_request.max_bytes to the upstream session) ...
     shaped = shaper.finish(prepared, upstream_response)
     ... send shaped.response to the client; tell the upstream session
         shaped.next_offsets; log shaped.decision ...
 
-``prepare`` clamps the request to the limits (and the budget's grant),
+``prepare`` clamps the request to the limits (and *max_bytes*, what the fetch may ask),
 rotates the partition order of full fetches round-robin (KIP-74), and takes
 matching batches out of the reuse buffer, moving those partitions' upstream
 fetch offsets past them.  ``finish`` applies upstream's word to the buffer
@@ -107,7 +107,8 @@ class FetchShaper:
         """Shape the client's *request* for upstream.
 
         *grant*: the memory budget's reservation for this fetch
-        (``MemoryBudget.reservation`` or ``acquire_fetch``); its size caps the upstream max_bytes
+        (``MemoryBudget.reservation``, of nothing until the response's size is known); its
+        size caps the upstream max_bytes
         unless *max_bytes_cap* is given, batches taken from the reuse buffer
         move into it, and :meth:`finish` resizes it to the data in memory and
         then to the bytes delivered.  The caller releases it once the response
