@@ -14,7 +14,10 @@ it hands out.  A consumer fetch (v4+, not a follower's) goes through
                                 covers, as one sessionless full fetch (or a session
                                 error, answered at once)
       shaping                   FetchShaper.prepare: caps clamped, held batches taken
-                                from the reuse buffer, round-robin order
+                                from the reuse buffer, round-robin order; when they
+                                fill the response (FetchShaper.held_answer, not for a
+                                fetch naming a rack) the client is answered from them
+                                with no upstream round (straight to shaping's finish)
       replica split             read_replica.split, only when the proxy follows
                                 preferred_read_replica for this client (Fetch
                                 v10-, or a client that ignores redirects):
@@ -392,7 +395,10 @@ class FetchPathHandler:
             max_fetch_partitions=config.max_fetch_partitions,
         )
         self.shaper = FetchShaper(
-            config.limits, buffer_capacity=config.reuse_buffer_bytes, budget=path.budget
+            config.limits,
+            buffer_capacity=config.reuse_buffer_bytes,
+            budget=path.budget,
+            share=path.admission.share,
         )
         self.translator: FetchTranslator | None = None
         """The upstream session's translator (created at the first consumer fetch)."""
@@ -708,17 +714,28 @@ class FetchPathHandler:
         step = None
         if self.rack is not None and self.rack.rack:
             fetch, step = self._with_rack(request, fetch, self.rack)
+        follows = self._follows(int(request.header.api_version))
         if self.path.shaping:
             self.shaper.limits = limits
             prepared = _shape(self.shaper, fetch, grant, max_bytes)
             fetch = prepared.upstream_request
+            # A fetch naming a rack may be sent to a preferred read replica (KIP-392): the
+            # leader's answer must reach the client as the leader gives it, so it goes up.
+            redirectable = follows or bool(getattr(fetch, "rack_id", "") or "")
+            held = None if redirectable else self.shaper.held_answer(prepared)
+            if held is not None:
+                # Held data fills the response: answered with no upstream round (the
+                # upstream session learns the offsets from the next fetch it is given).
+                exchange.prepared, exchange.rack = prepared, step
+                yield from self._complete(exchange, held, upstream)
+                return
             if large:
                 yield
                 if self.closed:
                     return
         translator.use_sessions = self.path.config.fetch_sessions
         exchange.prepared, exchange.rack = prepared, step
-        if self._follows(int(request.header.api_version)):
+        if follows:
             exchange.follow = True
             self.read_replicas.retain(read_replica.requested_keys(opened.request))
             self.watermarks.retain(read_replica.requested_keys(opened.request))
@@ -1147,10 +1164,13 @@ def _cap_wait(fetch: Any, max_wait_ms: int) -> Any:
 
 def _shape(shaper: FetchShaper, request: Any, grant: Reservation, max_bytes: int) -> PreparedFetch:
     """Shaping's way up: the sessionless full fetch -> the one to serve upstream."""
-    if len(shaper.buffer):
+    if len(shaper.buffer) or len(shaper.watermarks) > sum(
+        len(t.partitions) for t in request.topics
+    ):
         # The client no longer fetches these (a full fetch lists every partition).
         asked = {(topic_key(t), int(p.partition)) for t in request.topics for p in t.partitions}
         gone = [k for k in shaper.buffer.keys() if k not in asked]
+        gone += [k for k in shaper.watermarks if k not in asked and k not in shaper.buffer]
         if gone:
             shaper.forget(gone)
     prepared = shaper.prepare(request, grant=grant, max_bytes=max_bytes)

@@ -15,6 +15,10 @@ An entry is dropped when:
 - upstream reports an error for the partition;
 - upstream's high watermark for it moves backwards (the log was truncated).
 
+Held batches that fill a client's response answer it with no upstream round
+(:meth:`~.shaper.FetchShaper.held_answer`); an entry that stays takes upstream's
+newer watermarks (``observe``), so what is served from it never goes back.
+
 The buffer is bounded by ``capacity`` bytes per connection and, when given a
 :class:`~.budget.MemoryBudget`, holds a reservation for what it keeps: if the
 budget has no room the batches are simply not kept (the client's next fetch
@@ -166,14 +170,22 @@ class ReuseBuffer:
         error_code: int = 0,
         high_watermark: int | None = None,
         leader_epoch: int | None = None,
+        last_stable_offset: int | None = None,
+        log_start_offset: int | None = None,
     ) -> bool:
-        """Apply upstream's latest word on *key*; True when that dropped its entry."""
+        """Apply upstream's latest word on *key*; True when that dropped its entry.
+
+        An entry that stays takes upstream's newer watermarks (high watermark, last
+        stable offset, log start offset), so held batches served later never carry
+        older ones than the client has already seen.
+        """
         entry = self._entries.get(key)
         if entry is None:
             return False
+        prefix = entry.prefix
         if (
             error_code != 0
-            or (high_watermark is not None and high_watermark < entry.prefix.high_watermark)
+            or (high_watermark is not None and high_watermark < prefix.high_watermark)
             or (
                 leader_epoch is not None
                 and leader_epoch != NO_EPOCH
@@ -183,6 +195,19 @@ class ReuseBuffer:
         ):
             self.drop(key)
             return True
+        hw = prefix.high_watermark if high_watermark is None else high_watermark
+        lso = prefix.last_stable_offset
+        if last_stable_offset is not None:
+            lso = max(lso, last_stable_offset)
+        start = prefix.log_start_offset
+        if log_start_offset is not None:
+            start = max(start, log_start_offset)
+        if (hw, lso, start) != (
+            prefix.high_watermark,
+            prefix.last_stable_offset,
+            prefix.log_start_offset,
+        ):
+            entry.prefix = Prefix(prefix.run, hw, lso, start)
         return False
 
     def drop(self, key: PartitionKey, *, counted: bool = True) -> None:

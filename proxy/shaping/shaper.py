@@ -15,6 +15,26 @@ fetch offsets past them.  ``finish`` applies upstream's word to the buffer
 (errors, leader epochs, high watermarks, a preferred read replica), trims the response in serve-rotation
 order, keeps what was trimmed away in the buffer and builds the decision.
 
+Running ahead (issue 17, after Kafka's consumer: ``Fetcher``/``FetchBuffer``
+keep completed fetches per partition, ``fetchablePartitions`` asks a broker
+only for partitions with nothing buffered, ``max.poll.records`` is served from
+the buffer):
+
+- ``held_answer(prepared)``: when the held batches alone fill the client's
+  response (a response limit keeps a held batch back, or every partition it
+  asks is filled to its partition limit), the response is made of them and of
+  the watermarks the client was last given, and goes to ``finish`` as
+  upstream's answer would: no upstream round.
+- Under a record limit (the only limit that trims below what upstream is
+  asked), upstream is asked for at most what the buffer can keep (its capacity
+  and the connection's share of the budget, less what the fetch holds), so a
+  round serves several responses and nothing fetched is thrown away; a
+  partition whose held batches fill its partition limit asks 0 bytes.
+- Watermarks never go back: held entries take upstream's newer watermarks, and
+  an answer from held data carries the latest the client was given
+  (``watermarks``).  A partition whose last answer was an error has none, so
+  its fetches go upstream.
+
 Upstream fetch offsets are decided afresh by every ``prepare``: the end of the
 held batches when they match the client's offset, else the client's offset.
 The session layer applies them each time, so a discarded buffer entry needs
@@ -27,19 +47,27 @@ the new ones.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i32Timedelta
 
+from ..protocol.apis import FETCH
+from ..protocol.messages import make, response_module
 from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
 from .decision import ShapingDecision
 from .keys import PartitionKey, topic_key
 from .limits import Limits, ResponseLimits, clamp_request, response_limits
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
-from .trim import Prefix, TrimResult, trim_response_in_ranges
+from .trim import Prefix, Run, TrimResult, allocate, trim_response_in_ranges
+
+RESPONSE_LIMITS = frozenset({"response_bytes", "response_records"})
+"""Limits of a whole response (``allocate``'s names): held data that reaches one fills it."""
+READ_COMMITTED = 1
 
 
 def is_full_fetch(request: Any) -> bool:
@@ -88,11 +116,24 @@ class FetchShaper:
         buffer_capacity: int = 0,
         budget: MemoryBudget | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
+        share: Callable[[], int] | None = None,
     ) -> None:
         self.limits = limits
         self.buffer = ReuseBuffer(buffer_capacity, budget=budget)
         self.upstream_rotation: UpstreamRotation[PartitionKey] = UpstreamRotation(max_partitions)
         self.serve_rotation: ServeRotation[PartitionKey] = ServeRotation(max_partitions)
+        self.share = share
+        """What this connection may hold of the memory budget now (``FetchAdmission.share``);
+        bounds how far ahead upstream is asked.  None: the buffer's capacity alone."""
+        self.watermarks: dict[PartitionKey, tuple[int, int, int]] = {}
+        """Per partition, (high watermark, last stable offset, log start offset) as the last
+        response gave them to the client: what an answer from held data carries."""
+        self.held_answers = 0
+        """Client fetches answered from held data alone (no upstream round)."""
+        self.upstream_whole_bytes = 0
+        """Record bytes of whole batches upstream sent (partial trailing batches not counted)."""
+        self.delivered_bytes = 0
+        """Record bytes delivered to the client."""
 
     def prepare(
         self,
@@ -143,27 +184,126 @@ class FetchShaper:
                 prefixes[key] = prefix
                 upstream_offsets[key] = prefix.run.next_offset
                 upstream_epochs[key] = prefix.run.headers[-1].partition_leader_epoch
+        held = sum(p.run.size for p in prefixes.values())
         if max_bytes_cap is None and max_bytes is not None:
-            max_bytes_cap = max(0, max_bytes - sum(p.run.size for p in prefixes.values()))
+            max_bytes_cap = max(0, max_bytes - held)
         elif max_bytes_cap is None and grant is not None:
-            max_bytes_cap = max(0, grant.nbytes - sum(p.run.size for p in prefixes.values()))
+            max_bytes_cap = max(0, grant.nbytes - held)
+        rlimits = response_limits(
+            limits, request, session_partition_max_bytes=session_partition_max_bytes
+        )
+        ahead = self._ahead(rlimits, held)
+        if ahead is not None:
+            max_bytes_cap = ahead if max_bytes_cap is None else min(max_bytes_cap, ahead)
         upstream = clamp_request(request, limits, max_bytes_cap=max_bytes_cap)
+        full = _partitions_full(prefixes, rlimits)
         if upstream_offsets:
-            upstream = _with_offsets(upstream, upstream_offsets, upstream_epochs)
+            upstream = _with_offsets(upstream, upstream_offsets, upstream_epochs, full)
         if is_full_fetch(request):
             upstream = self._rotate(upstream)
         return PreparedFetch(
             client_request=request,
             upstream_request=upstream,
             limits=limits,
-            response_limits=response_limits(
-                limits, request, session_partition_max_bytes=session_partition_max_bytes
-            ),
+            response_limits=rlimits,
             prefixes=prefixes,
             client_offsets=client_offsets,
             upstream_offsets=upstream_offsets,
             epochs=epochs,
             grant=grant,
+        )
+
+    def _ahead(self, limits: ResponseLimits, held: int) -> int | None:
+        """The most record bytes to ask upstream for, so that all of it is delivered or held.
+
+        Only a record limit trims a response below what upstream was asked (byte
+        limits travel upstream as max_bytes and partition_max_bytes), so only then
+        is this bound needed: what a response does not deliver goes to the buffer,
+        which takes up to its capacity (and this connection's share of the budget)
+        less what the fetch already holds.  Asked that much, one round serves
+        several client responses and upstream bytes stay those delivered.  None:
+        no bound (no record limit, or a buffer of capacity 0 keeps nothing).
+        """
+        capacity = self.buffer.capacity
+        if capacity <= 0 or (limits.response_records is None and limits.partition_records is None):
+            return None
+        if self.share is not None:
+            capacity = min(capacity, self.share())
+        return max(0, capacity - self.buffer.size - held)
+
+    def held_answer(self, prepared: PreparedFetch) -> Any | None:
+        """The full response to *prepared*'s client request made of held data alone, or None.
+
+        Held data answers a fetch when upstream's could not be delivered anyway: the
+        held batches fill the response to a response limit (its records or bytes:
+        the client's max_bytes, ``max_records``, ``max_response_bytes``), or every
+        partition the fetch asks has held batches reaching its partition limit.
+        (Kafka's consumer serves ``max.poll.records`` from its buffer the same way.)
+        Every partition carries the watermarks the client was last given (the held
+        batches are put in by ``finish``), so none goes back; a partition whose
+        watermarks are unknown, or whose last answer was an error, sends the fetch
+        upstream.  The caller passes it to ``finish`` as upstream's answer.
+        """
+        prefixes = prepared.prefixes
+        if not prefixes:
+            return None
+        request = prepared.client_request
+        read_committed = int(getattr(request, "isolation_level", 0)) == READ_COMMITTED
+        runs: dict[PartitionKey, Run] = {}
+        for key, prefix in prefixes.items():
+            if (prefix.run.aborted is not None) != read_committed:
+                return None  # kept for the other isolation level
+            runs[key] = prefix.run
+        plan = allocate(runs, self.serve_rotation.order(list(runs)), prepared.response_limits)
+        # A batch kept back by the response's limits alone: nothing more fits.  (One
+        # kept back by its partition's limits too says nothing of other partitions.)
+        filled = any(held and held <= RESPONSE_LIMITS for _, _, held in plan.values())
+        if not filled and (
+            len(runs) < len(prepared.client_offsets) or not all(h for _, _, h in plan.values())
+        ):
+            return None
+        mod = response_module(FETCH, int(request.__version__))
+        marks = self.watermarks
+        topics = []
+        for topic in request.topics:
+            tkey = topic_key(topic)
+            parts = []
+            for p in topic.partitions:
+                key = (tkey, int(p.partition))
+                mark = marks.get(key)
+                if mark is None:
+                    return None
+                held = prefixes.get(key)
+                if held is not None:
+                    mark = (
+                        max(mark[0], held.high_watermark),
+                        max(mark[1], held.last_stable_offset),
+                        max(mark[2], held.log_start_offset),
+                    )
+                parts.append(
+                    make(
+                        mod.PartitionData,
+                        partition_index=int(p.partition),
+                        error_code=ErrorCode.none,
+                        high_watermark=mark[0],
+                        last_stable_offset=mark[1],
+                        log_start_offset=mark[2],
+                        aborted_transactions=() if read_committed else None,
+                        preferred_read_replica=-1,
+                        records=b"",
+                    )
+                )
+            topics.append(
+                make(mod.FetchableTopicResponse, topic=tkey, topic_id=tkey, partitions=tuple(parts))
+            )
+        self.held_answers += 1
+        return make(
+            mod.FetchResponse,
+            throttle_time=i32Timedelta.parse(timedelta(0)),
+            error_code=ErrorCode.none,
+            session_id=0,
+            responses=tuple(topics),
+            node_endpoints=(),
         )
 
     def finish(self, prepared: PreparedFetch, response: Any) -> ShapedResponse:
@@ -204,6 +344,8 @@ class FetchShaper:
                     error_code=int(pd.error_code),
                     high_watermark=int(pd.high_watermark),
                     leader_epoch=epoch,
+                    last_stable_offset=int(getattr(pd, "last_stable_offset", -1)),
+                    log_start_offset=int(getattr(pd, "log_start_offset", -1)),
                 )
                 prefix = prefixes.get(key)
                 if prefix is not None and (
@@ -225,6 +367,11 @@ class FetchShaper:
             order=self.serve_rotation.order,
             every=every,
         )
+        marks = self.watermarks
+        for key, outcome in result.outcomes.items():
+            if outcome.error_code != 0 or not outcome.shaped:
+                marks.pop(key, None)
+        marks.update(result.watermarks)
         with_data = [k for k in result.serve_order]
         served = [k for k, o in result.outcomes.items() if o.delivered_batches]
         waited = self.serve_rotation.observe(with_data, served)
@@ -254,6 +401,9 @@ class FetchShaper:
                 log_start_offset=lso_start,
                 source=grant,
             )
+        for o in result.outcomes.values():
+            self.upstream_whole_bytes += o.upstream_bytes - o.dropped_partial_bytes
+        self.delivered_bytes += result.delivered_bytes
         if grant is not None:
             grant.resize(result.delivered_bytes)
         decision = ShapingDecision.from_trim(
@@ -272,11 +422,13 @@ class FetchShaper:
         self.buffer.clear()
         self.upstream_rotation.clear()
         self.serve_rotation.clear()
+        self.watermarks.clear()
 
     def forget(self, keys: list[PartitionKey]) -> None:
         """The client dropped *keys* from its session (forgotten topics)."""
         for key in keys:
             self.buffer.drop(key, counted=False)
+            self.watermarks.pop(key, None)
         self.serve_rotation.forget(keys)
         self.upstream_rotation.forget(keys)
 
@@ -339,13 +491,38 @@ def _withhold(response: Any, keys: set[PartitionKey]) -> Any:
     return dataclasses.replace(response, responses=tuple(topics))
 
 
+def _partitions_full(
+    prefixes: Mapping[PartitionKey, Prefix], limits: ResponseLimits
+) -> frozenset[PartitionKey]:
+    """Partitions whose held batches already reach their partition limit (bytes or
+    records): the next response cannot take more of them, so upstream is not asked."""
+    full = []
+    for key, prefix in prefixes.items():
+        cap = limits.bytes_for(key)
+        records = limits.partition_records
+        run = prefix.run
+        if (cap is not None and run.size >= cap) or (
+            records is not None and run.records >= records
+        ):
+            full.append(key)
+    return frozenset(full)
+
+
 def _with_offsets(
-    request: Any, offsets: Mapping[PartitionKey, int], epochs: Mapping[PartitionKey, int]
+    request: Any,
+    offsets: Mapping[PartitionKey, int],
+    epochs: Mapping[PartitionKey, int],
+    full: frozenset[PartitionKey] = frozenset(),
 ) -> Any:
     """*request* fetching the given partitions from *offsets*.
 
     A partition that names its last fetched epoch (KIP-595; consumers send -1)
-    gets the epoch of the last held batch, which now precedes its offset.
+    gets the epoch of the last held batch, which now precedes its offset.  A
+    partition in *full* asks 0 bytes: held batches fill its next response (the
+    broker still answers its watermarks; as the first partition with data, one
+    batch, which ``finish`` holds after the others).  It stays in the request,
+    so the upstream session keeps it (Kafka's consumer forgets a partition it
+    has data buffered for, then adds it again: more session churn).
     """
     topics = []
     for topic in request.topics:
@@ -357,6 +534,8 @@ def _with_offsets(
                 changes: dict[str, int] = {"fetch_offset": offsets[key]}
                 if getattr(p, "last_fetched_epoch", -1) != -1:
                     changes["last_fetched_epoch"] = epochs[key]
+                if key in full:
+                    changes["partition_max_bytes"] = 0
                 p = dataclasses.replace(p, **changes)
             parts.append(p)
         topics.append(dataclasses.replace(topic, partitions=tuple(parts)))

@@ -269,6 +269,9 @@ class TrimResult:
     serve_order: tuple[PartitionKey, ...]
     """Partitions with data, in the order they were allotted budget."""
     limited_by: frozenset[str] = field(default_factory=frozenset)
+    watermarks: dict[PartitionKey, tuple[int, int, int]] = field(default_factory=dict)
+    """Per partition without an error: (high watermark, last stable offset, log start
+    offset) as the response gives them to the client."""
 
     @property
     def delivered_bytes(self) -> int:
@@ -429,6 +432,7 @@ def trim_response_in_ranges(
     plan = allocate(runs, serve, limits)
 
     outcomes: dict[PartitionKey, PartitionOutcome] = {}
+    marks: dict[PartitionKey, tuple[int, int, int]] = {}
     new_topics = []
     all_limited: set[str] = set()
     for topic in response.responses:
@@ -439,6 +443,12 @@ def trim_response_in_ranges(
             if every and walked % every == 0:
                 yield
             key = (tkey, int(pd.partition_index))
+            if key not in errors:
+                marks[key] = (
+                    int(pd.high_watermark),
+                    int(getattr(pd, "last_stable_offset", -1)),
+                    int(getattr(pd, "log_start_offset", -1)),
+                )
             if key in errors:
                 up_bytes = len(pd.records or b"")
                 passed = up_bytes if key in legacy else 0
@@ -495,7 +505,7 @@ def trim_response_in_ranges(
         new_response = response
     else:
         new_response = dataclasses.replace(response, responses=tuple(new_topics))
-    return TrimResult(new_response, outcomes, tuple(serve), frozenset(all_limited))
+    return TrimResult(new_response, outcomes, tuple(serve), frozenset(all_limited), marks)
 
 
 _NO_RUN: dict[Aborted | None, Run] = {None: Run(b"", (), None), (): Run(b"", (), ())}

@@ -204,13 +204,16 @@ def test_record_cap_delivers_whole_batches_and_serves_the_rest_from_the_buffer(
     upstream_before = len(upstream_fetches(c))
     second = c.fetch(3, [("orders", 0, 3)], version)
     assert delivered(second, names)[("orders", 0)] == [(3, 3)]
-    # The batch came from the reuse buffer: upstream was asked from past the held batches.
+    # Held batches (3-8) fill the 5-record response: no upstream round.
+    assert len(upstream_fetches(c)) == upstream_before
+    assert second.responses[0].partitions[0].high_watermark == 9
+    third = c.fetch(4, [("orders", 0, 6)], version)
+    assert delivered(third, names)[("orders", 0)] == [(6, 3)]
+    # 6-8 alone do not fill it: upstream was asked from past the held batches.
     last = upstream_fetches(c)[upstream_before]
     assert last.__version__ == version
     offsets = [p.fetch_offset for t in last.topics for p in t.partitions]
     assert offsets in ([9], [])  # changed partition sent, or the session already had it
-    third = c.fetch(4, [("orders", 0, 6)], version)
-    assert delivered(third, names)[("orders", 0)] == [(6, 3)]
     value = metrics.registry.get_sample_value
     assert value(f"{PREFIX}buffered_reuse_hits_total") == 2
     assert value(f"{PREFIX}trimmed_records_total", {"limit": "max_records", "policy": "default"})

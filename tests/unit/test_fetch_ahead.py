@@ -1,0 +1,244 @@
+"""The fetcher that runs ahead of the client (issue 17 part 2), on the sans-I/O core.
+
+``FetchShaper.held_answer`` answers a client fetch from held batches alone when
+upstream's data could not be delivered anyway; ``prepare`` asks upstream only for
+what the buffer can keep.  Against the model broker: every record once and in
+order, watermarks never going back, read_committed exact, and the discard rules
+(offset reset, leader epoch change, truncation, an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.fetch_model import (
+    ModelBroker,
+    batch,
+    control,
+    delivered,
+    make_partition,
+    make_request,
+    make_response,
+    topic_name_or_id,
+    txn,
+)
+
+from devbroker.log import PartitionLog
+from proxy.protocol import records
+from proxy.shaping.budget import MemoryBudget
+from proxy.shaping.limits import Limits
+from proxy.shaping.shaper import FetchShaper
+
+V = 12
+T = topic_name_or_id(V)
+
+
+def _marks(response: object) -> dict[int, tuple[int, int, int]]:
+    return {
+        int(pd.partition_index): (
+            int(pd.high_watermark),
+            int(pd.last_stable_offset),
+            int(pd.log_start_offset),
+        )
+        for t in response.responses  # type: ignore[attr-defined]
+        for pd in t.partitions
+    }
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    spec=st.lists(st.lists(st.integers(1, 6), min_size=0, max_size=12), min_size=1, max_size=6),
+    later=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), max_size=10),
+    max_records=st.integers(1, 12),
+    pb=st.sampled_from([None, 60, 200]),
+    capacity=st.sampled_from([150, 600, 10**6]),
+)
+def test_consumption_through_held_answers_is_exact_and_costs_no_extra_upstream_bytes(
+    spec: list[list[int]],
+    later: list[tuple[int, int]],
+    max_records: int,
+    pb: int | None,
+    capacity: int,
+) -> None:
+    n = len(spec)
+    logs = {i: PartitionLog() for i in range(n)}
+    for i, counts in enumerate(spec):
+        for count in counts:
+            logs[i].append(batch(0, count), leader_epoch=0)
+    broker = ModelBroker(V, logs)
+    budget = MemoryBudget(10**9)
+    shaper = FetchShaper(
+        Limits(max_records=max_records, max_partition_bytes=pb),
+        buffer_capacity=capacity,
+        budget=budget,
+    )
+    offsets = {i: 0 for i in range(n)}
+    got: dict[int, list[bytes]] = {i: [] for i in range(n)}
+    seen: dict[int, tuple[int, int, int]] = {}
+    pending = list(later)
+    rounds = answers = 0
+    for step in range(3000):
+        if pending and step % 3 == 0:
+            i, count = pending.pop(0)
+            logs[i % n].append(batch(0, count), leader_epoch=0)
+        request = make_request(V, {i: (offsets[i], 10**6) for i in range(n)})
+        prepared = shaper.prepare(request)
+        response = shaper.held_answer(prepared)
+        if response is None:
+            rounds += 1
+            response = broker.fetch(prepared.upstream_request)
+        answers += 1
+        shaped = shaper.finish(prepared, response)
+        for (_t, i), batches in delivered(shaped.response).items():
+            for b in batches:
+                h = records.read_batch_header(b)
+                assert h.base_offset == offsets[i], "gap or duplicate"
+                offsets[i] = h.next_offset
+                got[i].append(b)
+        for i, mark in _marks(shaped.response).items():
+            assert all(a >= b for a, b in zip(mark, seen.get(i, mark), strict=True)), (
+                "a watermark went back"
+            )
+            seen[i] = mark
+        if all(offsets[i] >= logs[i].high_watermark for i in range(n)) and not pending:
+            break
+    else:
+        raise AssertionError("did not finish")
+    for i in range(n):
+        assert b"".join(got[i]) == bytes(logs[i].data)
+    total = sum(len(log.data) for log in logs.values())
+    largest = max((len(batch(0, 6))), 1)
+    # What upstream sent whole was delivered, or held and delivered later: nothing
+    # fetched twice, but for the broker's one-batch progress exemption on a full buffer.
+    assert broker.whole_bytes_sent <= total + largest * rounds * (capacity < 10**6)
+    if capacity == 10**6:
+        assert broker.whole_bytes_sent == total
+    assert rounds <= answers
+    assert budget.used == 0 or shaper.buffer.size == budget.used
+
+
+def _three_batches(limits: Limits) -> FetchShaper:
+    """A shaper that delivered batch 0-1 of partition 0 and holds 2-3 and 4-5 (hw 6)."""
+    shaper = FetchShaper(limits, buffer_capacity=10_000)
+    data = batch(0, 2) + batch(2, 2) + batch(4, 2)
+    prepared = shaper.prepare(make_request(V, {0: (0, 10_000), 1: (0, 10_000)}))
+    response = make_response(V, [make_partition(V, 0, data, hw=6), make_partition(V, 1, b"", hw=7)])
+    shaped = shaper.finish(prepared, response)
+    assert delivered(shaped.response)[(T, 0)] == [batch(0, 2)]
+    return shaper
+
+
+def test_held_data_that_fills_the_response_answers_it_without_upstream() -> None:
+    shaper = _three_batches(Limits(max_records=3))
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
+    held = shaper.held_answer(prepared)
+    assert held is not None and shaper.held_answers == 1
+    shaped = shaper.finish(prepared, held)
+    assert delivered(shaped.response) == {(T, 0): [batch(2, 2)], (T, 1): []}
+    # Watermarks as the client was last given them, the partition without data too.
+    assert _marks(shaped.response) == {0: (6, 6, 0), 1: (7, 7, 0)}
+    # 4-5 alone (2 records) do not fill it: upstream is asked, from past them.
+    prepared = shaper.prepare(make_request(V, {0: (4, 10_000), 1: (0, 10_000)}))
+    assert shaper.held_answer(prepared) is None
+    assert prepared.upstream_offsets == {(T, 0): 6}
+
+
+def test_a_partition_full_of_held_data_is_asked_for_no_bytes() -> None:
+    size = len(batch(0, 2))
+    shaper = _three_batches(Limits(max_partition_bytes=size, max_records=100))
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
+    # Partition 1 has no held data: upstream must be asked for it.
+    assert shaper.held_answer(prepared) is None
+    parts = {int(p.partition): p for t in prepared.upstream_request.topics for p in t.partitions}
+    assert parts[0].partition_max_bytes == 0 and parts[0].fetch_offset == 6
+    assert parts[1].partition_max_bytes == size
+
+
+def test_upstream_is_asked_only_for_what_the_buffer_can_keep() -> None:
+    shaper = FetchShaper(Limits(max_records=5), buffer_capacity=1000)
+    prepared = shaper.prepare(make_request(V, {0: (0, 10**6)}, max_bytes=10**6))
+    assert prepared.upstream_request.max_bytes == 1000
+    # Without a record limit nothing is trimmed below what upstream is asked: no bound.
+    shaper = FetchShaper(Limits(max_partition_bytes=500), buffer_capacity=1000)
+    prepared = shaper.prepare(make_request(V, {0: (0, 10**6)}, max_bytes=10**6))
+    assert prepared.upstream_request.max_bytes == 10**6
+    # Within this connection's share of the budget.
+    shaper = FetchShaper(Limits(max_records=5), buffer_capacity=1000, share=lambda: 400)
+    prepared = shaper.prepare(make_request(V, {0: (0, 10**6)}, max_bytes=10**6))
+    assert prepared.upstream_request.max_bytes == 400
+
+
+def test_read_committed_aborted_transactions_travel_with_held_batches() -> None:
+    shaper = FetchShaper(Limits(max_records=2), buffer_capacity=10_000)
+    data = txn(0, 2, 7) + control(2, 7) + txn(3, 2, 7) + control(5, 7) + batch(6, 2)
+    request = make_request(V, {0: (0, 10_000)}, isolation_level=1)
+    prepared = shaper.prepare(request)
+    shaped = shaper.finish(
+        prepared, make_response(V, [make_partition(V, 0, data, hw=8, aborted=[(7, 0), (7, 3)])])
+    )
+    assert delivered(shaped.response)[(T, 0)] == [txn(0, 2, 7), control(2, 7)]
+    pd = shaped.response.responses[0].partitions[0]
+    assert [(a.producer_id, a.first_offset) for a in pd.aborted_transactions] == [(7, 0)]
+    prepared = shaper.prepare(make_request(V, {0: (3, 10_000)}, isolation_level=1))
+    held = shaper.held_answer(prepared)
+    assert held is not None
+    shaped = shaper.finish(prepared, held)
+    assert delivered(shaped.response)[(T, 0)] == [txn(3, 2, 7), control(5, 7)]
+    pd = shaped.response.responses[0].partitions[0]
+    assert [(a.producer_id, a.first_offset) for a in pd.aborted_transactions] == [(7, 3)]
+    # A read_uncommitted fetch is not answered from batches held for read_committed.
+    prepared = shaper.prepare(make_request(V, {0: (6, 10_000)}))
+    assert shaper.held_answer(prepared) is None
+
+
+def test_an_offset_reset_discards_held_data() -> None:
+    shaper = _three_batches(Limits(max_records=3))
+    prepared = shaper.prepare(make_request(V, {0: (0, 10_000), 1: (0, 10_000)}))
+    assert shaper.held_answer(prepared) is None
+    assert prepared.upstream_offsets == {} and shaper.buffer.size == 0
+    assert shaper.buffer.dropped == 1
+
+
+def test_a_leader_epoch_change_discards_held_data() -> None:
+    shaper = _three_batches(Limits(max_records=3))
+    request = make_request(V, {0: (2, 10_000), 1: (0, 10_000)})
+    topic = request.topics[0]
+    parts = tuple(
+        dataclasses.replace(p, current_leader_epoch=4) if p.partition == 0 else p
+        for p in topic.partitions
+    )
+    request = dataclasses.replace(request, topics=(dataclasses.replace(topic, partitions=parts),))
+    prepared = shaper.prepare(request)
+    assert shaper.held_answer(prepared) is None and shaper.buffer.size == 0
+    assert prepared.upstream_offsets == {}
+    # Upstream naming a new leader epoch discards it too.
+    shaper = _three_batches(Limits(max_records=3, max_partition_records=2))
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
+    assert shaper.held_answer(prepared) is None  # partition 1 may have data
+    response = make_response(
+        V,
+        [
+            make_partition(V, 0, b"", hw=6, leader_epoch=3),
+            make_partition(V, 1, b"", hw=7, leader_epoch=3),
+        ],
+    )
+    prepared = dataclasses.replace(prepared, epochs={(T, 0): 2, (T, 1): 2})
+    shaped = shaper.finish(prepared, response)
+    assert delivered(shaped.response)[(T, 0)] == [] and shaper.buffer.size == 0
+
+
+def test_a_truncation_or_an_error_discards_held_data_and_stops_held_answers() -> None:
+    for pd in (
+        make_partition(V, 0, b"", hw=3),  # the log was truncated below what is held
+        make_partition(V, 0, b"", hw=6, error=6),  # NOT_LEADER_OR_FOLLOWER
+    ):
+        shaper = _three_batches(Limits(max_records=3, max_partition_records=2))
+        prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
+        assert shaper.held_answer(prepared) is None
+        shaped = shaper.finish(prepared, make_response(V, [pd, make_partition(V, 1, b"", hw=7)]))
+        assert delivered(shaped.response).get((T, 0), []) == []
+        assert shaper.buffer.size == 0
+        prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
+        assert shaper.held_answer(prepared) is None and prepared.upstream_offsets == {}
