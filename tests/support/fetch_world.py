@@ -1,16 +1,19 @@
 """A harness for the Fetch path: the real relay, the dev broker's dispatcher upstream.
 
 Bytes in, bytes out: client frames into the Relay, upstream frames answered by
-the dev broker's sans-I/O dispatcher.  ``Conn.with_edge`` acts as the trio edge
-(a waker, ``written()`` after every flush, and ``pump`` running the handler's
-``resume()`` for each wake-up, as the edge's wake loop does, so a large fetch's
-slices run).  test_fetchpath keeps its own copy of this harness for now (its tests
-change with the fetch engine of issue 17); the two should become this one.
+the dev broker's sans-I/O dispatcher.  ``Conn.with_edge`` acts as the trio edge:
+a waker, ``written()`` after every flush, ``pump`` running the handler's
+``resume()`` for each wake-up, as the edge's wake loop does (so a large fetch's
+slices run), and upstream answers read in order, a Fetch response first taking
+its memory budget from its size (``reserve_response``): while it cannot, it and
+what follows stay unread in ``answers`` until the test calls ``read_upstream``
+(as the edge reads again when woken).  Without an edge, answers are read at once.
 """
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from typing import Any
 
 from devbroker.fetch import NodeFetcher
@@ -44,6 +47,9 @@ class Conn:
         self.upstream_frames: list[bytes] = []
         self.held: list[bytes] = []
         """Upstream requests not answered yet (answer=False)."""
+        self.answers: deque[bytes] = deque()
+        """Upstream answers not read yet (a Fetch response waiting for budget, what follows)."""
+        self.edge = False
         self.woken = 0
         self.wakes = 0
         """Wake-ups not acted on yet (``pump`` resumes the handler for each, as the edge does)."""
@@ -56,7 +62,21 @@ class Conn:
             self.wakes += 1
 
         self.handler.bind_waker(wake)
+        self.edge = True
         return self
+
+    def read_upstream(self) -> None:
+        """Read upstream answers in order; as the edge does, a Fetch response first takes
+        its memory budget from its size, and while it cannot, nothing more is read."""
+        while self.answers:
+            frame = self.answers[0]
+            if (
+                self.edge
+                and self.relay.next_response_key == 1
+                and not self.handler.reserve_response(len(frame))
+            ):
+                return
+            self.relay.upstream_frame(self.answers.popleft())
 
     def send(self, *client_frames: bytes, answer: bool = True) -> list[bytes]:
         for f in client_frames:
@@ -77,8 +97,8 @@ class Conn:
             if not answer:
                 self.held.extend(frames)
                 break
-            for f in frames:
-                self.relay.upstream_frame(self.world.answer(f))
+            self.answers.extend(self.world.answer(f) for f in frames)
+            self.read_upstream()
         out = [payload_bytes(p) for p in self.relay.take_client()]
         if out:
             self.handler.written()
@@ -86,8 +106,8 @@ class Conn:
 
     def release_held(self) -> list[bytes]:
         held, self.held = self.held, []
-        for f in held:
-            self.relay.upstream_frame(self.world.answer(f))
+        self.answers.extend(self.world.answer(f) for f in held)
+        self.read_upstream()
         return self.pump()
 
     def fetch(self, cid: int, parts: list[tuple[str, int, int]], version: int = 12) -> Any:

@@ -1,178 +1,25 @@
 """The combined Fetch path (proxy.fetchpath) in the real relay, the dev broker's dispatcher upstream.
 
 Bytes in, bytes out, as in test_session_translate_handler: client frames into
-the Relay, upstream frames answered by the dev broker's sans-I/O dispatcher.
+the Relay, upstream frames answered by the dev broker's sans-I/O dispatcher
+(the harness: ``tests/support/fetch_world.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-from collections import deque
 from typing import Any
 
 import pytest
-from support.dev_upstream import batch, client_fetch
+from support.fetch_world import ALL, Conn, World, delivered, upstream_fetches
 
-from devbroker.fetch import NodeFetcher
-from devbroker.membership import GroupCoordinator
-from devbroker.node import NodeDispatcher
-from devbroker.outcome import Reply, Wait
-from devbroker.state import ClusterState
 from proxy import config
 from proxy.config import FetchPathConfig, InvalidFetchConfig
-from proxy.fetchpath import FetchPath, FetchPathHandler
+from proxy.fetchpath import FetchPath
 from proxy.observe.metrics import PREFIX, Metrics
 from proxy.protocol import codec
-from proxy.protocol.framing import payload_bytes
-from proxy.protocol.records import iter_batches
-from proxy.relay.relay import Relay
-from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.shaping.limits import Limits
 from proxy.shaping.policy import Policy
-
-
-def resolve(node_id: int, host: str, port: int) -> tuple[str, int] | None:
-    return None
-
-
-class Conn:
-    """One client connection: a Relay with a FetchPathHandler, the broker answering upstream."""
-
-    def __init__(self, world: World, client_id: str = "rdkafka", node_id: int | None = 1) -> None:
-        self.world = world
-        self.client_id = client_id
-        self.handler: FetchPathHandler = world.path.handler(node_id)
-        self.relay = Relay(resolve, fetch_handler=self.handler)
-        self.upstream_frames: list[bytes] = []
-        self.held: list[bytes] = []
-        """Upstream requests not answered yet (answer=False)."""
-        self.answers: deque[bytes] = deque()
-        """Upstream answers not read yet (a Fetch response waiting for budget, what follows)."""
-        self.edge = False
-        self.woken = 0
-
-    def with_edge(self) -> Conn:
-        """Act like the trio edge: a waker, and written() after every flush to the client."""
-
-        def wake() -> None:
-            self.woken += 1
-
-        self.handler.bind_waker(wake)
-        self.edge = True
-        return self
-
-    def read_upstream(self) -> None:
-        """Read upstream answers in order; as the edge does, a Fetch response first takes
-        its memory budget from its size, and while it cannot, nothing more is read."""
-        while self.answers:
-            frame = self.answers[0]
-            if (
-                self.edge
-                and self.relay.next_response_key == 1
-                and not self.handler.reserve_response(len(frame))
-            ):
-                return
-            self.relay.upstream_frame(self.answers.popleft())
-
-    def send(self, *client_frames: bytes, answer: bool = True) -> list[bytes]:
-        for f in client_frames:
-            self.relay.client_frame(f)
-        return self.pump(answer=answer)
-
-    def pump(self, *, answer: bool = True) -> list[bytes]:
-        for _ in range(100):
-            frames = self.relay.take_upstream()
-            if not frames:
-                break
-            self.upstream_frames.extend(frames)
-            if not answer:
-                self.held.extend(frames)
-                break
-            self.answers.extend(self.world.answer(f) for f in frames)
-            self.read_upstream()
-        out = [payload_bytes(p) for p in self.relay.take_client()]
-        if out:
-            self.handler.written()
-        return out
-
-    def release_held(self) -> list[bytes]:
-        held, self.held = self.held, []
-        self.answers.extend(self.world.answer(f) for f in held)
-        self.read_upstream()
-        return self.pump()
-
-    def fetch(self, cid: int, parts: list[tuple[str, int, int]], version: int = 12) -> Any:
-        frame = self.fetch_frame(cid, parts, version)
-        [out] = self.send(frame)
-        return codec.decode_response(1, version, out)[1]
-
-    def fetch_frame(self, cid: int, parts: list[tuple[str, int, int]], version: int = 12) -> bytes:
-        class _Up:
-            state = self.world.state
-
-        request = client_fetch(_Up(), version, parts)  # type: ignore[arg-type]
-        return codec.encode_request(request, cid, self.client_id)
-
-
-class World:
-    def __init__(self, config: FetchPathConfig | None = None, metrics: Any = None) -> None:
-        self.state = ClusterState("dev", [1])
-        for name, n in {"orders": 4, "events": 3}.items():
-            self.state.create_topic(name, n)
-        self.upstream_sessions = FetchSessionCache(rng=random.Random(1))
-        self.broker = NodeDispatcher(
-            1,
-            self.state,
-            GroupCoordinator(self.state),
-            fetcher=NodeFetcher(1, self.state, self.upstream_sessions),
-        )
-        self.direct = NodeDispatcher(
-            1,
-            self.state,
-            GroupCoordinator(self.state),
-            fetcher=NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(2))),
-        )
-        self.path = FetchPath(config or FetchPathConfig(), metrics=metrics)
-
-    def answer(self, frame: bytes, dispatcher: NodeDispatcher | None = None) -> bytes:
-        outcome = (dispatcher or self.broker).handle(frame)
-        if isinstance(outcome, Wait):
-            assert outcome.pending.poll(0.0)
-            return codec.encode_response(outcome.pending.complete(), outcome.correlation_id)
-        assert isinstance(outcome, Reply), outcome
-        return codec.encode_response(outcome.response, outcome.correlation_id)
-
-    def append(self, topic: str, p: int, count: int, times: int = 1) -> None:
-        part = self.state.partition(topic, p)
-        assert part is not None
-        for _ in range(times):
-            part.log.append(batch(count), part.leader_epoch)
-
-
-ALL = [("orders", p, 0) for p in range(4)] + [("events", p, 0) for p in range(3)]
-
-
-def delivered(
-    response: Any, world: World | None = None
-) -> dict[tuple[str, int], list[tuple[int, int]]]:
-    """(base offset, record count) of every batch per partition (v13+: pass the world)."""
-    out: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for t in response.responses:
-        name = t.topic if world is None else world.state.topics_by_id[t.topic_id].name
-        for pd in t.partitions:
-            out[(name, int(pd.partition_index))] = [
-                (h.base_offset, h.records_count) for h in iter_batches(pd.records or b"")
-            ]
-    return out
-
-
-def upstream_fetches(conn: Conn) -> list[Any]:
-    out = []
-    for f in conn.upstream_frames:
-        if codec.parse_request_header(f).api_key == 1:
-            out.append(codec.decode_request(f)[1])
-    return out
 
 
 @pytest.mark.parametrize("version", [12, 13, 17, 18])
