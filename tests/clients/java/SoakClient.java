@@ -266,37 +266,10 @@ public final class SoakClient {
   }
 
   private static Map<String, Object> obj(Object... kv) {
-    Map<String, Object> m = new LinkedHashMap<>();
-    for (int i = 0; i < kv.length; i += 2) {
-      m.put((String) kv[i], kv[i + 1]);
-    }
-    return m;
+    return JsonLines.obj(kv);
   }
 
-  @SuppressWarnings("unchecked")
-  private static void json(StringBuilder sb, Object v) {
-    if (v instanceof Map<?, ?> m) {
-      sb.append('{');
-      boolean first = true;
-      for (Map.Entry<String, Object> e : ((Map<String, Object>) m).entrySet()) {
-        if (!first) {
-          sb.append(',');
-        }
-        first = false;
-        sb.append('"').append(e.getKey()).append("\":");
-        json(sb, e.getValue());
-      }
-      sb.append('}');
-    } else if (v instanceof String s) {
-      sb.append('"').append(s.replace("\\", "\\\\").replace("\"", "\\\"")).append('"');
-    } else {
-      sb.append(v);
-    }
-  }
-
-  private static synchronized void emit(Map<String, Object> line) {
-    StringBuilder sb = new StringBuilder();
-    json(sb, line);
-    System.out.println(sb);
+  private static void emit(Map<String, Object> line) {
+    JsonLines.emit(line);
   }
 }
