@@ -321,7 +321,8 @@ class Client:
 def java_classes(out: Path) -> Path:
     """Where LoadConsumer.class is: the test clients' build (``tests/clients/build``), or,
     when the shared cache holds a build without it (one made from another checkout), a
-    compilation of ``tests/clients/java/LoadConsumer.java`` into the run's directory."""
+    compilation of ``tests/clients/java/LoadConsumer.java`` (and the ``JsonLines.java`` it
+    uses, found on the source path) into the run's directory."""
     built = clients_dir() / "java" / "classes"
     if (built / "LoadConsumer.class").exists():
         return built
@@ -332,7 +333,16 @@ def java_classes(out: Path) -> Path:
         raise SetupError("no javac on PATH: run `scripts/setup --test`")
     print(f"{built} has no LoadConsumer.class: compiling it into {classes}", file=sys.stderr)
     subprocess.run(
-        [javac, "-d", str(classes), "-cp", f"{jvm_lib('clients')}/*", str(source)],
+        [
+            javac,
+            "-d",
+            str(classes),
+            "-sourcepath",
+            str(source.parent),
+            "-cp",
+            f"{jvm_lib('clients')}/*",
+            str(source),
+        ],
         check=True,
         stdin=subprocess.DEVNULL,
         timeout=300,
