@@ -124,7 +124,12 @@ class Conn:
 
 
 class World:
-    def __init__(self, config: FetchPathConfig | None = None, metrics: Any = None) -> None:
+    """A one-node dev cluster (topics orders/4 and events/3) answering upstream frames, and
+    the proxy's FetchPath (*shaping* False: the session stages alone)."""
+
+    def __init__(
+        self, config: FetchPathConfig | None = None, metrics: Any = None, *, shaping: bool = True
+    ) -> None:
         self.state = ClusterState("dev", [1])
         for name, n in {"orders": 4, "events": 3}.items():
             self.state.create_topic(name, n)
@@ -141,7 +146,7 @@ class World:
             GroupCoordinator(self.state),
             fetcher=NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(2))),
         )
-        self.path = FetchPath(config or FetchPathConfig(), metrics=metrics)
+        self.path = FetchPath(config or FetchPathConfig(), metrics=metrics, shaping=shaping)
 
     def answer(self, frame: bytes, dispatcher: NodeDispatcher | None = None) -> bytes:
         outcome = (dispatcher or self.broker).handle(frame)

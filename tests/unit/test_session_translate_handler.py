@@ -7,63 +7,36 @@ for every client response is the dev broker answering the same frame directly.
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 from typing import Any
 
 from kio.schema.api_versions.v3 import request as av3
 from kio.schema.metadata.v12 import request as md12
 from support.dev_upstream import batch, client_fetch
+from support.fetch_world import World, resolve
 
-from devbroker.fetch import NodeFetcher
-from devbroker.membership import GroupCoordinator
 from devbroker.node import NodeDispatcher
-from devbroker.outcome import Reply, Wait
-from devbroker.state import ClusterState
-from proxy.config import FetchPathConfig
-from proxy.fetchpath import FetchPath
 from proxy.protocol import codec
 from proxy.protocol.framing import payload_bytes
 from proxy.relay.relay import Relay
-from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.topic_ids import TopicIdMap
-
-
-def resolve(node_id: int, host: str, port: int) -> tuple[str, int] | None:
-    return None
 
 
 class Harness:
     def __init__(self) -> None:
-        self.state = ClusterState("dev", [1])
-        for name, n in {"orders": 4, "events": 3}.items():
-            self.state.create_topic(name, n)
-        self.upstream_sessions = FetchSessionCache(rng=random.Random(1))
-        self.broker = NodeDispatcher(
-            1,
-            self.state,
-            GroupCoordinator(self.state),
-            fetcher=NodeFetcher(1, self.state, self.upstream_sessions),
-        )
-        self.direct = NodeDispatcher(
-            1,
-            self.state,
-            GroupCoordinator(self.state),
-            fetcher=NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(2))),
-        )
-        self.path = FetchPath(FetchPathConfig(), shaping=False)  # the session stages alone
+        self.world = world = World(shaping=False)  # the session stages alone
+        self.state = world.state
+        self.upstream_sessions = world.upstream_sessions
+        self.broker = world.broker
+        self.direct = world.direct
+        self.path = world.path
         self.topic_ids: TopicIdMap = self.path.topic_ids
         self.handler = self.path.handler()
         self.relay = Relay(resolve, fetch_handler=self.handler)
         self.upstream_frames: list[bytes] = []
 
     def answer(self, dispatcher: NodeDispatcher, frame: bytes) -> bytes:
-        outcome = dispatcher.handle(frame)
-        if isinstance(outcome, Wait):
-            assert outcome.pending.poll(0.0)
-            return codec.encode_response(outcome.pending.complete(), outcome.correlation_id)
-        assert isinstance(outcome, Reply), outcome
-        return codec.encode_response(outcome.response, outcome.correlation_id)
+        return self.world.answer(frame, dispatcher)
 
     def send(self, *client_frames: bytes) -> list[bytes]:
         for f in client_frames:
