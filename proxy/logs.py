@@ -39,6 +39,10 @@ broker_racks       each broker's broker.rack by node id, from Metadata (null: no
 timeout_seconds    the limit that expired (first_request_timeout, decision_log_close_timeout)
 written            decision-log events the sink took over the run (decision_log_closed)
 dropped            decision-log events lost over the run: queue full, failing or stuck sink
+limit              the limit reached (connection_refused, connection_closed displaced:
+                   max_connections)
+waited_seconds     how long a connection had been open without a whole request when it
+                   gave its slot to a newcomer (connection_closed, reason displaced)
 =================  ==========================================================
 
 Per-connection keys are bound with ``structlog.contextvars.bind_contextvars``
@@ -88,6 +92,8 @@ DOCUMENTED_KEYS = frozenset(
         "timeout_seconds",
         "written",
         "dropped",
+        "limit",
+        "waited_seconds",
     }
 )
 

@@ -52,6 +52,11 @@ from .upstream import LazyUpstream, client_ssl_context, open_upstream, server_ss
 
 log = structlog.get_logger("proxy.server")
 
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+"""accept() failures that say the process or system is out of resources, not that the
+listener is broken (trio's ``serve_listeners`` retries these too)."""
+_ACCEPT_RETRY_SECONDS = 0.1
+
 _CONNECT_ERRORS = (
     OSError,
     ssl.SSLError,
@@ -389,18 +394,43 @@ class Proxy:
         return bound
 
     async def _serve_listener(self, sock: socket.socket, node_id: int | None) -> None:
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        await trio.serve_listeners(
-            partial(self._handle_client, node_id=node_id),
-            [listener],
-            handler_nursery=self._connections,
-        )
+        """Accept connections until the listener is closed (``drain()``).
 
-    async def _handle_client(self, stream: trio.SocketStream, *, node_id: int | None) -> None:
-        # Until the client's first whole request: TLS handshake and request within
-        # first_request_timeout_seconds of the accept, or the connection is closed; at
-        # max_connections the silent connection that has waited longest is closed to let a
-        # newcomer in, and only when every connection has spoken is the newcomer refused.
+        Each accepted connection is admitted or refused here, at once: a refused one costs
+        no task, and one whose slot a newcomer takes is told to close in its own task
+        (``proxy.relay.connection_slots``).  trio's ``serve_listeners`` would add a task
+        step and a forced close per connection; at a burst of a thousand sockets (a
+        leak that ends, a scanner) those steps are what other clients wait for.
+        """
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        connections = self._connections
+        assert connections is not None
+        try:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    # out of file descriptors or memory: try again shortly, as trio's
+                    # serve_listeners does, rather than spin or stop accepting for good
+                    log.error("accept_failed", error=f"{type(exc).__name__}: {exc}")
+                    await trio.sleep(_ACCEPT_RETRY_SECONDS)
+                    continue
+                slot = self._admit(stream)
+                if slot is not None:
+                    connections.start_soon(self._handle_client, stream, node_id, slot)
+        finally:
+            listener.socket.close()  # stopped (drain): new connections are refused, not queued
+
+    def _admit(self, stream: trio.SocketStream) -> _Slot | None:
+        """A slot of ``max_connections`` for the accepted *stream*, or None: refused (closed).
+
+        Until the client's first whole request (TLS handshake included) the slot can be
+        lost: at ``first_request_timeout_seconds`` after the accept, or at the limit to
+        a newcomer when it is the silent connection that has waited longest.  Only when
+        every connection has spoken is a newcomer refused.
+        """
         now = trio.current_time()
         timeout = self.settings.first_request_timeout_seconds
         slot = _Slot(trio.CancelScope(deadline=now + timeout if timeout else math.inf), now)
@@ -417,11 +447,16 @@ class Proxy:
             )
             if self.metrics is not None:
                 self.metrics.connection_refused("max_connections")
-            await trio.aclose_forcefully(stream)
-            return
+            stream.socket.close()
+            return None
         if displaced is not None:  # it closes in its own task, with its own log line
             displaced.displaced = True
             displaced.first.cancel()
+        return slot
+
+    async def _handle_client(
+        self, stream: trio.SocketStream, node_id: int | None, slot: _Slot
+    ) -> None:
         try:
             await self._serve_client(stream, node_id, slot)
         finally:
@@ -455,7 +490,9 @@ class Proxy:
                     sent = await self._first_bytes(stream)
                     if not sent:  # closed, or the proxy is stopping, before a byte came
                         reason = "client_closed" if sent is False else "drained"
-                        log.info("connection_closed", reason=reason)
+                        # not a Kafka client: a TCP probe, a port scan, the end of a leak
+                        # (a thousand sockets at once: each line is time others wait for)
+                        log.debug("connection_closed", reason=reason)
                         return
                 else:
                     client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
@@ -559,7 +596,10 @@ class Proxy:
                 path_handler.close()  # gives back the memory budget this connection held
             if upstream is not None:
                 await trio.aclose_forcefully(upstream)
-            await trio.aclose_forcefully(client)
+            if client is stream:
+                stream.socket.close()  # plain TCP: nothing to flush, no task step needed
+            else:
+                await trio.aclose_forcefully(client)
 
     async def _first_bytes(self, stream: trio.SocketStream) -> bool | None:
         """Wait, without reading, for the client's first byte: True once it is there, False
