@@ -4,8 +4,11 @@
 
 import functools
 import inspect
+import json
+import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -147,11 +150,184 @@ def _real_kafka(item: pytest.Item) -> set[str]:
     return names
 
 
+# -- parallel runs (pytest-xdist; scripts/test) ---------------------------------------
+#
+# scripts/test runs the suite in two pytest invocations:
+#
+# 1. ``-n 3 --dist loadgroup -m "not alone"``: three workers.  Session and module fixtures
+#    are per worker, so every test that uses one of the session clusters gets that
+#    cluster's ``xdist_group`` (each cluster starts on one worker only), and every test
+#    that uses a module-scoped fixture (a module's own cluster, a Spark session, a bench
+#    run, a parametrised backend) gets its module's group (the fixture is built once).
+#    The groups are handed out longest first (SLOW_FIRST, from the durations of a full
+#    run: a group that starts late would end the run alone), and the single tests fill in.
+# 2. ``-m alone``: the tests whose assertions are measurements of the proxy process (its
+#    RSS, whether it keeps serving its other clients under attack or under load), one at
+#    a time with nothing else of the suite running.
+#
+# A plain ``pytest`` (no ``-n``) runs everything in one process in collection order, as
+# before: the groups are only marks then.
+#
+# xdist's own loadgroup reads ``xdist_group`` marks into node id suffixes, which pytest 9.2
+# no longer takes (xdist 3.8 sets ``item._nodeid``; every test became its own group and each
+# worker started every cluster).  So the groups travel beside the node ids instead: each
+# worker writes {node id: group} to the file named by GROUPS_ENV, and ``--dist loadgroup``
+# uses GroupScheduling, which reads that file for its work units.
+
+ALONE = (
+    "tests/integration/test_hostile_clients.py::",
+    "tests/integration/test_load_short.py::",
+    "tests/integration/test_shaping_budget_clients.py::test_fifty_consumers_under_a_64_mib_budget",
+)
+"""Node id prefixes of the tests marked ``alone`` (see above)."""
+
+SLOW_FIRST = (
+    "kafka",
+    "tests/integration/test_pipeline_fleet_report_racks.py",
+    "tests/integration/test_sasl_reauth_kafka.py",
+    "tests/integration/test_bench_smoke.py",
+    "tests/integration/test_pipeline_fleet_report.py",
+    "kafka3",
+    "tests/integration/test_rack_aware_kafka.py",
+    "tests/integration/test_faults_kafka.py",
+    "kafka39",
+    "tests/integration/test_security_kafka.py",
+    "tests/integration/test_pipeline_spark.py",
+    "tests/unit/test_readers.py",
+    "tests/integration/",
+)
+"""Groups and node id prefixes, longest work first: the order xdist hands them out in.
+The rest keeps collection order after them."""
+
+_MODULE_SCOPES = ("module", "package", "class")
+
+
+def _xdist_group(item: pytest.Item, clusters: set[str]) -> str | None:
+    """The worker group of *item*: the session cluster it uses, else its module if it uses
+    a module-scoped fixture, else none (xdist places it on any worker)."""
+    session = sorted(clusters & set(KAFKA_FIXTURES))
+    if session:
+        return "+".join(session)
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info is not None else ():
+        if defs[-1].scope in _MODULE_SCOPES:
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def _slow_rank(item: pytest.Item) -> int:
+    mark = item.get_closest_marker("xdist_group")
+    group = mark.args[0] if mark is not None else None
+    path = item.nodeid.split("::", 1)[0]
+    for rank, key in enumerate(SLOW_FIRST):
+        if group == key or ((group is None or "/" in group) and path.startswith(key)):
+            return rank
+    return len(SLOW_FIRST)
+
+
+class _SlowFirst:
+    """On xdist's workers only: a plain run keeps each module's tests together."""
+
+    @pytest.hookimpl(trylast=True)  # after pytest's own fixture-driven reordering
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if _worker(config) is not None:
+            items[:] = sorted(items, key=_slow_rank)  # stable: keeps order within a rank
+
+
+GROUPS_ENV = "KAFKA_FETCH_PROXY_TEST_GROUPS"
+"""Set by the xdist controller: the directory where each worker writes <worker>.json."""
+
+
+def _worker(config: pytest.Config) -> str | None:
+    """This process's xdist worker id (gw0, gw1, ...), None outside xdist's workers (a pytest
+    a test starts in a subprocess inherits PYTEST_XDIST_WORKER, not ``workerinput``)."""
+    workerinput = getattr(config, "workerinput", None)
+    return None if workerinput is None else str(workerinput["workerid"])
+
+
+def _write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    folder, worker = os.environ.get(GROUPS_ENV), _worker(config)
+    if folder is None or worker is None:
+        return
+    groups = {}
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None:
+            groups[item.nodeid] = str(mark.args[0])
+    tmp = Path(folder) / f".{worker}.json"
+    tmp.write_text(json.dumps(groups))
+    tmp.replace(Path(folder) / f"{worker}.json")  # whole or absent for the controller
+
+
+class _Controller:
+    """The xdist controller's side of the groups (see "parallel runs" above)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.getoption("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadGroupScheduling
+
+        folder = self.folder
+
+        class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
+            """Work units: the groups the workers wrote, else each test alone; handed out
+            in collection order (tests/conftest.py sorted it longest first)."""
+
+            groups: dict[str, str] | None = None
+
+            def schedule(self) -> None:
+                if self.groups is None and self.collection_is_completed:
+                    written = sorted(folder.glob("gw*.json"))
+                    self.groups = json.loads(written[0].read_text()) if written else {}
+                self.config.option.loadscopereorder = False
+                super().schedule()
+
+            def _split_scope(self, nodeid: str) -> str:
+                group = (self.groups or {}).get(nodeid)
+                return group if group is not None else str(super()._split_scope(nodeid))
+
+        return GroupScheduling(config, log)
+
+    def pytest_unconfigure(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here (not only in pyproject.toml) so that a copy of this conftest under
+    # another ini (tests/unit/test_kafka_marks_and_logs.py) keeps --strict-markers happy.
+    config.addinivalue_line(
+        "markers",
+        "alone: asserts a measurement of the proxy process; scripts/test runs these after "
+        "the parallel run, one at a time",
+    )
+    if not config.pluginmanager.has_plugin("xdist"):
+        config.addinivalue_line("markers", "xdist_group(name): tests run on one xdist worker")
+    config.pluginmanager.register(_SlowFirst(), "kafka-fetch-proxy-slow-first")
+    if getattr(config.option, "numprocesses", None) and _worker(config) is None:
+        folder = Path(tempfile.mkdtemp(prefix="kafka-fetch-proxy-groups-"))
+        os.environ[GROUPS_ENV] = str(folder)  # the workers (started later) inherit it
+        config.pluginmanager.register(_Controller(folder), "kafka-fetch-proxy-groups")
+
+
+@pytest.hookimpl(tryfirst=True)  # the groups before xdist reads them
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if _real_kafka(item):
+        clusters = _real_kafka(item)
+        if clusters:
             item.add_marker(pytest.mark.kafka)
             item.add_marker(pytest.mark.integration)
+        if item.nodeid.startswith(ALONE):
+            item.add_marker(pytest.mark.alone)
+        group = _xdist_group(item, clusters)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    _write_groups(config, items)
 
 
 def _keep_logs(item: pytest.Item) -> None:
@@ -170,7 +346,9 @@ def _keep_logs(item: pytest.Item) -> None:
     for cluster in used:
         if cluster.keep_logs_in is not None:
             continue
-        cluster.keep_logs_in = KEPT_LOGS / f"{cluster.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        worker = _worker(item.config)  # gw0, gw1, ... under xdist
+        name = cluster.name if worker is None else f"{cluster.name}-{worker}"
+        cluster.keep_logs_in = KEPT_LOGS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         if not any(c is cluster for c in running):  # stopped already: keep them now
             cluster.copy_logs(cluster.keep_logs_in)
         _kafka_started.append(
