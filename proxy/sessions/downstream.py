@@ -70,10 +70,12 @@ from .downstream_cache import (
     FullFetchContext,
     IncrementalFetchContext,
     PartitionRequest,
+    Ranges,
     SessionErrorContext,
     SessionlessFetchContext,
     SessionResponse,
     TopicIdPartition,
+    drain,
     is_full,
     outcome_of_kio_partition,
 )
@@ -194,6 +196,16 @@ class DownstreamSessions:
 
     def open(self, request: Any) -> DownstreamFetch | ClientReply:
         """The client's fetch as a sessionless full fetch, or the session error to answer."""
+        return drain(self.open_in_ranges(request, 0))
+
+    def open_in_ranges(self, request: Any, every: int) -> Ranges[DownstreamFetch | ClientReply]:
+        """``open``, yielding every *every* partitions (0: never) of each walk: reading the
+        client's partitions, listing what the fetch covers, building the full fetch.
+
+        The topic-id map is read once, before the first range; the cache (a session
+        closed, updated or refused) changes at one point, between the walks; after it,
+        only this connection's session is read (no other connection can use it).
+        """
         version = int(request.__version__)
         if int(request.__api_key__) != FETCH or version < MIN_CLIENT_VERSION:
             raise TranslationError("not a Fetch v4+ request")
@@ -214,8 +226,12 @@ class DownstreamSessions:
             return TopicIdPartition(None, topic.topic, partition)
 
         fetch_data: dict[TopicIdPartition, PartitionRequest] = {}
+        i = 0
         for topic in request.topics:
             for p in topic.partitions:
+                i += 1
+                if every and i % every == 0:
+                    yield
                 fetch_data[tp(topic, int(p.partition))] = PartitionRequest(
                     fetch_offset=int(p.fetch_offset),
                     max_bytes=int(p.partition_max_bytes),
@@ -239,10 +255,12 @@ class DownstreamSessions:
             else:
                 context = SessionErrorContext(FETCH_SESSION_ID_NOT_FOUND, session_id, epoch)
                 return ClientReply(
-                    _response(
-                        version,
-                        context.update_and_generate_response_data({}, outcome_of_kio_partition),
-                        None,
+                    drain(
+                        _response(
+                            version,
+                            context.update_and_generate_response_data({}, outcome_of_kio_partition),
+                            None,
+                        )
                     )
                 )
         size_before = 0 if own is None else own.size
@@ -254,12 +272,15 @@ class DownstreamSessions:
             result: SessionResponse[Any] = context.update_and_generate_response_data(
                 {}, outcome_of_kio_partition
             )
-            return ClientReply(_response(version, result, None))
-        effective = context.partitions()
-        by_ref = {(_ref(t, on_ids), t.partition): t for t, _ in effective}
-        return DownstreamFetch(
-            _sessionless_request(request, effective, on_ids), version, context, by_ref
-        )
+            return ClientReply(drain(_response(version, result, None)))
+        effective = yield from context.partitions_in_ranges(every)
+        by_ref: dict[tuple[str | uuid.UUID | None, int], TopicIdPartition] = {}
+        for i, (t, _) in enumerate(effective, 1):
+            if every and i % every == 0:
+                yield
+            by_ref[(_ref(t, on_ids), t.partition)] = t
+        sessionless = yield from _sessionless_request(request, effective, on_ids, every)
+        return DownstreamFetch(sessionless, version, context, by_ref)
 
     def _within_limit(
         self,
@@ -297,25 +318,35 @@ class DownstreamSessions:
 
     def answer(self, fetch: DownstreamFetch, full: Any) -> Any:
         """What the client gets, from the complete full response to ``fetch.request``."""
+        return drain(self.answer_in_ranges(fetch, full, 0))
+
+    def answer_in_ranges(self, fetch: DownstreamFetch, full: Any, every: int) -> Ranges[Any]:
+        """``answer``, yielding every *every* partitions (0: never) of each walk: reading the
+        answer, updating the session (or building the one a full fetch creates, which
+        enters the cache at one point, after the last range), building the client's."""
         if int(getattr(full, "error_code", 0)) != 0:
             # The upstream kept failing: the client's session moved on, so it must reset.
             return full
         updates: dict[TopicIdPartition, Any] = {}
         on_ids = fetch.version >= FIRST_TOPIC_ID_VERSION
+        i = 0
         for topic in full.responses:
             ref = topic.topic_id if on_ids else topic.topic
             for pd in topic.partitions:
+                i += 1
+                if every and i % every == 0:
+                    yield
                 updates[fetch.by_ref[(ref, int(pd.partition_index))]] = pd
         if not updates and fetch.by_ref:
             # Throttled (KIP-219): the upstream side answered with no partitions.
             result: SessionResponse[Any] = fetch.context.throttled_response()
         else:
-            result = fetch.context.update_and_generate_response_data(
-                updates, outcome_of_kio_partition
+            result = yield from fetch.context.update_and_generate_response_data_in_ranges(
+                updates, outcome_of_kio_partition, every
             )
             if isinstance(fetch.context, FullFetchContext):
                 result = self._created(result)
-        return _response(fetch.version, result, full)
+        return (yield from _response(fetch.version, result, full, every))
 
     def _created(self, result: SessionResponse[Any]) -> SessionResponse[Any]:
         """Own the session a full fetch just created (closing the previous one), or undo it.
@@ -349,13 +380,16 @@ def _ref(tp: TopicIdPartition, on_ids: bool) -> str | uuid.UUID | None:
 
 
 def _sessionless_request(
-    request: Any, effective: list[tuple[TopicIdPartition, PartitionRequest]], on_ids: bool
-) -> Any:
+    request: Any,
+    effective: list[tuple[TopicIdPartition, PartitionRequest]],
+    on_ids: bool,
+    every: int = 0,
+) -> Ranges[Any]:
     """The client's fetch as one sessionless full fetch at its own version."""
     mod = request_module(FETCH, int(request.__version__))
-    topics = _listed_as_is(request, effective, on_ids)
+    topics = yield from _listed_as_is(request, effective, on_ids, every)
     if topics is None:
-        topics = _rebuilt_topics(mod, effective, on_ids)
+        topics = yield from _rebuilt_topics_in_ranges(mod, effective, on_ids, every)
     return consumer_fetch(mod, request, session_id=0, session_epoch=-1, topics=topics, forgotten=())
 
 
@@ -392,8 +426,11 @@ def _at_defaults(entity: Any, known: frozenset[str]) -> bool:
 
 
 def _listed_as_is(
-    request: Any, effective: list[tuple[TopicIdPartition, PartitionRequest]], on_ids: bool
-) -> tuple[Any, ...] | None:
+    request: Any,
+    effective: list[tuple[TopicIdPartition, PartitionRequest]],
+    on_ids: bool,
+    every: int = 0,
+) -> Ranges[tuple[Any, ...] | None]:
     """The request's own topics when they are what ``_rebuilt_topics`` would build, else None.
 
     A sessionless client's full fetch usually is (each partition once, one entry per run
@@ -412,6 +449,8 @@ def _listed_as_is(
                 return None
             t, req = effective[i]
             i += 1
+            if every and i % every == 0:
+                yield
             if (
                 _ref(t, on_ids) != ref
                 or t.partition != p.partition
@@ -436,12 +475,24 @@ def _or_minus_one(epoch: int | None) -> int:
 def _rebuilt_topics(
     mod: Any, effective: list[tuple[TopicIdPartition, PartitionRequest]], on_ids: bool
 ) -> tuple[Any, ...]:
-    return tuple(
-        make(
-            mod.FetchTopic,
-            topic=ref,
-            topic_id=ref,
-            partitions=tuple(
+    return drain(_rebuilt_topics_in_ranges(mod, effective, on_ids, 0))
+
+
+def _rebuilt_topics_in_ranges(
+    mod: Any,
+    effective: list[tuple[TopicIdPartition, PartitionRequest]],
+    on_ids: bool,
+    every: int,
+) -> Ranges[tuple[Any, ...]]:
+    topics = []
+    done = 0
+    for ref, items in group_runs(effective, lambda item: _ref(item[0], on_ids)):
+        partitions = []
+        for t, req in items:
+            done += 1
+            if every and done % every == 0:
+                yield
+            partitions.append(
                 make(
                     mod.FetchPartition,
                     partition=t.partition,
@@ -455,30 +506,39 @@ def _rebuilt_topics(
                     if req.last_fetched_epoch is None
                     else req.last_fetched_epoch,
                 )
-                for t, req in items
-            ),
-        )
-        for ref, items in group_runs(effective, lambda item: _ref(item[0], on_ids))
-    )
+            )
+        topics.append(make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(partitions)))
+    return tuple(topics)
 
 
-def _response(version: int, result: SessionResponse[Any], full: Any | None) -> Any:
+def _response(
+    version: int, result: SessionResponse[Any], full: Any | None, every: int = 0
+) -> Ranges[Any]:
     mod = response_module(FETCH, version)
     on_ids = version >= FIRST_TOPIC_ID_VERSION
-    topics = tuple(
-        make(
-            mod.FetchableTopicResponse,
-            topic=ref,
-            topic_id=ref,
-            partitions=tuple(pd for _, pd in items),
-        )
-        for ref, items in group_runs(result.partitions, lambda item: _ref(item[0], on_ids))
-    )
+    topics = []
+    run: list[Any] = []
+    current: Any = None
+    for i, (tp, pd) in enumerate(result.partitions, 1):
+        if every and i % every == 0:
+            yield
+        ref = _ref(tp, on_ids)
+        if run and ref != current:  # one entry per run of a topic, as a broker groups them
+            topics.append(_topic_response(mod, current, run))
+            run = []
+        current = ref
+        run.append(pd)
+    if run:
+        topics.append(_topic_response(mod, current, run))
     return make(
         mod.FetchResponse,
         throttle_time=full.throttle_time if full is not None else timedelta(0),
         error_code=ErrorCode(result.error_code),
         session_id=result.session_id,
-        responses=topics,
+        responses=tuple(topics),
         node_endpoints=getattr(full, "node_endpoints", ()) if full is not None else (),
     )
+
+
+def _topic_response(mod: Any, ref: str | uuid.UUID | None, partitions: list[Any]) -> Any:
+    return make(mod.FetchableTopicResponse, topic=ref, topic_id=ref, partitions=tuple(partitions))

@@ -44,7 +44,7 @@ import secrets
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -64,7 +64,20 @@ DEFAULT_MAX_SLOTS = 1000  # max.incremental.fetch.session.cache.slots
 DEFAULT_EVICTION_MS = 120_000  # Kafka's fixed minimum idle time before eviction
 
 T = TypeVar("T")
+R = TypeVar("R")
 SessionKey = tuple[uuid.UUID | str | None, int]
+Ranges = Generator[None, None, R]
+"""Work cut into ranges: each ``yield`` ends one (the caller runs the next when it likes);
+the generator's value is the result.  ``every`` partitions a range, 0: no yield at all."""
+
+
+def drain(ranges: Ranges[R]) -> R:
+    """Run every range of *ranges* at once: its value."""
+    while True:
+        try:
+            next(ranges)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
 
 def next_epoch(prev_epoch: int) -> int:
@@ -354,6 +367,14 @@ class FetchContext(ABC):
     def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
         """The partitions to read, in order (foreachPartition)."""
 
+    def partitions_in_ranges(
+        self, every: int
+    ) -> Ranges[list[tuple[TopicIdPartition, PartitionRequest]]]:
+        """``partitions``, yielding every *every* partitions where it walks them in Python."""
+        out = self.partitions()
+        yield from ()
+        return out
+
     @abstractmethod
     def update_and_generate_response_data(
         self,
@@ -361,6 +382,18 @@ class FetchContext(ABC):
         outcome: Callable[[T], PartitionOutcome],
     ) -> SessionResponse[T]:
         """Update the session with what was read and select the partitions to send."""
+
+    def update_and_generate_response_data_in_ranges(
+        self,
+        updates: Mapping[TopicIdPartition, T],
+        outcome: Callable[[T], PartitionOutcome],
+        every: int,
+    ) -> Ranges[SessionResponse[T]]:
+        """``update_and_generate_response_data``, yielding every *every* partitions where it
+        walks them; the cache itself (a session created or closed) changes at one point."""
+        out = self.update_and_generate_response_data(updates, outcome)
+        yield from ()
+        return out
 
     def throttled_response(self) -> SessionResponse[Any]:
         """The empty response sent instead when the fetch is throttled (the session is left alone)."""
@@ -436,17 +469,32 @@ class FullFetchContext(_FullRequestContext):
         updates: Mapping[TopicIdPartition, T],
         outcome: Callable[[T], PartitionOutcome],
     ) -> SessionResponse[T]:
+        return drain(self.update_and_generate_response_data_in_ranges(updates, outcome, 0))
+
+    def update_and_generate_response_data_in_ranges(
+        self,
+        updates: Mapping[TopicIdPartition, T],
+        outcome: Callable[[T], PartitionOutcome],
+        every: int,
+    ) -> Ranges[SessionResponse[T]]:
+        """The session's partitions are built range by range (nothing shared is touched);
+        the session is created (or not) in the cache at one point, after the last range."""
+        # The session order is the response order (which may differ from the request order).
+        cached: dict[SessionKey, CachedPartition] = {}
+        unrequested: TopicIdPartition | None = None
+        for i, (tp, data) in enumerate(list(updates.items()), 1):
+            if every and i % every == 0:
+                yield
+            req = self.fetch_data.get(tp)
+            if req is None:
+                unrequested = tp
+                break
+            o = outcome(data)
+            cached[tp.session_key] = CachedPartition(tp, req, o.high_watermark, o.log_start_offset)
+
         def create_partitions() -> dict[SessionKey, CachedPartition]:
-            # The session order is the response order (which may differ from the request order).
-            cached: dict[SessionKey, CachedPartition] = {}
-            for tp, data in updates.items():
-                req = self.fetch_data.get(tp)
-                if req is None:
-                    raise KeyError(f"response partition {tp} was not requested")
-                o = outcome(data)
-                cached[tp.session_key] = CachedPartition(
-                    tp, req, o.high_watermark, o.log_start_offset
-                )
+            if unrequested is not None:  # (only when a session is created, as before)
+                raise KeyError(f"response partition {unrequested} was not requested")
             return cached
 
         session_id = self.cache.maybe_create_session(
@@ -473,9 +521,18 @@ class IncrementalFetchContext(FetchContext):
         return self.session.get_fetch_offset(tp)
 
     def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+        return drain(self.partitions_in_ranges(0))
+
+    def partitions_in_ranges(
+        self, every: int
+    ) -> Ranges[list[tuple[TopicIdPartition, PartitionRequest]]]:
+        """The session's partitions (a copy of its order, taken before the first range)."""
         out = []
-        for cp in self.session.partitions.values():
-            if self.session.uses_topic_ids:
+        session = self.session
+        for i, cp in enumerate(list(session.partitions.values()), 1):
+            if every and i % every == 0:
+                yield
+            if session.uses_topic_ids:
                 cp.maybe_resolve_unknown_name(self.topic_names)
             out.append((cp.topic_id_partition, cp.request()))
         return out
@@ -489,10 +546,22 @@ class IncrementalFetchContext(FetchContext):
         updates: Mapping[TopicIdPartition, T],
         outcome: Callable[[T], PartitionOutcome],
     ) -> SessionResponse[T]:
+        return drain(self.update_and_generate_response_data_in_ranges(updates, outcome, 0))
+
+    def update_and_generate_response_data_in_ranges(
+        self,
+        updates: Mapping[TopicIdPartition, T],
+        outcome: Callable[[T], PartitionOutcome],
+        every: int,
+    ) -> Ranges[SessionResponse[T]]:
+        """Between two ranges only this session is half-updated (its connection's next
+        fetch waits for this one; no other connection can use it)."""
         if not self._epoch_still_ours():
             return SessionResponse(INVALID_FETCH_SESSION_EPOCH, self.session.id, [])
         selected: list[tuple[TopicIdPartition, T]] = []
-        for tp, data in updates.items():
+        for i, (tp, data) in enumerate(list(updates.items()), 1):
+            if every and i % every == 0:
+                yield
             o = outcome(data)
             cp = self.session.find(tp)
             if cp is None:  # not in the session (cannot happen for data read from partitions())

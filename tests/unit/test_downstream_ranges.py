@@ -1,0 +1,235 @@
+"""The downstream session's walks, cut into ranges, give what the uncut calls give.
+
+Issue 19 part 2: a client's fetch is opened against its session and answered
+from it in ranges of partitions (``DownstreamSessions.open_in_ranges`` and
+``answer_in_ranges``), each range one slice of the event loop.  For random
+fetches (names and topic ids, sessionless, creating a session, incremental with
+forgotten partitions) the ranged calls must give, byte for byte, the request and
+the answer the uncut ones give, and leave the session cache in the same state;
+a fetch of 20,000 partitions must yield many times in each direction.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from proxy.protocol import codec
+from proxy.protocol.messages import make, request_module, response_module
+from proxy.sessions.downstream import DownstreamFetch, DownstreamSessions
+from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.topic_ids import TopicIdMap
+from proxy.sessions.upstream import ClientReply
+
+EVERY = 7
+
+
+def twins(seed: int) -> tuple[DownstreamSessions, DownstreamSessions]:
+    """Two connections' downstream sessions in identical caches (session ids from one seed)."""
+    out = []
+    for _ in range(2):
+        ids = TopicIdMap()
+        cache = FetchSessionCache(rng=random.Random(seed), clock=lambda: 1000.0)
+        out.append(DownstreamSessions(cache, ids, max_fetch_partitions=50_000))
+    return out[0], out[1]
+
+
+def topics_of(rng: random.Random, n: int) -> list[tuple[str, uuid.UUID, list[int]]]:
+    """Runs of partitions of a few topics (a topic may come back later: two runs)."""
+    names = [f"t{i}" for i in range(rng.randint(1, 6))]
+    ids = {name: uuid.UUID(int=rng.getrandbits(128)) for name in names}
+    runs: list[tuple[str, uuid.UUID, list[int]]] = []
+    used: set[tuple[str, int]] = set()
+    while sum(len(p) for _, _, p in runs) < n:
+        name = rng.choice(names)
+        parts = [
+            p for p in rng.sample(range(4 * n + 40), rng.randint(1, 40)) if (name, p) not in used
+        ]
+        used.update((name, p) for p in parts)
+        if parts:
+            runs.append((name, ids[name], parts))
+    return runs
+
+
+def fetch(
+    version: int,
+    runs: list[tuple[str, uuid.UUID, list[int]]],
+    rng: random.Random,
+    *,
+    session_id: int = 0,
+    epoch: int = -1,
+    forgotten: list[tuple[str, uuid.UUID, list[int]]] = (),  # type: ignore[assignment]
+) -> Any:
+    mod = request_module(1, version)
+    topics = tuple(
+        make(
+            mod.FetchTopic,
+            topic=name,
+            topic_id=tid,
+            partitions=tuple(
+                make(
+                    mod.FetchPartition,
+                    partition=p,
+                    fetch_offset=rng.randint(0, 1000),
+                    partition_max_bytes=rng.choice((1 << 20, 65536)),
+                    log_start_offset=-1,
+                    current_leader_epoch=rng.choice((-1, 3)),
+                    last_fetched_epoch=-1,
+                )
+                for p in parts
+            ),
+        )
+        for name, tid, parts in runs
+    )
+    return make(
+        mod.FetchRequest,
+        replica_id=-1,
+        max_wait=timedelta(0),
+        min_bytes=1,
+        max_bytes=50 << 20,
+        isolation_level=0,
+        session_id=session_id,
+        session_epoch=epoch,
+        topics=topics,
+        forgotten_topics_data=tuple(
+            make(mod.ForgottenTopic, topic=name, topic_id=tid, partitions=tuple(parts))
+            for name, tid, parts in forgotten
+        ),
+        rack_id="",
+    )
+
+
+def full_answer(opened: DownstreamFetch, rng: random.Random) -> Any:
+    """The complete full response to ``opened.request``, as upstream would send it."""
+    version = opened.version
+    mod = response_module(1, version)
+    on_ids = version >= 13
+    topics = tuple(
+        make(
+            mod.FetchableTopicResponse,
+            topic=t.topic_id if on_ids else t.topic,
+            topic_id=t.topic_id if on_ids else t.topic,
+            partitions=tuple(
+                make(
+                    mod.PartitionData,
+                    partition_index=p.partition,
+                    error_code=ErrorCode.none,
+                    high_watermark=rng.choice((5, 9)),
+                    last_stable_offset=-1,
+                    log_start_offset=0,
+                    aborted_transactions=(),
+                    records=rng.choice((None, b"x" * 3)),
+                )
+                for p in t.partitions
+            ),
+        )
+        for t in opened.request.topics
+    )
+    return make(
+        mod.FetchResponse,
+        throttle_time=timedelta(0),
+        error_code=ErrorCode.none,
+        session_id=0,
+        responses=topics,
+    )
+
+
+def counted(ranges: Any) -> tuple[Any, int]:
+    """(value, yields) of a generator of ranges."""
+    yields = 0
+    while True:
+        try:
+            next(ranges)
+        except StopIteration as done:
+            return done.value, yields
+        yields += 1
+
+
+def same_open(a: Any, b: Any) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, ClientReply):
+        assert codec.encode_response(a.response, 1) == codec.encode_response(b.response, 1)
+        return
+    assert codec.encode_request(a.request, 1, "c") == codec.encode_request(b.request, 1, "c")
+    assert a.by_ref == b.by_ref and list(a.by_ref) == list(b.by_ref)
+    assert a.context.partitions() == b.context.partitions()
+
+
+def same_caches(a: DownstreamSessions, b: DownstreamSessions) -> None:
+    sa, sb = a.sessions.sessions(), b.sessions.sessions()
+    assert [(s.id, s.epoch, list(s.partitions)) for s in sa] == [
+        (s.id, s.epoch, list(s.partitions)) for s in sb
+    ]
+    assert a.sessions.num_partitions == b.sessions.num_partitions
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("version", [7, 12, 13, 17])
+def test_ranged_open_and_answer_give_the_uncut_result_byte_for_byte(
+    seed: int, version: int
+) -> None:
+    rng = random.Random(seed * 100 + version)
+    whole, ranged = twins(seed)
+    runs = topics_of(rng, rng.randint(1, 120))
+    # a fetch that creates a session (epoch 0), then incremental ones in it
+    epoch, session_id = 0, 0
+    for _ in range(3):
+        state = rng.getstate()
+        request = fetch(version, runs, rng, session_id=session_id, epoch=epoch)
+        forget = [(n, t, p[: rng.randint(0, len(p))]) for n, t, p in runs[:1]]
+        if epoch > 0 and rng.random() < 0.5:
+            request = fetch(
+                version, runs[1:], rng, session_id=session_id, epoch=epoch, forgotten=forget
+            )
+        a = whole.open(request)
+        b, _ = counted(ranged.open_in_ranges(request, EVERY))
+        same_open(a, b)
+        same_caches(whole, ranged)
+        if isinstance(a, ClientReply):
+            return
+        assert isinstance(b, DownstreamFetch)
+        rng.setstate(state)
+        answer = full_answer(a, rng)
+        ra = whole.answer(a, answer)
+        rb, _ = counted(ranged.answer_in_ranges(b, answer, EVERY))
+        assert codec.encode_response(ra, 3) == codec.encode_response(rb, 3)
+        same_caches(whole, ranged)
+        session_id, epoch = int(ra.session_id), (epoch + 1 if ra.session_id else -1)
+        if not session_id:
+            return
+
+
+def test_a_fetch_of_20000_partitions_yields_in_every_walk() -> None:
+    rng = random.Random(5)
+    n, every = 20_000, 500
+    ds = twins(1)[0]
+    request = fetch(12, [("big", uuid.uuid4(), list(range(n)))], rng)
+    opened, yields_open = counted(ds.open_in_ranges(request, every))
+    assert isinstance(opened, DownstreamFetch) and len(opened.by_ref) == n
+    # reading the client's partitions, listing them, checking the request lists them as is
+    assert yields_open >= 3 * (n // every) - 3
+    answered, yields_answer = counted(ds.answer_in_ranges(opened, full_answer(opened, rng), every))
+    # reading the answer, grouping the client's (a sessionless fetch updates no session)
+    assert yields_answer >= 2 * (n // every) - 2
+    assert sum(len(t.partitions) for t in answered.responses) == n
+
+
+def test_a_session_of_10000_partitions_is_built_in_ranges_and_cached_at_one_point() -> None:
+    rng = random.Random(7)
+    n, every = 10_000, 500
+    ds = twins(2)[0]
+    request = fetch(13, [("big", uuid.uuid4(), list(range(n)))], rng, epoch=0)
+    opened, _ = counted(ds.open_in_ranges(request, every))
+    assert isinstance(opened, DownstreamFetch)
+    ranges = ds.answer_in_ranges(opened, full_answer(opened, rng), every)
+    for _ in range(n // every - 1):  # building the session's partitions: not cached yet
+        next(ranges)
+        assert ds.sessions.num_sessions == 0 and ds.sessions.num_partitions == 0
+    answered, more = counted(ranges)
+    assert more >= n // every - 1  # then grouping the client's answer
+    assert answered.session_id != 0 and ds.sessions.num_partitions == n
