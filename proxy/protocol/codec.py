@@ -14,9 +14,10 @@ Fetch response's records as views of the frame when asked (``views``).
 from __future__ import annotations
 
 import struct
+from collections.abc import Generator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
 
@@ -25,6 +26,8 @@ from .apis import API_VERSIONS, CONTROLLED_SHUTDOWN
 from .errors import DecodeError, ProtocolError
 from .framing import COPY_BELOW, Buffer, Gathered
 from .varint import read_uvarint
+
+T = TypeVar("T")
 
 _SCHEMAS_CACHED = 4096
 """Schema look-ups cached: bounded, since request headers name any (api_key, version)."""
@@ -261,6 +264,34 @@ def encode_request(obj: Any, correlation_id: int, client_id: str | None) -> byte
     return _encode(header, obj)
 
 
+def encode_request_in_ranges(
+    obj: Any, correlation_id: int, client_id: str | None, *, path: tuple[str, ...], every: int
+) -> Generator[None, None, bytes]:
+    """``encode_request``, yielding after every *every* entries of the entity array at
+    *path* (``FETCH_REQUEST_PARTITIONS``; see ``writers.encode_in_ranges``)."""
+    header = encode_request_header(
+        int(obj.__api_key__), int(obj.__version__), correlation_id, client_id
+    )
+    pieces = _Pieces((header,))
+    yield from writers.encode_in_ranges(obj, pieces, path, every)
+    return b"".join(pieces)
+
+
+FETCH_REQUEST_PARTITIONS = ("topics", "partitions")
+"""Where a Fetch request's partitions are (``encode_request_in_ranges``)."""
+FETCH_RESPONSE_PARTITIONS = ("responses", "partitions")
+"""Where a Fetch response's partitions are (``encode_response_gathered_in_ranges``)."""
+
+
+def drain(ranges: Generator[None, None, T]) -> T:
+    """Run every range of *ranges* at once: its value."""
+    while True:
+        try:
+            next(ranges)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
 def encode_response(obj: Any, correlation_id: int) -> bytes:
     """Header + body of a response (frame body, without the length prefix)."""
     hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
@@ -278,10 +309,23 @@ def encode_response_gathered(
     response's records, often a view into the upstream frame) stays the object
     kio was given.  ``b"".join(result.parts) == encode_response(obj, correlation_id)``.
     """
+    return drain(encode_response_gathered_in_ranges(obj, correlation_id, copy_below=copy_below))
+
+
+def encode_response_gathered_in_ranges(
+    obj: Any,
+    correlation_id: int,
+    *,
+    path: tuple[str, ...] = (),
+    every: int = 0,
+    copy_below: int = COPY_BELOW,
+) -> Generator[None, None, Gathered]:
+    """``encode_response_gathered``, yielding after every *every* entries of the entity
+    array at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``writers.encode_in_ranges``)."""
     hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
     assert hv is not None
     pieces = _Pieces((encode_response_header(correlation_id, hv),))
-    writers.encode(obj, pieces)
+    yield from writers.encode_in_ranges(obj, pieces, path, every)
     parts: list[Buffer] = []
     small: list[Buffer] = []
     for piece in pieces:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import MISSING, Field, fields
 from functools import cache
 from operator import attrgetter
@@ -107,11 +107,85 @@ def writer_for(cls: type) -> Writer:
         from kio.serial import entity_writer
 
         return cast(Writer, entity_writer(cls))
+    return _compiled(cls, fields(cls), tagged_section=True)
+
+
+def encode_in_ranges(
+    obj: Any, out: Pieces, path: tuple[str, ...], every: int
+) -> Generator[None, None, None]:
+    """``encode``, yielding after every *every* entries of the innermost entity array
+    along *path* (``("responses", "partitions")``: a Fetch response's partitions).
+
+    The same pieces, in the same order, as ``encode(obj, out)``: an entity is the
+    concatenation of its fields, so it is written as the fields before the array
+    (``split_writer``), the array's count and its entries (each by its own writer,
+    or cut further along the rest of *path*), then the fields after it.
+    """
+    done = 0
+
+    def walk(entity: Any, rest: tuple[str, ...]) -> Generator[None, None, None]:
+        nonlocal done
+        cls: type = type(entity)
+        items = getattr(entity, rest[0]) if rest else None
+        if not rest or items is None:
+            writer_for(cls)(out, entity)
+            return
+        before, write_count, write_item, after = split_writer(cls, rest[0])
+        before(out, entity)
+        write_count(out, len(items))
+        for item in items:
+            if len(rest) > 1:
+                yield from walk(item, rest[1:])
+                continue
+            write_item(out, item)
+            done += 1
+            if every and done % every == 0:
+                yield
+        after(out, entity)
+
+    yield from walk(obj, path)
+
+
+@cache
+def split_writer(
+    cls: type, name: str
+) -> tuple[Writer, Callable[[Pieces, int], None], Writer, Writer]:
+    """(fields before, array count, one entry, fields after) of the entity array field
+    *name* of *cls*; together they write what ``writer_for(cls)`` writes (tagged
+    fields are the last thing an entity writes, so they are "after")."""
+    all_fields = fields(cls)
+    at = next(i for i, f in enumerate(all_fields) if f.name == name)
+    kind = classify_field(all_fields[at])
+    if not isinstance(kind, EntityTupleField):
+        raise TypeError(f"{cls.__name__}.{name} is not an array of entities")
+    flexible = bool(cls.__flexible__)  # type: ignore[attr-defined]
+    before = _compiled(cls, all_fields[:at], tagged_section=False)
+    after = _compiled(cls, all_fields[at + 1 :], tagged_section=True)
+
+    def write_count(out: Pieces, count: int) -> None:
+        if flexible:
+            out.write(uvarint(count + 1))
+            return
+        if count > 2**31 - 1:
+            raise OutOfBoundValue(
+                f"Sequence is too long for legacy array format ({count} > {2**31 - 1})"
+            )
+        out.write(_I32.pack(count))
+
+    return before, write_count, writer_for(kind.type_), after
+
+
+def _compiled(cls: type, of: tuple[Field[Any], ...], *, tagged_section: bool) -> Writer:
+    """A writer of the fields *of* of *cls* (and of its tagged fields, at the end, when
+    *tagged_section*)."""
     flexible = bool(cls.__flexible__)  # type: ignore[attr-defined]
     steps: list[Writer] = []
     run: list[tuple[str, str]] = []  # (field name, struct code) of consecutive fixed fields
     tagged: list[tuple[int, Field[Any], Any, Writer]] = []
-    for f in fields(cls):
+    of = tuple(f for f in of if get_field_tag(f) is None)
+    if tagged_section:  # (tagged fields may be declared anywhere: they are written last)
+        of += tuple(f for f in fields(cls) if get_field_tag(f) is not None)
+    for f in of:
         tag = get_field_tag(f)
         if tag is not None:
             writer = cast(
@@ -134,10 +208,12 @@ def writer_for(cls: type) -> Writer:
         steps.append(_field_step(f, kind, flexible))
     if run:
         steps.append(_packed(run))
-    if flexible:
+    if flexible and tagged_section:
         steps.append(_tagged_step(sorted(tagged, key=lambda t: t[0])))
     elif tagged:
         raise ValueError(f"{cls.__name__}: tagged fields on a non-flexible entity")
+    if not steps:
+        return _nothing
     if len(steps) == 1:
         return steps[0]
     sequence = tuple(steps)
@@ -147,6 +223,10 @@ def writer_for(cls: type) -> Writer:
             step(out, obj)
 
     return write_entity
+
+
+def _nothing(out: Pieces, obj: Any) -> None:
+    pass
 
 
 def _packed(run: list[tuple[str, str]]) -> Writer:
