@@ -148,6 +148,7 @@ from .protocol import codec, fetch_count
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response
+from .protocol.framing import Gathered
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, RackUsage, account
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
@@ -442,6 +443,8 @@ class FetchPathHandler:
         self._waker: Callable[[], None] | None = None
         self._last_decoded: tuple[int, bytes, Any] | None = None
         """(version, body, decoded) of the latest request (see ``_decode``)."""
+        self._decode_turn: ClientRequest | None = None
+        """The large request whose decode was put off to the next turn (see ``_serve``)."""
 
     @property
     def upstream_session(self) -> FetchSessionClient | None:
@@ -584,6 +587,14 @@ class FetchPathHandler:
             while self._queue and not self._busy:
                 request, decoded = self._queue[0]
                 if decoded is None:
+                    if (
+                        len(request.frame) > SLICE_BYTES
+                        and self._waker is not None
+                        and self._decode_turn is not request
+                    ):
+                        self._decode_turn = request  # decoded in a turn of its own, from
+                        self._waker()  # the edge's wake loop (its lane), not on arrival
+                        return
                     decoded = self._decode(request)
                     if replica_id(decoded) >= 0:  # a follower's: not ours to reshape
                         self._queue.popleft()
@@ -603,17 +614,22 @@ class FetchPathHandler:
         finally:
             self._starting = False
 
-    def _run(self, work: Slices) -> None:
+    def _run(self, work: Slices, *, defer: bool = False) -> None:
         """Run a fetch's stages: at once, or one slice per loop turn when they yield.
 
         Without an edge to come back through (no waker), every slice runs now.
+        *defer*: even the first slice waits for the edge's next turn (a large upstream
+        frame is not decoded in the upstream loop's turn that read it).
         """
         if self._waker is None:
             for _ in work:
                 pass
             return
         self._slices = work
-        self._step()
+        if defer:
+            self._waker()
+        else:
+            self._step()
 
     def _step(self) -> None:
         """One slice of the fetch being sliced; the edge's next turn runs the next."""
@@ -696,7 +712,7 @@ class FetchPathHandler:
         started = self.path.clock()
         sessionless = int(getattr(decoded, "session_epoch", -1)) == -1
         translator = self._translator(int(request.header.api_version))
-        opened = self.downstream.open(decoded)
+        opened = yield from self.downstream.open_in_ranges(decoded, SLICE_PARTITIONS)
         if isinstance(opened, ClientReply):  # a session error, answered as a broker does
             self._hold_until_written(grant)
             self._reply(request, opened.response, upstream, sessionless=sessionless)
@@ -750,10 +766,17 @@ class FetchPathHandler:
             yield
             if self.closed:
                 return
-        self._send(begun, upstream)
+        yield from self._send_in_ranges(begun, upstream)
 
     def _send(self, step: UpstreamFetch, upstream: Upstream) -> None:
+        """``_send_in_ranges`` at once."""
+        for _ in self._send_in_ranges(step, upstream):
+            pass
+
+    def _send_in_ranges(self, step: UpstreamFetch, upstream: Upstream) -> Slices:
         """Encode the upstream session's next request and send it, as the client that asked.
+
+        A large fetch's request is encoded ``SLICE_PARTITIONS`` partitions a slice.
 
         Everything the proxy sends on a client's connection carries that client's
         own client id (the header of the fetch being served), so the broker's quotas,
@@ -772,11 +795,19 @@ class FetchPathHandler:
             and not upstream_request.rack_id
         ):  # the leader is asked with the proxy's rack: the proxy follows its redirect
             upstream_request = dataclasses.replace(upstream_request, rack_id=self.rack.rack)
-        frame = codec.encode_request(upstream_request, 0, client_id)
+        frame = yield from codec.encode_request_in_ranges(
+            upstream_request,
+            0,
+            client_id,
+            path=codec.FETCH_REQUEST_PARTITIONS,
+            every=SLICE_PARTITIONS if exchange.large else 0,
+        )
+        if self.closed:
+            return
         exchange.upstream_request_bytes += len(frame)
 
         def on_response(frame: bytes) -> None:
-            self._run(self._received(version, frame, upstream))
+            self._run(self._received(version, frame, upstream), defer=len(frame) > SLICE_BYTES)
 
         upstream.send(frame, api_key=FETCH, api_version=version, on_response=on_response)
 
@@ -807,7 +838,7 @@ class FetchPathHandler:
             # a resend after an upstream session reset: the answer dropped gives its memory back
             exchange.grant.resize(max(0, exchange.grant.nbytes - exchange.response_reserved))
             exchange.response_reserved = 0
-            self._send(step, upstream)
+            yield from self._send_in_ranges(step, upstream)
             return
         if exchange.follow:
             exchange.leader_answer, exchange.leader_done = step.response, True
@@ -834,11 +865,22 @@ class FetchPathHandler:
             yield
             if self.closed:
                 return
-        reply = self.downstream.answer(exchange.opened, full)
+        reply = yield from self.downstream.answer_in_ranges(
+            exchange.opened, full, SLICE_PARTITIONS if exchange.large else 0
+        )
         if exchange.large:
             yield
             if self.closed:
                 return
+        # Encoded as a gather list (see ``_reply``), SLICE_PARTITIONS partitions a slice.
+        encoded = yield from codec.encode_response_gathered_in_ranges(
+            upstream.rewrite_decoded(reply),
+            exchange.request.header.correlation_id,
+            path=codec.FETCH_RESPONSE_PARTITIONS,
+            every=SLICE_PARTITIONS if exchange.large else 0,
+        )
+        if self.closed:
+            return
         self._exchange = None  # (until now close() gives its grant back)
         self._hold_until_written(exchange.grant)
         self._reply(
@@ -848,6 +890,7 @@ class FetchPathHandler:
             sessionless=exchange.sessionless,
             exchange=exchange,
             shaped=shaped,
+            encoded=encoded,
         )
 
     def _reply(
@@ -859,12 +902,18 @@ class FetchPathHandler:
         sessionless: bool,
         exchange: _Exchange | None = None,
         shaped: ShapedResponse | None = None,
+        encoded: Gathered | None = None,
     ) -> None:
-        """Encode *response* for the client, answer, account, and start the next fetch."""
+        """Encode *response* for the client (unless *encoded* already is), answer, account,
+        and start the next fetch."""
         h = request.header
         # Encoded as a gather list: the records stay views into the upstream frame
         # until they are written, never copied into a second response-sized buffer.
-        frame = codec.encode_response_gathered(upstream.rewrite_decoded(response), h.correlation_id)
+        frame = encoded
+        if frame is None:
+            frame = codec.encode_response_gathered(
+                upstream.rewrite_decoded(response), h.correlation_id
+            )
         request.reply(frame)
         up_request = up_response = 0
         if exchange is not None:

@@ -58,7 +58,7 @@ def test_a_connection_closed_between_slices_gives_everything_back() -> None:
     w, parts = big_world(fetchpath.SLICE_PARTITIONS * 2)
     c = Conn(w).with_edge()
     c.relay.client_frame(c.fetch_frame(1, parts))
-    for _ in range(2):  # decoded; opened against the session; shaped
+    for _ in range(3):  # decoded (a turn of its own); opening: partitions read, then listed
         c.wakes -= 1
         c.handler.resume()
     assert c.handler.slices == 2 and c.wakes == 1
@@ -144,10 +144,16 @@ def test_a_large_fetch_yields_within_its_stages_and_others_are_served_between_ra
             break
     # Stage boundaries alone are 7 yields; the upstream session's begin (reading the
     # client's partitions, building the upstream request) and complete (recording the
-    # answer, building the client's) yield every SLICE_PARTITIONS partitions besides.
+    # answer, building the client's), the downstream session's open (reading the
+    # client's partitions, listing them, the full fetch) and answer (reading the answer,
+    # grouping the client's), and the encodes of the upstream request and of the client's
+    # response yield every SLICE_PARTITIONS partitions besides.
     ranges = n // fetchpath.SLICE_PARTITIONS
-    assert big.handler.slices >= 7 + 4 * ranges
-    assert served == big.handler.slices + 1  # (+1: the decode's own turn)
+    assert big.handler.slices >= 7 + 11 * ranges - 6
+    # Every slice is a turn of the wake loop, none runs in the loop that read a frame:
+    # +1 the request's decode (a turn of its own), +2 the last turn of each direction
+    # (it ends its stages rather than yielding).
+    assert served == big.handler.slices + 3
     [frame] = out
     sliced = codec.decode_response(1, 12, frame)[1]
     whole = Conn(w).fetch(1, parts)
