@@ -13,7 +13,9 @@ clients (``client_authenticated``).
 
 An answer takes its memory budget from its length prefix before its body is
 read, as the leader's answers do (``reserve``; while the budget cannot take it
-the link is not read).  Answers are not handed to the fetch path from the link's task: each finished
+the link is not read): between answers a link reads only the next 4-byte length
+prefix, and the reads of a reserved answer stop at its end, so none of an
+answer's body is in memory before its budget is taken.  Answers are not handed to the fetch path from the link's task: each finished
 callback is queued and the connection's waker is called, so the fetch path runs
 them in the connection's own task (``deliver``, from ``FetchPathHandler.resume``)
 as it does a fetch that waited for memory budget.  A node whose connection
@@ -42,6 +44,9 @@ from .upstream import open_upstream
 log = structlog.get_logger("proxy.server")
 
 _I32 = struct.Struct(">i")
+RECEIVE_BYTES = 64 * 1024
+_PREFIX_BYTES = 4
+"""A Kafka frame's length prefix."""
 DEFAULT_RETRY_SECONDS = 5.0
 _ERRORS = (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError)
 
@@ -213,7 +218,14 @@ class ReplicaLinks:
                 while not self.reserve(missing + decoder.buffered):
                     await self._budget.wait()  # back-pressure: the answer waits in the socket
                 reserved = True
-            data = await stream.receive_some(65536)
+            missing = decoder.missing
+            if reserved and missing:
+                want = min(RECEIVE_BYTES, missing)  # to its end: the next answer is not reserved
+            else:
+                # Every answer on a link is a Fetch's: read its length prefix alone, so none
+                # of its body is in memory before its budget is taken (as the leader's).
+                want = max(1, _PREFIX_BYTES - decoder.buffered)
+            data = await stream.receive_some(want)
             if not data:
                 raise trio.BrokenResourceError("the replica closed the connection")
             decoder.feed(data)
