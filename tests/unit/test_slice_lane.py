@@ -1,0 +1,84 @@
+"""Large fetches take the slice lane one at a time; other tasks run between two slices.
+
+Issue 19 part 2: a large fetch's stages run as slices in its connection's wake loop
+(``Connection._wake_loop``).  With several large fetches at once, each taking a slice
+in every scheduler batch held the loop for all their slices per batch, and decoded
+them all at once.  The process's slice lane lets one connection run its slices (one
+per batch, a checkpoint between two) while the others wait their turn in order.
+A fake fetch path stands for ``FetchPathHandler``: each resume is one slice and asks
+for the next until its fetch is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import trio
+import trio.testing
+
+from proxy.relay.relay import Relay
+from proxy.server.connection import Connection
+
+
+class SlicedFetch:
+    """A FetchEdge whose fetch takes *slices* resumes, each asking for the next."""
+
+    def __init__(self, name: str, slices: int, log: list[str]) -> None:
+        self.name, self.left, self.log = name, slices, log
+        self.wake: Callable[[], None] = lambda: None
+
+    def bind_waker(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+
+    def resume(self) -> None:
+        if self.left:
+            self.left -= 1
+            self.log.append(self.name)
+            if self.left:
+                self.wake()
+
+    def written(self) -> None:
+        pass
+
+    def reserve_response(self, nbytes: int) -> bool:
+        return True
+
+
+def connection(fetch: SlicedFetch) -> Connection:
+    client, _ = trio.testing.memory_stream_pair()
+    upstream, _ = trio.testing.memory_stream_pair()
+    return Connection(
+        client, upstream, Relay(lambda *a: None), max_frame_bytes=1024, fetch_path=fetch
+    )
+
+
+async def test_large_fetches_take_the_lane_in_turn_and_others_run_between_slices() -> None:
+    log: list[str] = []
+    fetches = [SlicedFetch(name, 5, log) for name in "abc"]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for f in fetches:
+                nursery.start_soon(connection(f)._wake_loop)
+            await trio.testing.wait_all_tasks_blocked()
+
+            async def other_client() -> None:  # another connection's task, always ready
+                while any(f.left for f in fetches):
+                    log.append("-")
+                    await trio.lowlevel.checkpoint()
+
+            for f in fetches:  # three large fetches arrive at once
+                f.wake()
+            await other_client()
+            nursery.cancel_scope.cancel()
+    slices = [s for s in log if s != "-"]
+    # one fetch at a time (in the order they asked for the lane: trio wakes the three
+    # in any order), not a slice of each in every batch
+    runs = [(name, len(list(run))) for name, run in itertools.groupby(slices)]
+    assert sorted(runs) == [("a", 5), ("b", 5), ("c", 5)]
+    # one slice per scheduler batch: the other client's task (once a batch, first or
+    # last in it: trio orders a batch at random) ran between the first slice and the
+    # last once for every slice after the first, but maybe where the lane changed hands
+    first = log.index(slices[0])
+    last = len(log) - 1 - log[::-1].index(slices[-1])
+    assert log[first:last].count("-") >= len(slices) - 1 - 2
