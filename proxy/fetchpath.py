@@ -61,24 +61,30 @@ encode on the way up, decode | upstream session | shaping | downstream session
 | encode on the way down.  Each stage is a generator step (``_start`` and
 ``_received`` yield between stages); after a step the handler calls the edge's
 waker, whose task calls ``resume()`` at its next turn, so other connections'
-requests are served between two slices.  Three stages are also cut into
-partition ranges, yielding every ``SLICE_PARTITIONS`` partitions: the upstream
-session's begin (``FetchTranslator.begin_in_ranges``: reading the client's
-partitions, building the upstream request) and complete (``complete_in_ranges``:
-recording the answer's partitions, building the client's response), and
-shaping's finish (``FetchShaper.finish_in_ranges``: the trim walks).  Between
-two ranges only this connection's own state is half-updated (its translator,
-its shaper's rotation; its next fetch waits as a frame); what is shared (the
-topic-id map read, the upstream session's next request, the memory-budget
-grant, the reuse buffer) is read or updated at one point, before the first
-range or after the last.  A connection closed between slices drops the rest
-(``close``).  A small fetch takes no extra turn.  What a slice still costs
-grows with the partitions an uncut stage walks (``bench/fetch_stall.py`` on a
-loaded 2-core machine, 20,000 partitions: the downstream session's open some
-150 ms, the response's encode 70-120 ms, the request's decode, shaping's
-prepare and the upstream request's encode 40-80 ms each), and a full
-collection of the cycle collector lands in whichever slice triggers it; the
-typed fetch model of issue 17 shrinks every stage.
+requests are served between two slices.  Every slice runs from the edge's wake
+loop, none in the loop that read a frame: a large request is decoded in a turn
+of its own, a large upstream answer waits for a turn (``_run(defer=True)``), so
+the edge can order them (its slice lane lets one connection's slices run at a
+time, ``proxy.server.connection``).  The walks over a fetch's partitions are
+also cut into ranges, yielding every ``SLICE_PARTITIONS`` partitions: the
+downstream session's open and answer (``DownstreamSessions.open_in_ranges``,
+``answer_in_ranges``), the upstream session's begin (``begin_in_ranges``:
+reading the client's partitions, building the upstream request) and complete
+(``complete_in_ranges``), shaping's finish (``FetchShaper.finish_in_ranges``:
+the trim walks), and the encodes of the upstream request and of the client's
+response (``codec.encode_request_in_ranges``,
+``encode_response_gathered_in_ranges``).  Between two ranges only this
+connection's own state is half-updated (its translator, its session, its
+shaper's rotation; its next fetch waits as a frame); what is shared (the
+topic-id map read, the session cache, the upstream session's next request, the
+memory-budget grant, the reuse buffer) is read or updated at one point, before
+the first range or after the last.  A connection closed between slices drops
+the rest (``close``).  A small fetch takes no extra turn.  Still uncut, and
+growing with the partitions (``bench/fetch_stall.py``, 20,000 partitions, an
+idle core): the request's decode and the upstream answer's (one read each,
+some 35 and 55 ms), shaping's prepare (some 45 ms) and the upstream session's
+grouping of the request; a full collection of the cycle collector lands in
+whichever slice triggers it; the typed fetch model of issue 17 shrinks every stage.
 
 A Fetch naming more than ``max_fetch_partitions`` closes the connection
 (``FetchTooLarge``) when it arrives: its partitions are counted from its bytes
