@@ -130,6 +130,9 @@ class FetchShaper:
         response gave them to the client: what an answer from held data carries."""
         self.held_answers = 0
         """Client fetches answered from held data alone (no upstream round)."""
+        self.waiting: dict[PartitionKey, int] = {}
+        """Per partition whose data the client knows of (high watermark past its offset) and
+        did not get: the consecutive responses it has waited (see ``held_answer``)."""
         self.upstream_whole_bytes = 0
         """Record bytes of whole batches upstream sent (partial trailing batches not counted)."""
         self.delivered_bytes = 0
@@ -254,6 +257,12 @@ class FetchShaper:
             if (prefix.run.aborted is not None) != read_committed:
                 return None  # kept for the other isolation level
             runs[key] = prefix.run
+        # Fairness: a partition with data upstream but none held is not made to wait
+        # behind held answers for more than half as many responses as the fetch has
+        # partitions (the serve rotation's bound is all of them); its fetch goes up.
+        bound = max(1, len(prepared.client_offsets) // 2)
+        if any(n >= bound and k not in prefixes for k, n in self.waiting.items()):
+            return None
         plan = allocate(runs, self.serve_rotation.order(list(runs)), prepared.response_limits)
         # A batch kept back by the response's limits alone: nothing more fits.  (One
         # kept back by its partition's limits too says nothing of other partitions.)
@@ -372,6 +381,15 @@ class FetchShaper:
             if outcome.error_code != 0 or not outcome.shaped:
                 marks.pop(key, None)
         marks.update(result.watermarks)
+        waiting = self.waiting
+        for key, mark in result.watermarks.items():
+            got = result.outcomes.get(key)
+            if got is not None and got.delivered_batches:
+                waiting.pop(key, None)
+            elif mark[0] > prepared.client_offsets.get(key, mark[0]):
+                waiting[key] = waiting.get(key, 0) + 1
+            elif key in waiting:
+                del waiting[key]
         with_data = [k for k in result.serve_order]
         served = [k for k, o in result.outcomes.items() if o.delivered_batches]
         waited = self.serve_rotation.observe(with_data, served)
@@ -423,12 +441,14 @@ class FetchShaper:
         self.upstream_rotation.clear()
         self.serve_rotation.clear()
         self.watermarks.clear()
+        self.waiting.clear()
 
     def forget(self, keys: list[PartitionKey]) -> None:
         """The client dropped *keys* from its session (forgotten topics)."""
         for key in keys:
             self.buffer.drop(key, counted=False)
             self.watermarks.pop(key, None)
+            self.waiting.pop(key, None)
         self.serve_rotation.forget(keys)
         self.upstream_rotation.forget(keys)
 

@@ -124,7 +124,7 @@ def _three_batches(limits: Limits) -> FetchShaper:
     shaper = FetchShaper(limits, buffer_capacity=10_000)
     data = batch(0, 2) + batch(2, 2) + batch(4, 2)
     prepared = shaper.prepare(make_request(V, {0: (0, 10_000), 1: (0, 10_000)}))
-    response = make_response(V, [make_partition(V, 0, data, hw=6), make_partition(V, 1, b"", hw=7)])
+    response = make_response(V, [make_partition(V, 0, data, hw=6), make_partition(V, 1, b"", hw=0)])
     shaped = shaper.finish(prepared, response)
     assert delivered(shaped.response)[(T, 0)] == [batch(0, 2)]
     return shaper
@@ -138,7 +138,7 @@ def test_held_data_that_fills_the_response_answers_it_without_upstream() -> None
     shaped = shaper.finish(prepared, held)
     assert delivered(shaped.response) == {(T, 0): [batch(2, 2)], (T, 1): []}
     # Watermarks as the client was last given them, the partition without data too.
-    assert _marks(shaped.response) == {0: (6, 6, 0), 1: (7, 7, 0)}
+    assert _marks(shaped.response) == {0: (6, 6, 0), 1: (0, 0, 0)}
     # 4-5 alone (2 records) do not fill it: upstream is asked, from past them.
     prepared = shaper.prepare(make_request(V, {0: (4, 10_000), 1: (0, 10_000)}))
     assert shaper.held_answer(prepared) is None
@@ -221,7 +221,7 @@ def test_a_leader_epoch_change_discards_held_data() -> None:
         V,
         [
             make_partition(V, 0, b"", hw=6, leader_epoch=3),
-            make_partition(V, 1, b"", hw=7, leader_epoch=3),
+            make_partition(V, 1, b"", hw=0, leader_epoch=3),
         ],
     )
     prepared = dataclasses.replace(prepared, epochs={(T, 0): 2, (T, 1): 2})
@@ -237,8 +237,25 @@ def test_a_truncation_or_an_error_discards_held_data_and_stops_held_answers() ->
         shaper = _three_batches(Limits(max_records=3, max_partition_records=2))
         prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
         assert shaper.held_answer(prepared) is None
-        shaped = shaper.finish(prepared, make_response(V, [pd, make_partition(V, 1, b"", hw=7)]))
+        shaped = shaper.finish(prepared, make_response(V, [pd, make_partition(V, 1, b"", hw=0)]))
         assert delivered(shaped.response).get((T, 0), []) == []
         assert shaper.buffer.size == 0
         prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
         assert shaper.held_answer(prepared) is None and prepared.upstream_offsets == {}
+
+
+def test_a_partition_waiting_with_data_upstream_stops_held_answers() -> None:
+    """Fairness: partition 1 has data upstream (its high watermark is past the client's
+    offset) and nothing held; held answers may keep it waiting half as many responses
+    as the fetch has partitions (here 1), then its fetch goes upstream."""
+    shaper = FetchShaper(Limits(max_records=3), buffer_capacity=10_000)
+    data = batch(0, 2) + batch(2, 2) + batch(4, 2)
+    prepared = shaper.prepare(make_request(V, {0: (0, 10_000), 1: (0, 10_000)}))
+    response = make_response(V, [make_partition(V, 0, data, hw=6), make_partition(V, 1, b"", hw=9)])
+    shaper.finish(prepared, response)
+    assert shaper.waiting == {(T, 1): 1}
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
+    assert shaper.held_answer(prepared) is None
+    # Served, it waits no more.
+    shaper.finish(prepared, make_response(V, [make_partition(V, 1, batch(0, 1), hw=9)]))
+    assert shaper.waiting == {}
