@@ -19,6 +19,7 @@ import errno
 import itertools
 import logging
 import math
+import random
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,9 @@ _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, e
 """accept() failures that say the process or system is out of resources, not that the
 listener is broken (trio's ``serve_listeners`` retries these too)."""
 _ACCEPT_RETRY_SECONDS = 0.1
+FIRST_REQUEST_SPREAD = 0.1
+"""A connection's first-request deadline is ``first_request_timeout_seconds`` times 1 to
+1 + this after its accept (at random)."""
 
 _CONNECT_ERRORS = (
     OSError,
@@ -433,7 +437,10 @@ class Proxy:
         """
         now = trio.current_time()
         timeout = self.settings.first_request_timeout_seconds
-        slot = _Slot(trio.CancelScope(deadline=now + timeout if timeout else math.inf), now)
+        # Spread over a tenth of the timeout: sockets accepted together (a thousand at
+        # once) do not all time out in the same scheduler turn, which others wait behind.
+        deadline = now + timeout * (1 + FIRST_REQUEST_SPREAD * random.random())
+        slot = _Slot(trio.CancelScope(deadline=deadline if timeout else math.inf), now)
         admitted, displaced = self.slots.admit(slot, self.settings.max_connections)
         if not admitted:
             log.warning(

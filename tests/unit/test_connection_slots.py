@@ -109,3 +109,17 @@ async def test_a_leak_of_silent_sockets_at_max_connections_does_not_lock_a_new_c
     assert [e["reason"] for e in logs if e["event"] == "connection_refused"] == ["max_connections"]
     assert value(f"{P}client_connections_refused_total", {"reason": "max_connections"}) == 1
     assert value(f"{P}client_connections_closed_total", {"cause": "first_request_timeout"}) == 0
+
+
+async def test_sockets_accepted_together_do_not_all_time_out_in_the_same_turn() -> None:
+    """A thousand silent sockets accepted in the same second used to reach their
+    first-request deadline in the same scheduler turn: closing them all held every other
+    client's request for about a second (bench/attacks.py idle-connections).  The deadlines
+    are spread over a tenth of ``first_request_timeout_seconds``, never earlier than it."""
+    proxy = Proxy(settings("127.0.0.1:1", first_request_timeout_seconds=10, max_connections=500))
+    slots = [proxy._admit(None) for _ in range(500)]  # type: ignore[arg-type]  # let in: no I/O
+    waits = [slot.first.deadline - slot.accepted for slot in slots if slot is not None]
+    assert len(waits) == 500
+    assert 10 <= min(waits) and max(waits) <= 11
+    assert max(waits) - min(waits) > 0.5
+    assert len(set(waits)) > 400
