@@ -106,6 +106,8 @@ class Settings:
     first_request_timeout_seconds: float = 10.0
     """A client connection must send a whole request this soon after its accept (0: no limit)."""
     max_client_buffer_bytes: int = 1048576
+    client_write_timeout_seconds: float = 30.0
+    """A write of responses to a client must complete this soon (0: no limit)."""
     max_request_frame_bytes: int = 8388608
     """Largest client request that is not a Produce (Produce: ``max_frame_bytes``)."""
     request_frame_timeout_seconds: float = 30.0
@@ -659,6 +661,7 @@ def _build(values: Mapping[str, Any], source: Mapping[str, str]) -> Settings:
         idle_timeout_seconds=float(get("idle_timeout_seconds")),
         first_request_timeout_seconds=float(get("first_request_timeout_seconds")),
         max_client_buffer_bytes=int(get("max_client_buffer_bytes")),
+        client_write_timeout_seconds=float(get("client_write_timeout_seconds")),
         max_request_frame_bytes=int(get("max_request_frame_bytes")),
         request_frame_timeout_seconds=float(get("request_frame_timeout_seconds")),
         max_buffered_request_bytes=int(get("max_buffered_request_bytes")),

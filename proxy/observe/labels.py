@@ -48,6 +48,7 @@ class CloseCause(StrEnum):
     FRAME_TOO_LARGE = "frame_too_large"
     FRAME_TIMEOUT = "frame_timeout"  # a request frame not complete in request_frame_timeout_seconds
     IO_ERROR = "io_error"  # reset, broken pipe, TLS failure
+    CLIENT_WRITE_TIMEOUT = "client_write_timeout"  # a write to the client not done in time
     IDLE_TIMEOUT = "idle_timeout"
     FIRST_REQUEST_TIMEOUT = "first_request_timeout"  # no whole request soon after the accept
     DISPLACED = "displaced"  # no whole request yet: its slot given to a newcomer at max_connections

@@ -53,8 +53,21 @@ Limits (each a setting, see ``proxy.config``):
     the frame it has started) and the upstream loop stops reading responses (so no further fetch completes or
     starts for this client).  One response may exceed it on its own, so the
     queue holds at most the limit plus one response plus what one upstream
-    read completes.  A client that stops reading therefore costs a bounded
-    amount of memory and nothing else: every connection has its own loops.
+    read completes.  A Fetch response takes its memory budget only when it
+    fits in the limit beside what the client has not taken yet, or when
+    nothing waits for the client: a client that stops reading holds at most
+    max(this, one Fetch response) of the budget.  A client that stops reading
+    therefore costs a bounded amount of memory and nothing else: every
+    connection has its own loops.
+``client_write_timeout`` (``client_write_timeout_seconds``)
+    every write of queued responses to the client must complete this long
+    after it started; otherwise the connection closes (reason and cause
+    ``client_write_timeout``), and with it go the responses it queued and the
+    memory budget they held.  Kafka's broker gives a response back only when
+    its send completes or its connection closes; a Kafka client gives up on a
+    response after its ``request.timeout.ms`` (30 s) anyway, so a client that
+    has taken nothing for that long is not going to, and the budget it holds
+    serves the others again.
 ``idle_timeout``
     the connection closes (``idle_timeout``) when no request awaits its
     response and no byte has moved to or from the client for that long; a
@@ -148,6 +161,7 @@ class Connection:
         max_frame_bytes: int,
         max_client_buffer_bytes: int = DEFAULT_MAX_CLIENT_BUFFER_BYTES,
         idle_timeout: float = 0.0,
+        client_write_timeout: float = 0.0,
         on_request: Callable[[int, int, int], None] | None = None,
         meter: TrafficMeter | None = None,
         fetch_path: FetchEdge | None = None,
@@ -163,6 +177,8 @@ class Connection:
         self.max_client_buffer_bytes = max_client_buffer_bytes
         self.idle_timeout = idle_timeout
         """Seconds; 0: never close for idleness."""
+        self.client_write_timeout = client_write_timeout
+        """Seconds a write to the client may take; 0: no limit."""
         self.on_request = on_request
         self.meter = meter
         """Counts and times every frame on both legs (proxy.observe.traffic)."""
@@ -223,6 +239,13 @@ class Connection:
         """More than ``max_client_buffer_bytes`` waits for the client: reading is paused."""
         return self.buffered > self.max_client_buffer_bytes
 
+    def _client_has_room(self, nbytes: int) -> bool:
+        """A response of *nbytes* may be read for the client now: nothing waits for it, or
+        both fit in ``max_client_buffer_bytes`` (what a client that stops reading holds of
+        the memory budget)."""
+        buffered = self.buffered
+        return not buffered or buffered + nbytes <= self.max_client_buffer_bytes
+
     async def wait_changed(self) -> None:
         """Return at the next change of the connection's state (slots freed, queued bytes)."""
         await self._changed.park()
@@ -260,7 +283,7 @@ class Connection:
             fields["buffered_bytes"] = self.buffered
         if self.outcome.error:
             fields["error"] = self.outcome.error
-        if reason in ("protocol_error", "internal_error", "frame_timeout"):
+        if reason in ("protocol_error", "internal_error", "frame_timeout", "client_write_timeout"):
             log.warning("connection_closed", **fields)
         else:
             log.info("connection_closed", **fields)
@@ -455,7 +478,13 @@ class Connection:
                 and (missing := decoder.missing) is not None
                 and relay.next_response_key == FETCH
             ):
-                while not fetch_path.reserve_response(missing + decoder.buffered):
+                frame_size = missing + decoder.buffered
+                # Its budget is taken only beside what the client has not read yet
+                # within max_client_buffer_bytes (or when that is nothing), so a client
+                # that stops reading holds at most that much (or one response).
+                while not self._client_has_room(frame_size):
+                    await self._changed.park()
+                while not fetch_path.reserve_response(frame_size):
                     self.upstream_paused = True
                     await self._changed.park()
                 self.upstream_paused = False
@@ -502,9 +531,17 @@ class Connection:
             chunks = frame_chunks(frames)
             frames.clear()
             chunks.reverse()
+            timeout = self.client_write_timeout
             while chunks:
                 chunk = chunks.pop()
-                await self.client.send_all(chunk)
+                if timeout > 0:
+                    with trio.move_on_after(timeout) as scope:
+                        await self.client.send_all(chunk)
+                    if scope.cancelled_caught:
+                        self._write_timed_out(len(chunk))
+                        return
+                else:
+                    await self.client.send_all(chunk)
                 self.buffered -= len(chunk)
                 self._last_active = trio.current_time()
                 self._notify()
@@ -513,6 +550,14 @@ class Connection:
             if not self._out and self.fetch_path is not None:
                 # Every response answered so far is written: its memory budget is free.
                 self.fetch_path.written()
+
+    def _write_timed_out(self, nbytes: int) -> None:
+        self._finish(
+            "client_write_timeout",
+            f"the client took not all of a {nbytes}-byte write of its responses in"
+            f" {self.client_write_timeout:g} s ({self.buffered} bytes queued for it;"
+            " client_write_timeout_seconds)",
+        )
 
     async def _wake_loop(self) -> None:
         """Fetches that waited outside this connection (the memory budget) resume here,
