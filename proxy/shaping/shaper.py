@@ -24,7 +24,9 @@ the buffer):
   response (a response limit keeps a held batch back, or every partition it
   asks is filled to its partition limit), the response is made of them and of
   the watermarks the client was last given, and goes to ``finish`` as
-  upstream's answer would: no upstream round.
+  upstream's answer would: no upstream round.  Not while a partition the
+  client knows has data upstream (none held) has waited half as many
+  responses as the fetch has partitions (``waiting``): that fetch goes up.
 - Under a record limit (the only limit that trims below what upstream is
   asked), upstream is asked for at most what the buffer can keep (its capacity
   and the connection's share of the budget, less what the fetch holds), so a
