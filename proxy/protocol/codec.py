@@ -210,6 +210,50 @@ def decode_request_body(header: RequestHeader, frame: bytes, *, strict: bool = F
     return _decode(schema, frame, header.body_offset, strict=strict)
 
 
+def decode_request_body_in_ranges(
+    header: RequestHeader, frame: bytes, *, path: tuple[str, ...], every: int
+) -> Generator[None, None, Any]:
+    """``decode_request_body``, yielding after every *every* entries of the entity array at
+    *path* (``FETCH_REQUEST_PARTITIONS``; see ``readers.read_in_ranges``)."""
+    schema = request_schema(header.api_key, header.api_version)
+    if schema is None or header.body_offset is None:
+        raise DecodeError(
+            f"unsupported request api_key={header.api_key} version={header.api_version}"
+        )
+    try:
+        obj, _ = yield from readers.read_in_ranges(
+            schema, frame, header.body_offset, path=path, every=every
+        )
+    except DecodeError as exc:
+        raise DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}") from exc
+    return obj
+
+
+def decode_response_in_ranges(
+    api_key: int,
+    api_version: int,
+    frame: bytes,
+    *,
+    views: frozenset[str] = readers.NO_VIEWS,
+    path: tuple[str, ...],
+    every: int,
+) -> Generator[None, None, Any]:
+    """``decode_response``'s body, yielding after every *every* entries of the entity array
+    at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``readers.read_in_ranges``)."""
+    schema = response_schema(api_key, api_version)
+    hv = response_header_version(api_key, api_version)
+    if schema is None or hv is None:
+        raise DecodeError(f"unsupported response api_key={api_key} version={api_version}")
+    offset = response_body_offset(frame, hv)
+    try:
+        obj, _ = yield from readers.read_in_ranges(
+            schema, frame, offset, views, path=path, every=every
+        )
+    except DecodeError as exc:
+        raise DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}") from exc
+    return obj
+
+
 def decode_response(
     api_key: int,
     api_version: int,

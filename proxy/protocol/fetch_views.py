@@ -14,6 +14,7 @@ directly: no check walk, no kio copy, no second pass to replace the copies.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Generator
 from typing import Any
 
 from . import codec, readers, walk
@@ -28,6 +29,21 @@ def _is_partition_data(cls: type) -> bool:
 def decode_fetch_response(version: int, frame: bytes) -> Any:
     """The kio FetchResponse in *frame*, its records (when not empty) views of *frame*."""
     _, response = codec.decode_response(FETCH, version, frame, views=readers.FETCH_RECORDS)
+    return response
+
+
+def decode_fetch_response_in_ranges(
+    version: int, frame: bytes, every: int
+) -> Generator[None, None, Any]:
+    """``decode_fetch_response``, yielding after every *every* partitions (0: never)."""
+    response = yield from codec.decode_response_in_ranges(
+        FETCH,
+        version,
+        frame,
+        views=readers.FETCH_RECORDS,
+        path=codec.FETCH_RESPONSE_PARTITIONS,
+        every=every,
+    )
     return response
 
 

@@ -30,7 +30,7 @@ timestamps) are read by kio's own native field readers.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import MISSING, Field, fields
 from functools import cache
 from typing import Any
@@ -55,6 +55,9 @@ from .writers import STRUCT_CODES
 
 Reader = Callable[[Any, int], tuple[Any, int]]
 """``(buffer, offset) -> (value, offset after it)``."""
+
+RangedReader = Callable[[Any, int, Callable[[], bool]], Generator[None, None, tuple[Any, int]]]
+"""``(buffer, offset, tick) -> generator of (value, offset after it)``: yields when ``tick()``."""
 
 NO_VIEWS: frozenset[str] = frozenset()
 FETCH_RECORDS: frozenset[str] = frozenset({"PartitionData.records"})
@@ -328,6 +331,57 @@ def _too_many(name: str, n: int) -> DecodeError:
     return DecodeError(f"{name}: array of {n} entries cannot fit in the message")
 
 
+def read_in_ranges(
+    cls: type,
+    buf: bytes,
+    offset: int,
+    views: frozenset[str] = NO_VIEWS,
+    *,
+    path: tuple[str, ...] = (),
+    every: int = 0,
+) -> Generator[None, None, tuple[Any, int]]:
+    """``read``, yielding after every *every* entries of the innermost entity array along
+    *path* (``("topics", "partitions")``: a Fetch request's partitions); the same entity,
+    the same refusals."""
+    data: Any = memoryview(buf) if views else buf
+    done = 0
+
+    def tick() -> bool:
+        nonlocal done
+        done += 1
+        return bool(every) and done % every == 0
+
+    try:
+        result: tuple[Any, int] = yield from ranged_reader_for(cls, views, path)(data, offset, tick)
+    except DecodeError:
+        raise
+    except _FAILURES as exc:
+        if isinstance(exc, (struct.error, IndexError)):
+            raise DecodeError(f"{cls.__name__}: message truncated ({exc})") from exc
+        raise DecodeError(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
+    return result
+
+
+@cache
+def ranged_reader_for(cls: type, views: frozenset[str], path: tuple[str, ...]) -> RangedReader:
+    """``reader_for(cls, views)`` as a generator ``(buf, pos, tick)``: the entries of the
+    entity array *path* names are read by the ranged reader of the rest of *path*, and at
+    its end one at a time, yielding when ``tick()`` says so (bounded: one per path)."""
+    if not path:
+        read = reader_for(cls, views)
+
+        def read_whole(
+            buf: Any, pos: int, tick: Callable[[], bool]
+        ) -> Generator[None, None, tuple[Any, int]]:
+            result = read(buf, pos)
+            yield from ()
+            return result
+
+        return read_whole
+    ranged: RangedReader = _compiled_reader(cls, views, path)
+    return ranged
+
+
 @cache
 def reader_for(cls: type, views: frozenset[str] = NO_VIEWS) -> Reader:
     """The compiled reader of a kio entity class (bounded: one per class kio defines and *views*).
@@ -337,6 +391,13 @@ def reader_for(cls: type, views: frozenset[str] = NO_VIEWS) -> Reader:
     The entity is built as kio's native reader builds it, without ``__init__``: its
     slots are set directly (kio's classes are frozen, slotted, with no ``__post_init__``).
     """
+    reader: Reader = _compiled_reader(cls, views, ())
+    return reader
+
+
+def _compiled_reader(cls: type, views: frozenset[str], path: tuple[str, ...]) -> Any:
+    """The reader's source, compiled; with a *path*, the generator ``ranged_reader_for``
+    describes."""
     flexible = bool(getattr(cls, "__flexible__", False))
     namespace: dict[str, Any] = {
         "cls": cls,
@@ -414,7 +475,13 @@ def reader_for(cls: type, views: frozenset[str] = NO_VIEWS) -> Reader:
                 lines.append(f"        f{i} = bytes(buf[pos:end])")
             lines.append("        pos = end")
         elif isinstance(kind, EntityTupleField):
-            namespace[f"E{i}"] = reader_for(kind.type_, views)
+            ranged = bool(path) and f.name == path[0]
+            if ranged and len(path) > 1:
+                namespace[f"E{i}"] = ranged_reader_for(kind.type_, views, path[1:])
+                read_item = f"            item, pos = yield from E{i}(buf, pos, tick)"
+            else:
+                namespace[f"E{i}"] = reader_for(kind.type_, views)
+                read_item = f"            item, pos = E{i}(buf, pos)"
             _emit_length(lines, "    ", flexible, "I32")
             lines.append("    if n < 0:")
             _emit_null(lines, "        ", i, field_nullable(f), "array")
@@ -427,8 +494,13 @@ def reader_for(cls: type, views: frozenset[str] = NO_VIEWS) -> Reader:
                 f"            raise too_many(N{i}, n)",
                 "        items = []",
                 "        for _ in range(n):",
-                f"            item, pos = E{i}(buf, pos)",
+                read_item,
                 "            items.append(item)",
+                *(
+                    ["            if tick():", "                yield"]
+                    if ranged and len(path) == 1
+                    else []
+                ),
                 f"        f{i} = tuple(items)",
             ]
         else:
@@ -454,7 +526,13 @@ def reader_for(cls: type, views: frozenset[str] = NO_VIEWS) -> Reader:
         ]
         namespace["KNOWN"] = known_tags
     lines.append("    return obj, pos")
-    source = "def read_entity(buf, pos):\n" + "\n".join(lines) + "\n"
+    if path:
+        if not any(f.name == path[0] for f in fields(cls)):
+            raise TypeError(f"{cls.__name__} has no entity array {path[0]!r}")
+        lines.append("    yield  # (never reached: a generator)")
+        head = "def read_entity(buf, pos, tick):\n"
+    else:
+        head = "def read_entity(buf, pos):\n"
+    source = head + "\n".join(lines) + "\n"
     exec(compile(source, f"<reader of {cls.__module__}.{cls.__name__}>", "exec"), namespace)
-    reader: Reader = namespace["read_entity"]
-    return reader
+    return namespace["read_entity"]

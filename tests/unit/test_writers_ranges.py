@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
+from support import kio_classes  # noqa: F401  (registers the Records strategy)
 
 from proxy.protocol import codec, writers
 from proxy.protocol.framing import payload_bytes
@@ -44,7 +45,7 @@ def whole(obj: Any) -> bytes:
 
 
 @settings(
-    max_examples=300,
+    max_examples=150,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
