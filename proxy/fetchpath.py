@@ -62,12 +62,14 @@ encode on the way up, decode | upstream session | shaping | downstream session
 ``_received`` yield between stages); after a step the handler calls the edge's
 waker, whose task calls ``resume()`` at its next turn, so other connections'
 requests are served between two slices.  Every slice runs from the edge's wake
-loop, none in the loop that read a frame: a large request is decoded in a turn
+loop, none in the loop that read a frame: a large request is decoded in turns
 of its own, a large upstream answer waits for a turn (``_run(defer=True)``), so
 the edge can order them (its slice lane lets one connection's slices run at a
 time, ``proxy.server.connection``).  The walks over a fetch's partitions are
 also cut into ranges, yielding every ``SLICE_PARTITIONS`` partitions: the
-downstream session's open and answer (``DownstreamSessions.open_in_ranges``,
+decodes of the request and of the upstream answer (``_decoding``,
+``fetch_views.decode_fetch_response_in_ranges``), the downstream session's open
+and answer (``DownstreamSessions.open_in_ranges``,
 ``answer_in_ranges``), the upstream session's begin (``begin_in_ranges``:
 reading the client's partitions, building the upstream request) and complete
 (``complete_in_ranges``), shaping's finish (``FetchShaper.finish_in_ranges``:
@@ -81,10 +83,9 @@ memory-budget grant, the reuse buffer) is read or updated at one point, before
 the first range or after the last.  A connection closed between slices drops
 the rest (``close``).  A small fetch takes no extra turn.  Still uncut, and
 growing with the partitions (``bench/fetch_stall.py``, 20,000 partitions, an
-idle core): the request's decode and the upstream answer's (one read each,
-some 35 and 55 ms), shaping's prepare (some 45 ms) and the upstream session's
-grouping of the request; a full collection of the cycle collector lands in
-whichever slice triggers it; the typed fetch model of issue 17 shrinks every stage.
+idle core): shaping's prepare (some 45 ms) and the upstream session's grouping
+of the request; a full collection of the cycle collector lands in whichever
+slice triggers it; the typed fetch model of issue 17 shrinks every stage.
 
 A Fetch naming more than ``max_fetch_partitions`` closes the connection
 (``FetchTooLarge``) when it arrives: its partitions are counted from its bytes
@@ -153,7 +154,7 @@ from .config import FetchPathConfig
 from .protocol import codec, fetch_count
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
-from .protocol.fetch_views import decode_fetch_response
+from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
 from .protocol.framing import Gathered
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, RackUsage, account
@@ -521,6 +522,39 @@ class FetchPathHandler:
         self._last_decoded = (h.api_version, body, decoded)
         return decoded
 
+    def _decode_in_ranges(self, request: ClientRequest, every: int) -> Generator[None, None, Any]:
+        """``_decode`` (the same memo), yielding every *every* partitions of the request."""
+        h = request.header
+        offset = h.body_offset
+        if offset is None:
+            return codec.decode_request_body(h, request.frame)  # (which refuses it)
+        body = None
+        if len(request.frame) - offset <= DECODE_MEMO_MAX_BYTES:
+            body = bytes(request.frame[offset:])
+            last = self._last_decoded
+            if last is not None and last[0] == h.api_version and last[1] == body:
+                return last[2]
+        decoded = yield from codec.decode_request_body_in_ranges(
+            h, request.frame, path=codec.FETCH_REQUEST_PARTITIONS, every=every
+        )
+        if body is not None:
+            self._last_decoded = (h.api_version, body, decoded)
+        return decoded
+
+    def _decoding(self, request: ClientRequest, upstream: Upstream) -> Slices:
+        """The head of the queue, a large request, decoded in slices; it starts next turn."""
+        decoded = yield from self._decode_in_ranges(request, SLICE_PARTITIONS)
+        if self.closed:
+            return
+        self._busy = False
+        if replica_id(decoded) >= 0:  # a follower's: not ours to reshape
+            self._queue.popleft()
+            self._passthrough.handle_fetch(request, upstream)
+        else:
+            self._queue[0] = (request, decoded)
+        if self._waker is not None:
+            self._waker()
+
     # -- the trio edge (proxy.server.connection.FetchEdge) ------------------------------
 
     def bind_waker(self, wake: Callable[[], None]) -> None:
@@ -593,13 +627,15 @@ class FetchPathHandler:
             while self._queue and not self._busy:
                 request, decoded = self._queue[0]
                 if decoded is None:
-                    if (
-                        len(request.frame) > SLICE_BYTES
-                        and self._waker is not None
-                        and self._decode_turn is not request
-                    ):
-                        self._decode_turn = request  # decoded in a turn of its own, from
-                        self._waker()  # the edge's wake loop (its lane), not on arrival
+                    waker = self._waker
+                    large = len(request.frame) > SLICE_BYTES and waker is not None
+                    if waker is not None and large and self._decode_turn is not request:
+                        self._decode_turn = request  # decoded in turns of its own, from
+                        waker()  # the edge's wake loop (its lane), not on arrival
+                        return
+                    if large:  # decoded SLICE_PARTITIONS partitions a turn, then started
+                        self._busy = True
+                        self._run(self._decoding(request, upstream))
                         return
                     decoded = self._decode(request)
                     if replica_id(decoded) >= 0:  # a follower's: not ours to reshape
@@ -826,7 +862,9 @@ class FetchPathHandler:
         if exchange is None or translator is None:
             return  # the connection closed meanwhile
         exchange.upstream_response_bytes += len(frame)
-        response = decode_fetch_response(version, frame)
+        response = yield from decode_fetch_response_in_ranges(
+            version, frame, SLICE_PARTITIONS if exchange.large else 0
+        )
         if exchange.follow:
             exchange.leader_redirects = self._client_keys(
                 rack_fetch.redirects(response), int(exchange.request.header.api_version)

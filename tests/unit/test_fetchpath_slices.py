@@ -146,13 +146,14 @@ def test_a_large_fetch_yields_within_its_stages_and_others_are_served_between_ra
     # client's partitions, building the upstream request) and complete (recording the
     # answer, building the client's), the downstream session's open (reading the
     # client's partitions, listing them, the full fetch) and answer (reading the answer,
-    # grouping the client's), and the encodes of the upstream request and of the client's
-    # response yield every SLICE_PARTITIONS partitions besides.
+    # grouping the client's), the decodes of the request and of the upstream answer and
+    # the encodes of the upstream request and of the client's response yield every
+    # SLICE_PARTITIONS partitions besides.
     ranges = n // fetchpath.SLICE_PARTITIONS
-    assert big.handler.slices >= 7 + 11 * ranges - 6
-    # Every slice is a turn of the wake loop, none runs in the loop that read a frame:
-    # +1 the request's decode (a turn of its own), +2 the last turn of each direction
-    # (it ends its stages rather than yielding).
+    assert big.handler.slices >= 7 + 13 * ranges - 7
+    # Every slice is a turn of the wake loop, none runs in the loop that read a frame;
+    # +3: the last turn of the request's decode (in ranges too) and of each direction
+    # ends its stages rather than yielding.
     assert served == big.handler.slices + 3
     [frame] = out
     sliced = codec.decode_response(1, 12, frame)[1]
