@@ -161,9 +161,9 @@ def _real_kafka(item: pytest.Item) -> set[str]:
 #    run, a parametrised backend) gets its module's group (the fixture is built once).
 #    The groups are handed out longest first (SLOW_FIRST, from the durations of a full
 #    run: a group that starts late would end the run alone), and the single tests fill in.
-# 2. ``-m alone``: the tests whose assertions are measurements of the proxy process (its
-#    RSS, whether it keeps serving its other clients under attack or under load), one at
-#    a time with nothing else of the suite running.
+# 2. ``-m alone``: the tests whose assertions are measurements (the proxy's RSS, whether it
+#    keeps serving its other clients under attack or under load, this process's
+#    allocations with tracemalloc), one at a time with nothing else of the suite running.
 #
 # A plain ``pytest`` (no ``-n``) runs everything in one process in collection order, as
 # before: the groups are only marks then.
@@ -179,7 +179,8 @@ ALONE = (
     "tests/integration/test_load_short.py::",
     "tests/integration/test_shaping_budget_clients.py::test_fifty_consumers_under_a_64_mib_budget",
 )
-"""Node id prefixes of the tests marked ``alone`` (see above)."""
+"""Node id prefixes of the tests marked ``alone`` (see above); so is every test whose
+function starts ``tracemalloc``: it traces every thread of the process, xdist's too."""
 
 SLOW_FIRST = (
     "kafka",
@@ -200,6 +201,14 @@ SLOW_FIRST = (
 The rest keeps collection order after them."""
 
 _MODULE_SCOPES = ("module", "package", "class")
+
+
+def _traces_allocations(item: pytest.Item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        return function is not None and "tracemalloc.start(" in inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
 
 
 def _xdist_group(item: pytest.Item, clusters: set[str]) -> str | None:
@@ -236,8 +245,9 @@ class _SlowFirst:
             items[:] = sorted(items, key=_slow_rank)  # stable: keeps order within a rank
 
 
-GROUPS_ENV = "KAFKA_FETCH_PROXY_TEST_GROUPS"
-"""Set by the xdist controller: the directory where each worker writes <worker>.json."""
+GROUPS_ENV = "PYTEST_WORKER_GROUPS_DIR"
+"""Set by the xdist controller: the directory where each worker writes <worker>.json.  Not
+KAFKA_FETCH_PROXY_*: every proxy a test starts inherits it, and would refuse it."""
 
 
 def _worker(config: pytest.Config) -> str | None:
@@ -303,7 +313,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # another ini (tests/unit/test_kafka_marks_and_logs.py) keeps --strict-markers happy.
     config.addinivalue_line(
         "markers",
-        "alone: asserts a measurement of the proxy process; scripts/test runs these after "
+        "alone: asserts a memory or service measurement; scripts/test runs these after "
         "the parallel run, one at a time",
     )
     if not config.pluginmanager.has_plugin("xdist"):
@@ -322,7 +332,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if clusters:
             item.add_marker(pytest.mark.kafka)
             item.add_marker(pytest.mark.integration)
-        if item.nodeid.startswith(ALONE):
+        if item.nodeid.startswith(ALONE) or _traces_allocations(item):
             item.add_marker(pytest.mark.alone)
         group = _xdist_group(item, clusters)
         if group is not None:
