@@ -370,9 +370,17 @@ def encode_response_gathered_in_ranges(
     assert hv is not None
     pieces = _Pieces((encode_response_header(correlation_id, hv),))
     yield from writers.encode_in_ranges(obj, pieces, path, every)
+    # The gather walks every piece (a few per partition): in ranges too, a run of small
+    # pieces then joined at a range's end (the same bytes, in a few more parts).
+    step = every * GATHER_PIECES_PER_ENTRY
     parts: list[Buffer] = []
     small: list[Buffer] = []
-    for piece in pieces:
+    for i, piece in enumerate(pieces, 1):
+        if step and i % step == 0:
+            if small:
+                parts.append(b"".join(small))
+                small = []
+            yield
         if len(piece) < copy_below:
             small.append(piece)
             continue
@@ -383,3 +391,7 @@ def encode_response_gathered_in_ranges(
     if small or not parts:
         parts.append(b"".join(small))
     return Gathered(parts)
+
+
+GATHER_PIECES_PER_ENTRY = 6
+"""Pieces a Fetch response's partition is written as, about (the gather's range size)."""
