@@ -121,29 +121,32 @@ def encode_in_ranges(
     (``split_writer``), the array's count and its entries (each by its own writer,
     or cut further along the rest of *path*), then the fields after it.
     """
-    done = 0
+    # A module-level walk, not a nested recursive one: a closure that calls itself is
+    # a reference cycle, and *out* (a response's pieces) would wait for the cyclic GC.
+    yield from _walk_in_ranges(obj, path, out, every, [0])
 
-    def walk(entity: Any, rest: tuple[str, ...]) -> Generator[None, None, None]:
-        nonlocal done
-        cls: type = type(entity)
-        items = getattr(entity, rest[0]) if rest else None
-        if not rest or items is None:
-            writer_for(cls)(out, entity)
-            return
-        before, write_count, write_item, after = split_writer(cls, rest[0])
-        before(out, entity)
-        write_count(out, len(items))
-        for item in items:
-            if len(rest) > 1:
-                yield from walk(item, rest[1:])
-                continue
-            write_item(out, item)
-            done += 1
-            if every and done % every == 0:
-                yield
-        after(out, entity)
 
-    yield from walk(obj, path)
+def _walk_in_ranges(
+    entity: Any, rest: tuple[str, ...], out: Pieces, every: int, done: list[int]
+) -> Generator[None, None, None]:
+    """``encode_in_ranges``'s walk; ``done[0]`` counts the entries written so far."""
+    cls: type = type(entity)
+    items = getattr(entity, rest[0]) if rest else None
+    if not rest or items is None:
+        writer_for(cls)(out, entity)
+        return
+    before, write_count, write_item, after = split_writer(cls, rest[0])
+    before(out, entity)
+    write_count(out, len(items))
+    for item in items:
+        if len(rest) > 1:
+            yield from _walk_in_ranges(item, rest[1:], out, every, done)
+            continue
+        write_item(out, item)
+        done[0] += 1
+        if every and done[0] % every == 0:
+            yield
+    after(out, entity)
 
 
 @cache
