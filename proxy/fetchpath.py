@@ -55,7 +55,9 @@ decoded Fetch is about 110 times its wire size in kio objects).
 
 Slices: one event loop serves every connection, so a fetch's stages must not
 hold it long.  A fetch covering more than ``SLICE_PARTITIONS`` partitions (or
-whose frame is larger than ``SLICE_BYTES``, for the decode) is served one
+whose request frame is larger than ``SLICE_BYTES``, for its decode; its answer
+is deferred by the partitions it covers, not by its bytes: records are views,
+so a few partitions' megabytes decode at once) is served one
 stage per loop turn: decode | open + admission | shaping | upstream session |
 encode on the way up, decode | upstream session | shaping | downstream session
 | encode on the way down.  Each stage is a generator step (``_start`` and
@@ -848,8 +850,10 @@ class FetchPathHandler:
             return
         exchange.upstream_request_bytes += len(frame)
 
+        large = exchange.large
+
         def on_response(frame: bytes) -> None:
-            self._run(self._received(version, frame, upstream), defer=len(frame) > SLICE_BYTES)
+            self._run(self._received(version, frame, upstream), defer=large)
 
         upstream.send(frame, api_key=FETCH, api_version=version, on_response=on_response)
 
