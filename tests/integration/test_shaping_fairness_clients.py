@@ -156,8 +156,8 @@ def taps(request: pytest.FixtureRequest) -> Iterator[tuple[SessionStack, Starvat
     async def broker_side(self: DevNode, stream: Any, decoder: FrameDecoder) -> None:
         await serve_broker(self, TapStream(stream, FetchTap(direct)), decoder)
 
-    async def client_side(self: Proxy, stream: Any, node_id: int | None) -> None:
-        await serve_client(self, TapStream(stream, FetchTap(proxied)), node_id)
+    async def client_side(self: Proxy, stream: Any, *rest: Any) -> None:
+        await serve_client(self, TapStream(stream, FetchTap(proxied)), *rest)
 
     stack = SessionStack(
         {"max_records": MAX_RECORDS, "max_response_bytes": MAX_RESPONSE_BYTES},
