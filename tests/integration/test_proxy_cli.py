@@ -77,7 +77,7 @@ async def test_run_in_front_of_devbroker() -> None:
             try:
                 lines = await first_lines(proxy, ("bootstrap", "metrics"))
                 bootstrap = lines["bootstrap"]
-                listing = await kcat("-b", bootstrap, "-L", "-t", "demo")
+                listing = await kcat("-b", bootstrap, "-L", "-m", "30", "-t", "demo")
                 assert " 3 brokers:" in listing and upstream not in listing
                 await kcat("-b", bootstrap, "-P", "-t", "demo", "-p", "2", stdin=b"hello\nworld\n")
                 out = await kcat("-b", bootstrap, "-C", "-t", "demo", "-p", "2", "-e", "-f", "%s\n")

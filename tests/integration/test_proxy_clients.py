@@ -96,7 +96,7 @@ def kcat(*args: str, stdin: bytes | None = None) -> str:
 
 def test_kcat_metadata_produce_consume(stack: ProxyStack) -> None:
     topic = stack.create_topic(3)
-    listing = kcat("-b", stack.bootstrap, "-L", "-t", topic)
+    listing = kcat("-b", stack.bootstrap, "-L", "-m", "30", "-t", topic)
     brokers = {
         (host, int(port)) for host, port in re.findall(r"broker \d+ at ([^:\s]+):(\d+)", listing)
     }
