@@ -43,6 +43,7 @@ from kio.serial._introspect import EntityField, EntityTupleField, classify_field
 from ..protocol import codec
 from ..protocol.apis import STREAMS_GROUP_DESCRIBE, STREAMS_GROUP_HEARTBEAT
 from . import rewrite
+from .advertised import ADVERTISED
 
 APPLICATION_ENDPOINTS = frozenset(
     {(STREAMS_GROUP_HEARTBEAT, "Endpoint"), (STREAMS_GROUP_DESCRIBE, "Endpoint")}
@@ -90,14 +91,54 @@ def rewrites_all(api_key: int, version: int) -> bool:
     return rewrite.needs_rewrite(api_key, version) and all(rewrite.is_endpoint(c) for c in entities)
 
 
-@lru_cache(maxsize=_CACHED)
 def advertisable(api_key: int, version: int) -> bool:
-    """May ApiVersions offer this version to clients?"""
+    """May ApiVersions offer this version to clients?  (``derived_advertisable``, from a
+    table: the ApiVersions rewrite imports no schema.)"""
+    run = ADVERTISED.get(api_key)
+    return run is not None and run[0] <= version <= run[1]
+
+
+def derived_advertisable(api_key: int, version: int) -> bool:
+    """What ``advertisable`` answers, derived from kio's schemas (importing them)."""
     return (
         codec.request_schema(api_key, version) is not None
         and codec.response_schema(api_key, version) is not None
         and rewrites_all(api_key, version)
     )
+
+
+_ADVERTISED_DOC = '''"""The (api_key, versions) ApiVersions may offer: ``endpoints.advertised_source()``'s output.
+
+Generated from kio's schemas by the derivation in ``endpoints``; checked against it by
+tests/unit/test_fail_closed.py, whose failure message says how to regenerate it.  A
+table, not the derivation at run time: the derivation imports every schema module kio
+has (about a thousand, 1-2 s of CPU on a loaded machine), which the first upstream
+ApiVersions answer's rewrite did on the event loop, serving no other client meanwhile.
+"""
+'''
+
+
+def advertised_source() -> str:
+    """The text of ``proxy/relay/advertised.py`` for the kio installed (imports all of it)."""
+    from kio.schema.index import api_key_map, schema_name_map
+
+    lines = [_ADVERTISED_DOC, "ADVERTISED: dict[int, tuple[int, int]] = {"]
+    for api_key, name in sorted(api_key_map.items()):
+        offered = [
+            v
+            for v in sorted(schema_name_map[name])
+            if 0 <= v < MAX_PROBE and derived_advertisable(api_key, v)
+        ]
+        if not offered:
+            continue
+        if offered != list(range(offered[0], offered[-1] + 1)):
+            raise AssertionError(f"{name}: versions offered with a gap: {offered}")
+        lines.append(f"    {api_key}: ({offered[0]}, {offered[-1]}),  # {name}")
+    lines.append("}")
+    lines.append(
+        '"""api_key: (lowest, highest) version offered; every version between is offered."""'
+    )
+    return "\n".join(lines) + "\n"
 
 
 def refused(api_key: int, version: int) -> bool:
