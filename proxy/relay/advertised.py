@@ -1,10 +1,10 @@
 """The (api_key, versions) ApiVersions may offer: ``endpoints.advertised_source()``'s output.
 
-Generated from kio's schemas by the derivation in ``endpoints``; checked against it by
-tests/unit/test_fail_closed.py, whose failure message says how to regenerate it.  A
-table, not the derivation at run time: the derivation imports every schema module kio
-has (about a thousand, 1-2 s of CPU on a loaded machine), which the first upstream
-ApiVersions answer's rewrite did on the event loop, serving no other client meanwhile.
+Generated from kio's schemas by the derivation in ``endpoints``; checked against it
+by tests/unit/test_apiversions_loop.py, whose failure message says how to regenerate
+it.  A table, not the derivation at run time: the derivation imports every schema
+module kio has (about a thousand, 1-2 s of CPU on a loaded machine), which the first
+upstream ApiVersions answer's rewrite did on the event loop, serving no other client meanwhile.
 """
 
 ADVERTISED: dict[int, tuple[int, int]] = {
