@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.cluster import ThreadedCluster
+from support.kafka_python import GROUP_POLL_MS
 
 from proxy.protocol import records
 
@@ -294,11 +295,11 @@ def kp_produce(bootstrap: str, exp: Expected, compression: str | None) -> None:
         producer.close(timeout=10)
 
 
-def kp_consume(consumer: Any, want: int) -> list[dict[str, Any]]:
+def kp_consume(consumer: Any, want: int, poll_ms: int = 200) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     deadline = time.monotonic() + DEADLINE
     while len(out) < want and time.monotonic() < deadline:
-        for _tp, msgs in consumer.poll(timeout_ms=200).items():
+        for _tp, msgs in consumer.poll(timeout_ms=poll_ms).items():
             for m in msgs:
                 out.append(
                     {
@@ -346,7 +347,7 @@ def test_kafka_python_subscribe(cluster: ThreadedCluster) -> None:
         heartbeat_interval_ms=500,
     )
     try:
-        exp.check(kp_consume(consumer, RECORDS))
+        exp.check(kp_consume(consumer, RECORDS, GROUP_POLL_MS))
         consumer.commit()
         committed = {
             p: consumer.committed(tp) for tp in consumer.assignment() for p in [tp.partition]

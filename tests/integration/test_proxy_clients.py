@@ -29,6 +29,7 @@ import pytest
 from confluent_kafka import admin as confluent_admin
 from support.backends import BACKENDS, BACKENDS_3, running, upstream_for
 from support.delivery import assert_exactly_once_in_order
+from support.kafka_python import GROUP_POLL_MS
 from support.stack import ProxyStack
 
 pytestmark = pytest.mark.integration
@@ -334,7 +335,7 @@ def test_kafka_python_group_subscribe(stack: ProxyStack) -> None:
     try:
         got: list[Record] = []
         for _ in until(time.monotonic() + DEADLINE, lambda: len(got) >= len(records)):
-            for tp, msgs in consumer.poll(timeout_ms=200).items():
+            for tp, msgs in consumer.poll(timeout_ms=GROUP_POLL_MS).items():
                 got.extend((tp.partition, m.key, m.value) for m in msgs)
         consumer.commit()
     finally:
@@ -471,7 +472,7 @@ def test_node_restart_mid_consumption_kafka_python_group(stack3: ProxyStack) -> 
 
     def drain(target: int) -> None:
         for _ in until(time.monotonic() + DEADLINE, lambda: len(set(got)) >= target):
-            for tp, msgs in consumer.poll(timeout_ms=200).items():
+            for tp, msgs in consumer.poll(timeout_ms=GROUP_POLL_MS).items():
                 got.extend((tp.partition, m.key, m.value) for m in msgs)
             if got:
                 try:
