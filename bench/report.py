@@ -535,8 +535,9 @@ def sizing(results: dict[str, Any]) -> list[str]:
         part = f" + session partitions / 10,000 x {session:.1f} MiB" if session is not None else ""
         lines.append(
             f"**Memory.** limit ~ {f['rss_idle']:.0f} MiB (idle) + `memory_budget_bytes` + "
-            f"connections / 1,000 x {f['mib_kconn']:.1f} MiB{part} + about 10 MiB of "
-            "per-request state (README: RSS <= budget + about 10 MiB at 50 consumers)."
+            f"connections / 1,000 x {f['mib_kconn']:.1f} MiB{part} + 32 MiB of "
+            "per-request state and allocator heap (README: usually about 13 MiB beyond the "
+            "budget at 50 consumers, with a tail measured up to 28 MiB)."
         )
         lines.append("")
     lines.append(budget_advice(results))
