@@ -164,6 +164,11 @@ def peek_correlation_id(frame: bytes | memoryview) -> int:
     return int(cid)
 
 
+def _refused(schema: Any, exc: DecodeError) -> DecodeError:
+    """*exc*, naming the message it was raised decoding."""
+    return DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}")
+
+
 def _decode(
     schema: Any,
     frame: bytes,
@@ -175,11 +180,30 @@ def _decode(
     try:
         obj, end = readers.read(schema, frame, offset, views)
     except DecodeError as exc:
-        raise DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}") from exc
+        raise _refused(schema, exc) from exc
     if strict and end != len(frame):
         raise DecodeError(
             f"{schema.__name__} v{schema.__version__}: {len(frame) - end} trailing bytes after body"
         )
+    return obj
+
+
+def _decode_in_ranges(
+    schema: Any,
+    frame: bytes,
+    offset: int,
+    *,
+    views: frozenset[str] = readers.NO_VIEWS,
+    path: tuple[str, ...],
+    every: int,
+) -> Generator[None, None, Any]:
+    """``_decode`` (not strict) in ranges: see ``readers.read_in_ranges``."""
+    try:
+        obj, _ = yield from readers.read_in_ranges(
+            schema, frame, offset, views, path=path, every=every
+        )
+    except DecodeError as exc:
+        raise _refused(schema, exc) from exc
     return obj
 
 
@@ -190,24 +214,34 @@ def _decode(
 # (round-trip tests use strict=True to prove a decoder consumed everything).
 
 
+def _request_body(header: RequestHeader) -> tuple[Any, int]:
+    """(schema, body offset) of *header*'s request; DecodeError if kio does not know it."""
+    schema = request_schema(header.api_key, header.api_version)
+    if schema is None or header.body_offset is None:
+        raise DecodeError(
+            f"unsupported request api_key={header.api_key} version={header.api_version}"
+        )
+    return schema, header.body_offset
+
+
+def _response_body(api_key: int, api_version: int, frame: bytes) -> tuple[Any, int]:
+    """(schema, body offset) of a response frame; DecodeError if kio does not know it."""
+    schema = response_schema(api_key, api_version)
+    hv = response_header_version(api_key, api_version)
+    if schema is None or hv is None:
+        raise DecodeError(f"unsupported response api_key={api_key} version={api_version}")
+    return schema, response_body_offset(frame, hv)
+
+
 def decode_request(frame: bytes, *, strict: bool = False) -> tuple[RequestHeader, Any]:
     """Decode header and body; DecodeError if kio does not know this API/version."""
     header = parse_request_header(frame)
-    schema = request_schema(header.api_key, header.api_version)
-    if schema is None or header.body_offset is None:
-        raise DecodeError(
-            f"unsupported request api_key={header.api_key} version={header.api_version}"
-        )
-    return header, _decode(schema, frame, header.body_offset, strict=strict)
+    return header, decode_request_body(header, frame, strict=strict)
 
 
 def decode_request_body(header: RequestHeader, frame: bytes, *, strict: bool = False) -> Any:
-    schema = request_schema(header.api_key, header.api_version)
-    if schema is None or header.body_offset is None:
-        raise DecodeError(
-            f"unsupported request api_key={header.api_key} version={header.api_version}"
-        )
-    return _decode(schema, frame, header.body_offset, strict=strict)
+    schema, offset = _request_body(header)
+    return _decode(schema, frame, offset, strict=strict)
 
 
 def decode_request_body_in_ranges(
@@ -215,18 +249,8 @@ def decode_request_body_in_ranges(
 ) -> Generator[None, None, Any]:
     """``decode_request_body``, yielding after every *every* entries of the entity array at
     *path* (``FETCH_REQUEST_PARTITIONS``; see ``readers.read_in_ranges``)."""
-    schema = request_schema(header.api_key, header.api_version)
-    if schema is None or header.body_offset is None:
-        raise DecodeError(
-            f"unsupported request api_key={header.api_key} version={header.api_version}"
-        )
-    try:
-        obj, _ = yield from readers.read_in_ranges(
-            schema, frame, header.body_offset, path=path, every=every
-        )
-    except DecodeError as exc:
-        raise DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}") from exc
-    return obj
+    schema, offset = _request_body(header)
+    return (yield from _decode_in_ranges(schema, frame, offset, path=path, every=every))
 
 
 def decode_response_in_ranges(
@@ -240,18 +264,10 @@ def decode_response_in_ranges(
 ) -> Generator[None, None, Any]:
     """``decode_response``'s body, yielding after every *every* entries of the entity array
     at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``readers.read_in_ranges``)."""
-    schema = response_schema(api_key, api_version)
-    hv = response_header_version(api_key, api_version)
-    if schema is None or hv is None:
-        raise DecodeError(f"unsupported response api_key={api_key} version={api_version}")
-    offset = response_body_offset(frame, hv)
-    try:
-        obj, _ = yield from readers.read_in_ranges(
-            schema, frame, offset, views, path=path, every=every
-        )
-    except DecodeError as exc:
-        raise DecodeError(f"cannot decode {schema.__name__} v{schema.__version__}: {exc}") from exc
-    return obj
+    schema, offset = _response_body(api_key, api_version, frame)
+    return (
+        yield from _decode_in_ranges(schema, frame, offset, views=views, path=path, every=every)
+    )
 
 
 def decode_response(
@@ -266,11 +282,8 @@ def decode_response(
 
     The bytes fields named in *views* (e.g. ``readers.FETCH_RECORDS``) are views of *frame*.
     """
-    schema = response_schema(api_key, api_version)
-    hv = response_header_version(api_key, api_version)
-    if schema is None or hv is None:
-        raise DecodeError(f"unsupported response api_key={api_key} version={api_version}")
-    body = _decode(schema, frame, response_body_offset(frame, hv), strict=strict, views=views)
+    schema, offset = _response_body(api_key, api_version, frame)
+    body = _decode(schema, frame, offset, strict=strict, views=views)
     return peek_correlation_id(frame), body
 
 
@@ -296,16 +309,35 @@ def _encode(head: bytes, obj: Any) -> bytes:
     return b"".join(pieces)
 
 
+def _encode_in_ranges(
+    head: bytes, obj: Any, path: tuple[str, ...], every: int
+) -> Generator[None, None, _Pieces]:
+    """*head*, then *obj* written in ranges (``writers.encode_in_ranges``): the pieces
+    ``_encode`` joins, the same bytes in the same order."""
+    pieces = _Pieces((head,))
+    yield from writers.encode_in_ranges(obj, pieces, path, every)
+    return pieces
+
+
+def _request_head(obj: Any, correlation_id: int, client_id: str | None) -> bytes:
+    return encode_request_header(
+        int(obj.__api_key__), int(obj.__version__), correlation_id, client_id
+    )
+
+
+def _response_head(obj: Any, correlation_id: int) -> bytes:
+    hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
+    assert hv is not None
+    return encode_response_header(correlation_id, hv)
+
+
 def encode_body(obj: Any) -> bytes:
     return _encode(b"", obj)
 
 
 def encode_request(obj: Any, correlation_id: int, client_id: str | None) -> bytes:
     """Header + body of a request (frame body, without the length prefix)."""
-    header = encode_request_header(
-        int(obj.__api_key__), int(obj.__version__), correlation_id, client_id
-    )
-    return _encode(header, obj)
+    return _encode(_request_head(obj, correlation_id, client_id), obj)
 
 
 def encode_request_in_ranges(
@@ -313,12 +345,8 @@ def encode_request_in_ranges(
 ) -> Generator[None, None, bytes]:
     """``encode_request``, yielding after every *every* entries of the entity array at
     *path* (``FETCH_REQUEST_PARTITIONS``; see ``writers.encode_in_ranges``)."""
-    header = encode_request_header(
-        int(obj.__api_key__), int(obj.__version__), correlation_id, client_id
-    )
-    pieces = _Pieces((header,))
-    yield from writers.encode_in_ranges(obj, pieces, path, every)
-    return b"".join(pieces)
+    head = _request_head(obj, correlation_id, client_id)
+    return b"".join((yield from _encode_in_ranges(head, obj, path, every)))
 
 
 FETCH_REQUEST_PARTITIONS = ("topics", "partitions")
@@ -338,9 +366,7 @@ def drain(ranges: Generator[None, None, T]) -> T:
 
 def encode_response(obj: Any, correlation_id: int) -> bytes:
     """Header + body of a response (frame body, without the length prefix)."""
-    hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
-    assert hv is not None
-    return _encode(encode_response_header(correlation_id, hv), obj)
+    return _encode(_response_head(obj, correlation_id), obj)
 
 
 def encode_response_gathered(
@@ -366,10 +392,8 @@ def encode_response_gathered_in_ranges(
 ) -> Generator[None, None, Gathered]:
     """``encode_response_gathered``, yielding after every *every* entries of the entity
     array at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``writers.encode_in_ranges``)."""
-    hv = response_header_version(int(obj.__api_key__), int(obj.__version__))
-    assert hv is not None
-    pieces = _Pieces((encode_response_header(correlation_id, hv),))
-    yield from writers.encode_in_ranges(obj, pieces, path, every)
+    head = _response_head(obj, correlation_id)
+    pieces = yield from _encode_in_ranges(head, obj, path, every)
     # The gather walks every piece (a few per partition): in ranges too, a run of small
     # pieces then joined at a range's end (the same bytes, in a few more parts).
     step = every * GATHER_PIECES_PER_ENTRY
