@@ -16,8 +16,6 @@ would carry.
 from __future__ import annotations
 
 import random
-import sys
-from datetime import timedelta
 from typing import Any
 
 from devbroker.fetch import NodeFetcher
@@ -27,13 +25,13 @@ from proxy.protocol.codec import (
     decode_response,
     encode_request,
     encode_response,
-    request_schema,
 )
-from proxy.protocol.messages import make
+from proxy.protocol.messages import make, request_module
 from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.topic_ids import TopicIdMap
 
 from .batches import make_batch
+from .fetch_messages import fetch_request, fetch_topics
 
 TOPICS = {"orders": 4, "events": 3}
 """The topics every :class:`Upstream` starts with: name -> partitions."""
@@ -78,27 +76,10 @@ class Upstream:
 
 def client_fetch(up: Upstream, version: int, parts: list[tuple[str, int, int]]) -> Any:
     """A sessionless Fetch of ``parts`` (topic, partition, offset), by name or id by version."""
-    mod = sys.modules[request_schema(1, version).__module__]
-    topics: list[tuple[Any, list[Any]]] = []
+    mod = request_module(1, version)
+    pairs = []
     for name, p, offset in parts:
         ref: Any = up.state.topics[name].topic_id if version >= 13 else name
         fp = make(mod.FetchPartition, partition=p, fetch_offset=offset, partition_max_bytes=1 << 20)
-        if topics and topics[-1][0] == ref:
-            topics[-1][1].append(fp)
-        else:
-            topics.append((ref, [fp]))
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=timedelta(0),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=tuple(
-            make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(ps))
-            for ref, ps in topics
-        ),
-        forgotten_topics_data=(),
-    )
+        pairs.append((ref, fp))
+    return fetch_request(version, fetch_topics(version, pairs))

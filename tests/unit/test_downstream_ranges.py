@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import random
 import uuid
-from datetime import timedelta
 from typing import Any
 
 import pytest
-from kio.schema.errors import ErrorCode
+from support.fetch_messages import counted, fetch_request, fetch_response, partition_data
 
 from proxy.protocol import codec
 from proxy.protocol.messages import make, request_module, response_module
@@ -86,21 +85,15 @@ def fetch(
         )
         for name, tid, parts in runs
     )
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=timedelta(0),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
+    return fetch_request(
+        version,
+        topics,
         session_id=session_id,
         session_epoch=epoch,
-        topics=topics,
         forgotten_topics_data=tuple(
             make(mod.ForgottenTopic, topic=name, topic_id=tid, partitions=tuple(parts))
             for name, tid, parts in forgotten
         ),
-        rack_id="",
     )
 
 
@@ -115,14 +108,10 @@ def full_answer(opened: DownstreamFetch, rng: random.Random) -> Any:
             topic=t.topic_id if on_ids else t.topic,
             topic_id=t.topic_id if on_ids else t.topic,
             partitions=tuple(
-                make(
-                    mod.PartitionData,
-                    partition_index=p.partition,
-                    error_code=ErrorCode.none,
+                partition_data(
+                    version,
+                    p.partition,
                     high_watermark=rng.choice((5, 9)),
-                    last_stable_offset=-1,
-                    log_start_offset=0,
-                    aborted_transactions=(),
                     records=rng.choice((None, b"x" * 3)),
                 )
                 for p in t.partitions
@@ -130,24 +119,7 @@ def full_answer(opened: DownstreamFetch, rng: random.Random) -> Any:
         )
         for t in opened.request.topics
     )
-    return make(
-        mod.FetchResponse,
-        throttle_time=timedelta(0),
-        error_code=ErrorCode.none,
-        session_id=0,
-        responses=topics,
-    )
-
-
-def counted(ranges: Any) -> tuple[Any, int]:
-    """(value, yields) of a generator of ranges."""
-    yields = 0
-    while True:
-        try:
-            next(ranges)
-        except StopIteration as done:
-            return done.value, yields
-        yields += 1
+    return fetch_response(version, topics)
 
 
 def same_open(a: Any, b: Any) -> None:

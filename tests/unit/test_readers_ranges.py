@@ -10,29 +10,24 @@ refused by both, and a 20,000-partition request must yield once every range.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from support import kio_classes  # noqa: F401  (registers the Records strategy)
+from support.fetch_messages import (
+    RANDOM_FETCH_SETTINGS,
+    counted,
+    fetch_request,
+    fetch_response,
+    fetch_topics,
+    partition_data,
+    random_fetch_messages,
+)
 
 from proxy.protocol import codec, fetch_views, readers
 from proxy.protocol.errors import DecodeError
 from proxy.protocol.messages import make, request_module, response_module
-
-VERSIONS = range(4, 18)
-
-
-def run(steps: Any) -> tuple[Any, int]:
-    yields = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value, yields
-        yields += 1
 
 
 def outcome(call: Any) -> Any:
@@ -42,29 +37,20 @@ def outcome(call: Any) -> Any:
         return ("refused",)
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@RANDOM_FETCH_SETTINGS
 @given(st.data())
 def test_random_fetch_messages_decode_the_same_in_ranges(data: st.DataObject) -> None:
-    version = data.draw(st.sampled_from(VERSIONS))
-    response = data.draw(st.booleans())
-    mod = response_module(1, version) if response else request_module(1, version)
-    cls = mod.FetchResponse if response else mod.FetchRequest
-    obj = data.draw(st.from_type(cls))
+    obj, response, path = data.draw(random_fetch_messages())
+    cls = type(obj)
     body = codec.encode_body(obj)
     views = readers.FETCH_RECORDS if response else readers.NO_VIEWS
-    path = codec.FETCH_RESPONSE_PARTITIONS if response else codec.FETCH_REQUEST_PARTITIONS
     every = data.draw(st.integers(0, 3))
     cut = data.draw(st.integers(0, len(body)))
     for buf in (body, body[:cut]):
         whole = outcome(lambda buf=buf: readers.read(cls, buf, 0, views))
         for p in (path, path[:1]):
             ranged = outcome(
-                lambda buf=buf, p=p: run(
+                lambda buf=buf, p=p: counted(
                     readers.read_in_ranges(cls, buf, 0, views, path=p, every=every)
                 )[0]
             )
@@ -73,29 +59,17 @@ def test_random_fetch_messages_decode_the_same_in_ranges(data: st.DataObject) ->
 
 def big_request(n: int) -> bytes:
     mod = request_module(1, 12)
-    parts = tuple(
-        make(mod.FetchPartition, partition=p, fetch_offset=p, partition_max_bytes=1 << 20)
+    parts = (
+        ("big", make(mod.FetchPartition, partition=p, fetch_offset=p, partition_max_bytes=1 << 20))
         for p in range(n)
     )
-    request = make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=timedelta(0),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=(make(mod.FetchTopic, topic="big", partitions=parts),),
-        forgotten_topics_data=(),
-    )
-    return codec.encode_request(request, 1, "c")
+    return codec.encode_request(fetch_request(12, fetch_topics(12, parts)), 1, "c")
 
 
 def test_a_20000_partition_request_yields_every_range() -> None:
     frame = big_request(20_000)
     header = codec.parse_request_header(frame)
-    decoded, yields = run(
+    decoded, yields = counted(
         codec.decode_request_body_in_ranges(
             header, frame, path=codec.FETCH_REQUEST_PARTITIONS, every=500
         )
@@ -107,27 +81,13 @@ def test_a_20000_partition_request_yields_every_range() -> None:
 def test_a_fetch_response_in_ranges_keeps_its_records_as_views(version: int) -> None:
     mod = response_module(1, version)
     parts = tuple(
-        make(
-            mod.PartitionData,
-            partition_index=p,
-            error_code=0,
-            high_watermark=9,
-            last_stable_offset=-1,
-            log_start_offset=0,
-            aborted_transactions=(),
-            records=b"r" * 70 if p % 3 == 0 else None,
-        )
+        partition_data(version, p, high_watermark=9, records=b"r" * 70 if p % 3 == 0 else None)
         for p in range(1200)
     )
-    response = make(
-        mod.FetchResponse,
-        throttle_time=timedelta(0),
-        error_code=0,
-        session_id=0,
-        responses=(make(mod.FetchableTopicResponse, topic="t", topic_id=None, partitions=parts),),
-    )
+    topic = make(mod.FetchableTopicResponse, topic="t", topic_id=None, partitions=parts)
+    response = fetch_response(version, [topic])
     frame = codec.encode_response(response, 5)
-    ranged, yields = run(fetch_views.decode_fetch_response_in_ranges(version, frame, 500))
+    ranged, yields = counted(fetch_views.decode_fetch_response_in_ranges(version, frame, 500))
     whole = fetch_views.decode_fetch_response(version, frame)
     assert yields == 2 and ranged == whole
     records = ranged.responses[0].partitions[0].records

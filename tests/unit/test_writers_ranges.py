@@ -15,16 +15,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from kio.schema.errors import ErrorCode
-from support import kio_classes  # noqa: F401  (registers the Records strategy)
+from support.fetch_messages import (
+    RANDOM_FETCH_SETTINGS,
+    counted,
+    fetch_response,
+    partition_data,
+    random_fetch_messages,
+)
 
 from proxy.protocol import codec, writers
 from proxy.protocol.framing import payload_bytes
-from proxy.protocol.messages import make, request_module, response_module
-
-VERSIONS = range(4, 18)
+from proxy.protocol.messages import make, response_module
 
 
 def ranged(obj: Any, path: tuple[str, ...], every: int) -> tuple[bytes, int]:
@@ -44,19 +47,10 @@ def whole(obj: Any) -> bytes:
     return codec.encode_body(obj)
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@RANDOM_FETCH_SETTINGS
 @given(st.data())
 def test_random_fetch_messages_are_the_same_bytes_in_ranges(data: st.DataObject) -> None:
-    version = data.draw(st.sampled_from(VERSIONS))
-    response = data.draw(st.booleans())
-    mod = response_module(1, version) if response else request_module(1, version)
-    obj = data.draw(st.from_type(mod.FetchResponse if response else mod.FetchRequest))
-    path = codec.FETCH_RESPONSE_PARTITIONS if response else codec.FETCH_REQUEST_PARTITIONS
+    obj, _, path = data.draw(random_fetch_messages())
     every = data.draw(st.integers(0, 3))
     for cut in (path, path[:1], ()):
         assert ranged(obj, cut, every)[0] == whole(obj)
@@ -65,15 +59,8 @@ def test_random_fetch_messages_are_the_same_bytes_in_ranges(data: st.DataObject)
 def big_response(n: int, version: int) -> Any:
     mod = response_module(1, version)
     parts = tuple(
-        make(
-            mod.PartitionData,
-            partition_index=p,
-            error_code=ErrorCode.none,
-            high_watermark=p,
-            last_stable_offset=-1,
-            log_start_offset=0,
-            aborted_transactions=(),
-            records=b"r" * (p % 3) if p % 97 == 0 else None,
+        partition_data(
+            version, p, high_watermark=p, records=b"r" * (p % 3) if p % 97 == 0 else None
         )
         for p in range(n)
     )
@@ -86,13 +73,7 @@ def big_response(n: int, version: int) -> Any:
         )
         for i in range(4)
     )
-    return make(
-        mod.FetchResponse,
-        throttle_time=timedelta(milliseconds=3),
-        error_code=ErrorCode.none,
-        session_id=7,
-        responses=topics,
-    )
+    return fetch_response(version, topics, throttle_time=timedelta(milliseconds=3), session_id=7)
 
 
 @pytest.mark.parametrize("version", [11, 12])
@@ -106,13 +87,6 @@ def test_a_20000_partition_response_yields_every_range_and_gathers_the_same_fram
     steps = codec.encode_response_gathered_in_ranges(
         response, 9, path=codec.FETCH_RESPONSE_PARTITIONS, every=every
     )
-    count = 0
-    while True:
-        try:
-            next(steps)
-            count += 1
-        except StopIteration as done:
-            gathered = done.value
-            break
+    gathered, count = counted(steps)
     assert count >= n // every + 20  # the partitions, then the gather of their pieces
     assert payload_bytes(gathered) == payload_bytes(codec.encode_response_gathered(response, 9))
