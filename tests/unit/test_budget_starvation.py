@@ -10,13 +10,12 @@ until budget comes back (back-pressure), then arrives whole.
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 import trio.testing
 from support.batches import make_batch
 from support.loopback import request, settings
 from support.rawclient import make_request
+from support.trio_waits import until
 
 from devbroker.cluster import DevCluster
 from proxy.fetchpath import FetchPath
@@ -81,12 +80,6 @@ def fill(cluster: DevCluster, topic: str, count: int, per_batch: int, payload: i
     assert part is not None
     for _ in range(count // per_batch):
         part.log.append(make_batch(0, per_batch, b"x" * payload), part.leader_epoch)
-
-
-async def until(check: Any) -> None:
-    """Return once ``check()`` holds (the caller's ``fail_after`` bounds the wait)."""
-    while not check():
-        await trio.testing.wait_all_tasks_blocked(0.01)
 
 
 async def test_long_polls_with_large_max_bytes_hold_no_budget_beside_a_normal_consumer() -> None:

@@ -9,12 +9,10 @@ is refused, as before, when every slot is theirs.
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 import trio
-import trio.testing
 from support.loopback import API_VERSIONS, request, settings
+from support.trio_waits import closed_by_peer, until
 
 from devbroker.cluster import DevCluster
 from proxy.observe.metrics import Metrics
@@ -49,21 +47,6 @@ def test_the_silent_connection_that_waited_longest_gives_way_and_one_that_spoke_
     for handle in "def":
         slots.leave(handle)
     assert len(slots) == 0 and slots.silent == 0
-
-
-async def closed_by_peer(stream: trio.abc.Stream) -> bool:
-    try:
-        while await stream.receive_some(65536):
-            pass
-    except trio.BrokenResourceError:  # a reset is a close too
-        pass
-    return True
-
-
-async def until(check: Any) -> None:
-    """Return once ``check()`` holds (the caller's ``fail_after`` bounds the wait)."""
-    while not check():
-        await trio.testing.wait_all_tasks_blocked(0.01)
 
 
 async def test_a_leak_of_silent_sockets_at_max_connections_does_not_lock_a_new_client_out() -> None:

@@ -22,6 +22,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 from support.loopback import API_VERSIONS, request, settings
+from support.trio_waits import closed_by_peer
 
 from devbroker.cluster import DevCluster
 from proxy.observe.metrics import Metrics
@@ -104,16 +105,6 @@ def fetch_v12(
         rack_id="",
     )
     return codec.encode_request(request, cid, "t")
-
-
-async def closed_by_peer(stream: trio.abc.Stream) -> bool:
-    """Read until the peer closes (EOF or reset); True when it did."""
-    try:
-        while await stream.receive_some(65536):
-            pass
-    except trio.BrokenResourceError:
-        pass
-    return True
 
 
 async def until(changed: Callable[[], Awaitable[None]], ready: Callable[[], bool]) -> None:

@@ -11,14 +11,13 @@ the idle timeout (10 minutes by default).
 from __future__ import annotations
 
 import struct
-from typing import Any
 
 import pytest
 import structlog
 import trio
-import trio.testing
 from kio.schema.metadata.v12.request import MetadataRequest
 from support.loopback import API_VERSIONS, free_port, request, settings
+from support.trio_waits import closed_by_peer, until
 
 from devbroker.cluster import DevCluster
 from proxy import config
@@ -58,21 +57,6 @@ def total(metrics: Metrics, family: str) -> float:
 
 def upstream_opened(metrics: Metrics) -> float:
     return total(metrics, "broker_connections_opened")
-
-
-async def until(check: Any) -> None:
-    """Return once ``check()`` holds (the caller's ``fail_after`` bounds the wait)."""
-    while not check():
-        await trio.testing.wait_all_tasks_blocked(0.01)
-
-
-async def closed_by_peer(stream: trio.abc.Stream) -> bool:
-    try:
-        while await stream.receive_some(65536):
-            pass
-    except trio.BrokenResourceError:  # a reset is a close too
-        pass
-    return True
 
 
 async def test_connections_open_no_broker_connection_until_their_first_relayed_request() -> None:
