@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from support.dev_upstream import batch
+from support.fetch_messages import fetch_request, fetch_response, fetch_topics, partition_data
 
 from proxy.protocol import codec, error_codes
 from proxy.protocol.messages import make, request_module, response_module
@@ -34,7 +35,7 @@ T = "orders"
 
 def fetch(version: int, parts: list[tuple[str, int, int]], *, epoch: int = 5) -> Any:
     mod = request_module(1, version)
-    topics: list[tuple[str, list[Any]]] = []
+    pairs = []
     for name, p, offset in parts:
         fp = make(
             mod.FetchPartition,
@@ -45,22 +46,9 @@ def fetch(version: int, parts: list[tuple[str, int, int]], *, epoch: int = 5) ->
             log_start_offset=-1,
             partition_max_bytes=1 << 20,
         )
-        if topics and topics[-1][0] == name:
-            topics[-1][1].append(fp)
-        else:
-            topics.append((name, [fp]))
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=timedelta(milliseconds=500),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=tuple(make(mod.FetchTopic, topic=n, partitions=tuple(ps)) for n, ps in topics),
-        forgotten_topics_data=(),
-        rack_id="",
+        pairs.append((name, fp))
+    return fetch_request(
+        version, fetch_topics(version, pairs), max_wait=timedelta(milliseconds=500)
     )
 
 
@@ -75,10 +63,9 @@ def pdata(
     records: bytes | None = None,
     redirect: int = -1,
 ) -> Any:
-    mod = response_module(1, version)
-    return make(
-        mod.PartitionData,
-        partition_index=p,
+    return partition_data(
+        version,
+        p,
         error_code=error_codes_of(error),
         high_watermark=hw,
         last_stable_offset=hw if lso is None else lso,
@@ -97,14 +84,10 @@ def error_codes_of(code: int) -> Any:
 
 def answer(version: int, topics: list[tuple[str, list[Any]]], *, error: int = 0) -> Any:
     mod = response_module(1, version)
-    return make(
-        mod.FetchResponse,
-        throttle_time=timedelta(0),
+    return fetch_response(
+        version,
+        (make(mod.FetchableTopicResponse, topic=n, partitions=tuple(ps)) for n, ps in topics),
         error_code=error_codes_of(error),
-        session_id=0,
-        responses=tuple(
-            make(mod.FetchableTopicResponse, topic=n, partitions=tuple(ps)) for n, ps in topics
-        ),
     )
 
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
+from support.fetch_messages import fetch_request, fetch_topics
 from support.session_broker_model import ModelBroker
 
 from proxy.protocol.codec import request_schema
@@ -44,7 +45,7 @@ def client_request(
 ) -> Any:
     """A sessionless consumer Fetch at *version* for (topic, partition, offset, max_bytes)."""
     mod = _mod(version)
-    topics: list[Any] = []
+    pairs = []
     for name, p, offset, max_bytes in parts:
         ref: Any = name
         if version >= 13:
@@ -53,24 +54,12 @@ def client_request(
         fp = make(
             mod.FetchPartition, partition=p, fetch_offset=offset, partition_max_bytes=max_bytes
         )
-        if topics and (topics[-1][0] == ref):
-            topics[-1][1].append(fp)
-        else:
-            topics.append((ref, [fp]))
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
+        pairs.append((ref, fp))
+    return fetch_request(
+        version,
+        fetch_topics(version, pairs),
         max_wait=timedelta(milliseconds=500),
-        min_bytes=1,
-        max_bytes=50 << 20,
         isolation_level=isolation,
-        session_id=0,
-        session_epoch=-1,
-        topics=tuple(
-            make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(ps))
-            for ref, ps in topics
-        ),
-        forgotten_topics_data=(),
         rack_id=rack,
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.dev_upstream import PARTITIONS, Upstream
+from support.fetch_messages import fetch_request, fetch_topics
 
 from devbroker.fetch import NodeFetcher
 from proxy.protocol import records
@@ -48,22 +49,20 @@ def session_request(version: int, sreq: SessionRequest) -> Any:
                 out.append((k.topic, [k]))
         return out
 
-    topics = tuple(
-        make(
-            mod.FetchTopic,
-            topic=ref,
-            topic_id=ref,
-            partitions=tuple(
+    topics = fetch_topics(
+        version,
+        (
+            (
+                k.topic,
                 make(
                     mod.FetchPartition,
                     partition=k.partition,
                     fetch_offset=sreq.to_send[k].fetch_offset,
                     partition_max_bytes=sreq.to_send[k].partition_max_bytes,
-                )
-                for k in keys
-            ),
-        )
-        for ref, keys in grouped(list(sreq.to_send))
+                ),
+            )
+            for k in sreq.to_send
+        ),
     )
     forgotten = tuple(
         make(
@@ -71,16 +70,11 @@ def session_request(version: int, sreq: SessionRequest) -> Any:
         )
         for ref, keys in grouped(list(sreq.to_forget))
     )
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=timedelta(0),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
+    return fetch_request(
+        version,
+        topics,
         session_id=sreq.metadata.session_id,
         session_epoch=sreq.metadata.epoch,
-        topics=topics,
         forgotten_topics_data=forgotten,
     )
 
