@@ -74,8 +74,9 @@ decodes of the request and of the upstream answer (``_decoding``,
 and answer (``DownstreamSessions.open_in_ranges``,
 ``answer_in_ranges``), the upstream session's begin (``begin_in_ranges``:
 reading the client's partitions, building the upstream request) and complete
-(``complete_in_ranges``), shaping's finish (``FetchShaper.finish_in_ranges``:
-the trim walks), and the encodes of the upstream request and of the client's
+(``complete_in_ranges``), shaping's prepare and finish
+(``FetchShaper.prepare_in_ranges``: the offsets named, the response limits, the
+upstream rotation's rebuild; ``finish_in_ranges``: the trim walks), and the encodes of the upstream request and of the client's
 response (``codec.encode_request_in_ranges``,
 ``encode_response_gathered_in_ranges``).  Between two ranges only this
 connection's own state is half-updated (its translator, its session, its
@@ -85,9 +86,8 @@ memory-budget grant, the reuse buffer) is read or updated at one point, before
 the first range or after the last.  A connection closed between slices drops
 the rest (``close``).  A small fetch takes no extra turn.  Still uncut, and
 growing with the partitions (``bench/fetch_stall.py``, 20,000 partitions, an
-idle core): shaping's prepare (some 45 ms) and the upstream session's grouping
-of the request; a full collection of the cycle collector lands in whichever
-slice triggers it; the typed fetch model of issue 17 shrinks every stage.
+idle core): the upstream session's grouping of the request; the cycle
+collector's full collections run on a timer only (``server.cli``); the typed fetch model of issue 17 shrinks every stage.
 
 A Fetch naming more than ``max_fetch_partitions`` closes the connection
 (``FetchTooLarge``) when it arrives: its partitions are counted from its bytes
@@ -777,7 +777,9 @@ class FetchPathHandler:
         follows = self._follows(int(request.header.api_version))
         if self.path.shaping:
             self.shaper.limits = limits
-            prepared = _shape(self.shaper, fetch, grant, max_bytes)
+            prepared = yield from _shape_in_ranges(
+                self.shaper, fetch, grant, max_bytes, SLICE_PARTITIONS if large else 0
+            )
             fetch = prepared.upstream_request
             # A fetch naming a rack may be sent to a preferred read replica (KIP-392): the
             # leader's answer must reach the client as the leader gives it, so it goes up.
@@ -1259,8 +1261,11 @@ def _cap_wait(fetch: Any, max_wait_ms: int) -> Any:
     return dataclasses.replace(fetch, max_wait=cap)
 
 
-def _shape(shaper: FetchShaper, request: Any, grant: Reservation, max_bytes: int) -> PreparedFetch:
-    """Shaping's way up: the sessionless full fetch -> the one to serve upstream."""
+def _shape_in_ranges(
+    shaper: FetchShaper, request: Any, grant: Reservation, max_bytes: int, every: int
+) -> Generator[None, None, PreparedFetch]:
+    """Shaping's way up: the sessionless full fetch -> the one to serve upstream (its
+    prepare yields after every *every* partitions of its walks, 0: never)."""
     if len(shaper.buffer) or len(shaper.watermarks) > sum(
         len(t.partitions) for t in request.topics
     ):
@@ -1270,7 +1275,7 @@ def _shape(shaper: FetchShaper, request: Any, grant: Reservation, max_bytes: int
         gone += [k for k in shaper.watermarks if k not in asked and k not in shaper.buffer]
         if gone:
             shaper.forget(gone)
-    prepared = shaper.prepare(request, grant=grant, max_bytes=max_bytes)
+    prepared = yield from shaper.prepare_in_ranges(request, every, grant=grant, max_bytes=max_bytes)
     upstream = prepared.upstream_request
     if prepared.prefixes and upstream.max_wait != timedelta(0):
         # The client gets data at once from the buffer: no long poll upstream.

@@ -15,7 +15,7 @@ applies without further changes here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -194,9 +194,30 @@ def response_limits(
     *session_partition_max_bytes* supplies the client's partition max_bytes for
     partitions that an incremental session carries without repeating them.
     """
+    steps = response_limits_in_ranges(
+        limits, request, 0, session_partition_max_bytes=session_partition_max_bytes
+    )
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            folded: ResponseLimits = done.value
+            return folded
+
+
+def response_limits_in_ranges(
+    limits: Limits,
+    request: Any,
+    every: int,
+    *,
+    session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
+) -> Generator[None, None, ResponseLimits]:
+    """``response_limits``, yielding after every *every* partitions of the request (0: never)."""
     per_partition: dict[PartitionKey, int] = dict(session_partition_max_bytes or {})
-    for key, partition in _iter_partitions(request):
+    for walked, (key, partition) in enumerate(_iter_partitions(request), 1):
         per_partition[key] = int(partition.partition_max_bytes)
+        if every and walked % every == 0:
+            yield
     return ResponseLimits(
         response_bytes=_min(int(request.max_bytes), limits.max_response_bytes),
         response_records=_min(client_max_records(request), limits.max_records),

@@ -63,7 +63,7 @@ from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
 from .decision import ShapingDecision
 from .keys import PartitionKey, topic_key
-from .limits import Limits, ResponseLimits, clamp_request, response_limits
+from .limits import Limits, ResponseLimits, clamp_request, response_limits_in_ranges
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
 from .trim import Prefix, Run, TrimResult, allocate, trim_response_in_ranges
 
@@ -166,18 +166,54 @@ class FetchShaper:
         partitions the request does not repeat, so held batches for them are
         used too (their new upstream offsets come back in ``upstream_offsets``).
         """
+        steps = self.prepare_in_ranges(
+            request,
+            0,
+            max_bytes_cap=max_bytes_cap,
+            max_bytes=max_bytes,
+            grant=grant,
+            session_offsets=session_offsets,
+            session_partition_max_bytes=session_partition_max_bytes,
+        )
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                prepared: PreparedFetch = done.value
+                return prepared
+
+    def prepare_in_ranges(
+        self,
+        request: Any,
+        every: int,
+        *,
+        max_bytes_cap: int | None = None,
+        max_bytes: int | None = None,
+        grant: Reservation | None = None,
+        session_offsets: Mapping[PartitionKey, tuple[int, int]] | None = None,
+        session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
+    ) -> Generator[None, None, PreparedFetch]:
+        """``prepare``, yielding after every *every* partitions (0: never) of its walks over
+        the request (the offsets it names, the response limits, the upstream rotation's
+        rebuild), which read only the request and this call's own values.  The reuse
+        buffer and the rotation are each read and changed at one point, between two
+        yields, as ``prepare`` does."""
         limits = self.limits
         client_offsets: dict[PartitionKey, int] = {}
         epochs: dict[PartitionKey, int] = {}
         for key, (offset, epoch) in (session_offsets or {}).items():
             client_offsets[key] = offset
             epochs[key] = epoch
+        walked = 0
         for topic in request.topics:
             tkey = topic_key(topic)
             for p in topic.partitions:
                 key = (tkey, int(p.partition))
                 client_offsets[key] = int(p.fetch_offset)
                 epochs[key] = int(getattr(p, "current_leader_epoch", NO_EPOCH))
+                walked += 1
+                if every and walked % every == 0:
+                    yield
         prefixes: dict[PartitionKey, Prefix] = {}
         upstream_offsets: dict[PartitionKey, int] = {}
         upstream_epochs: dict[PartitionKey, int] = {}
@@ -194,8 +230,8 @@ class FetchShaper:
             max_bytes_cap = max(0, max_bytes - held)
         elif max_bytes_cap is None and grant is not None:
             max_bytes_cap = max(0, grant.nbytes - held)
-        rlimits = response_limits(
-            limits, request, session_partition_max_bytes=session_partition_max_bytes
+        rlimits = yield from response_limits_in_ranges(
+            limits, request, every, session_partition_max_bytes=session_partition_max_bytes
         )
         ahead = self._ahead(rlimits, held)
         if ahead is not None:
@@ -205,7 +241,7 @@ class FetchShaper:
         if upstream_offsets:
             upstream = _with_offsets(upstream, upstream_offsets, upstream_epochs, full)
         if is_full_fetch(request):
-            upstream = self._rotate(upstream)
+            upstream = yield from self._rotate_in_ranges(upstream, every)
         return PreparedFetch(
             client_request=request,
             upstream_request=upstream,
@@ -455,7 +491,19 @@ class FetchShaper:
         self.upstream_rotation.forget(keys)
 
     def _rotate(self, request: Any) -> Any:
-        items = []
+        """``_rotate_in_ranges`` at once."""
+        steps = self._rotate_in_ranges(request, 0)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def _rotate_in_ranges(self, request: Any, every: int) -> Generator[None, None, Any]:
+        """The upstream request in the rotation's order (the rotation learns its keys at
+        one point); yields after every *every* partitions of its two walks."""
+        keys: list[PartitionKey] = []
+        entries: list[tuple[Any, Any]] = []
         # Already in the form a rebuild gives: one entry per run of a topic, none empty.
         canonical = True
         previous: Any = _NO_TOPIC
@@ -464,22 +512,26 @@ class FetchShaper:
             canonical = canonical and tkey != previous and len(topic.partitions) > 0
             previous = tkey
             for p in topic.partitions:
-                items.append(((tkey, int(p.partition)), topic, p))
-        if len(items) < 2:
+                keys.append((tkey, int(p.partition)))
+                entries.append((topic, p))
+                if every and len(keys) % every == 0:
+                    yield
+        if len(keys) < 2:
             return request
-        keys = [k for k, _, _ in items]
         order = self.upstream_rotation.order(keys)
-        by_key = {k: (t, p) for k, t, p in items}
-        if canonical and order == keys and len(by_key) == len(keys):
+        if canonical and order == keys and len(set(keys)) == len(keys):
             return request  # the rebuild would be equal to it
+        by_key = dict(zip(keys, entries, strict=True))
         # consecutive partitions of one topic share a topic entry (one replace per run)
         runs: list[tuple[Any, Any, list[Any]]] = []  # (topic key, first topic entry, partitions)
-        for key in order:
+        for walked, key in enumerate(order, 1):
             topic, p = by_key[key]
             if runs and runs[-1][0] == key[0]:
                 runs[-1][2].append(p)
             else:
                 runs.append((key[0], topic, [p]))
+            if every and walked % every == 0:
+                yield
         topics = [dataclasses.replace(topic, partitions=tuple(parts)) for _, topic, parts in runs]
         return dataclasses.replace(request, topics=tuple(topics))
 
