@@ -11,7 +11,8 @@
 replica, ``max_wait`` 0 so an upstream answers at once, sessionless);
 :func:`fetch_topics` groups (topic, partition) pairs into a topic per run of one
 topic; :func:`partition_data` and :func:`fetch_response` build the answer, a
-partition with no error and no records unless told.  :func:`random_fetch_messages`
+partition with no error and no records unless told; :func:`fetch_body` and
+:func:`partition_body` are the same request as the plain dict ``devbroker.build`` takes.  :func:`random_fetch_messages`
 draws a Fetch request or response of any version with Hypothesis (tagged fields,
 null records and empty arrays included), with the path of its partitions, under
 :data:`RANDOM_FETCH_SETTINGS`; :func:`counted` runs a generator of ranges (the
@@ -96,6 +97,25 @@ def fetch_response(version: int, topics: Iterable[Any], **fields: Any) -> Any:
     mod = response_module(1, version)
     whole = {"throttle_time": timedelta(0), "error_code": ErrorCode.none, "session_id": 0}
     return make(mod.FetchResponse, **{**whole, "responses": tuple(topics), **fields})
+
+
+def fetch_body(topics: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    """A consumer's Fetch as a plain dict for ``devbroker.build`` (``rawclient.make_request``,
+    ``Harness.request``): :data:`CONSUMER_FETCH` but for *fields*, of *topics* (dicts with
+    ``topic`` or ``topic_id`` and ``partitions``, see :func:`partition_body`)."""
+    return {**CONSUMER_FETCH, "rack_id": "", "topics": topics, **fields}
+
+
+def partition_body(partition: int, fetch_offset: int, partition_max_bytes: int) -> dict[str, Any]:
+    """One partition of :func:`fetch_body`, as a consumer names it (no leader epoch known)."""
+    return {
+        "partition": partition,
+        "current_leader_epoch": -1,
+        "fetch_offset": fetch_offset,
+        "last_fetched_epoch": -1,
+        "log_start_offset": -1,
+        "partition_max_bytes": partition_max_bytes,
+    }
 
 
 class RandomFetch(NamedTuple):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 from support.batches import make_batch
+from support.fetch_messages import fetch_body, partition_body
 from support.loopback import request, settings
 from support.rawclient import make_request
 from support.trio_waits import until
@@ -32,32 +33,8 @@ MIB = 1 << 20
 
 def fetch(topic: str, offset: int, *, max_wait_ms: int, max_bytes: int, cid: int) -> bytes:
     """A sessionless Fetch v12 of partition 0 of *topic* from *offset*."""
-    body = {
-        "replica_id": -1,
-        "max_wait": max_wait_ms,
-        "min_bytes": 1,
-        "max_bytes": max_bytes,
-        "isolation_level": 0,
-        "session_id": 0,
-        "session_epoch": -1,
-        "topics": [
-            {
-                "topic": topic,
-                "partitions": [
-                    {
-                        "partition": 0,
-                        "current_leader_epoch": -1,
-                        "fetch_offset": offset,
-                        "last_fetched_epoch": -1,
-                        "log_start_offset": -1,
-                        "partition_max_bytes": max_bytes,
-                    }
-                ],
-            }
-        ],
-        "forgotten_topics_data": [],
-        "rack_id": "",
-    }
+    topic_body = {"topic": topic, "partitions": [partition_body(0, offset, max_bytes)]}
+    body = fetch_body([topic_body], max_wait=max_wait_ms, max_bytes=max_bytes)
     return codec.encode_request(make_request(1, 12, body), cid, "t")
 
 

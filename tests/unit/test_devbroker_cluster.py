@@ -10,6 +10,7 @@ import structlog
 import trio
 from kio.schema.errors import ErrorCode as E
 from support.batches import make_batch
+from support.fetch_messages import fetch_body, partition_body
 
 from devbroker.build import build
 from devbroker.cluster import DevCluster
@@ -75,31 +76,10 @@ METADATA_ALL = {"topics": None, "include_topic_authorized_operations": False}
 def fetch_request(
     topic_id: Any, partition: int, *, max_wait: int, session_id: int = 0, epoch: int = -1
 ) -> dict[str, Any]:
-    return {
-        "max_wait": max_wait,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "isolation_level": 0,
-        "session_id": session_id,
-        "session_epoch": epoch,
-        "topics": [
-            {
-                "topic_id": topic_id,
-                "partitions": [
-                    {
-                        "partition": partition,
-                        "fetch_offset": 0,
-                        "partition_max_bytes": 1 << 20,
-                        "current_leader_epoch": -1,
-                        "log_start_offset": -1,
-                        "last_fetched_epoch": -1,
-                    }
-                ],
-            }
-        ],
-        "forgotten_topics_data": [],
-        "rack_id": "",
-    }
+    topic = {"topic_id": topic_id, "partitions": [partition_body(partition, 0, 1 << 20)]}
+    return fetch_body(
+        [topic], max_wait=max_wait, max_bytes=1 << 20, session_id=session_id, session_epoch=epoch
+    )
 
 
 def produce_request(topic: str, partition: int, data: bytes) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from support.dispatch import Harness, Wait
+from support.fetch_messages import fetch_body, partition_body
 
 from devbroker.fetch import NodeFetcher
 from devbroker.session_cache import (
@@ -192,32 +193,10 @@ def test_ids_no_shard_covers_raise(session_id: int, epoch: int) -> None:
 
 
 def fetch_v13(h: Harness, topic_id: uuid.UUID, session_id: int, epoch: int) -> dict[str, object]:
-    return {
-        "replica_id": -1,
-        "max_wait": 0,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "isolation_level": 0,
-        "session_id": session_id,
-        "session_epoch": epoch,
-        "topics": [
-            {
-                "topic_id": topic_id,
-                "partitions": [
-                    {
-                        "partition": 0,
-                        "current_leader_epoch": -1,
-                        "fetch_offset": 0,
-                        "last_fetched_epoch": -1,
-                        "log_start_offset": -1,
-                        "partition_max_bytes": 1024,
-                    }
-                ],
-            }
-        ],
-        "forgotten_topics_data": [],
-        "rack_id": "",
-    }
+    topic = {"topic_id": topic_id, "partitions": [partition_body(0, 0, 1024)]}
+    return fetch_body(
+        [topic], max_wait=0, max_bytes=1 << 20, session_id=session_id, session_epoch=epoch
+    )
 
 
 @pytest.mark.parametrize("epoch", [1, 0, -1])

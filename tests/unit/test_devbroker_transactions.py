@@ -8,6 +8,7 @@ import pytest
 from kio.schema.errors import ErrorCode as E
 from support.batches import make_batch
 from support.dispatch import Harness, Wait
+from support.fetch_messages import fetch_body, partition_body
 
 from devbroker.admin import coordinator_node
 from devbroker.log import ABORT, COMMIT, PartitionLog, control_batch, control_type
@@ -163,36 +164,9 @@ def plain(h: Harness, partition: int, count: int = 1) -> Any:
 
 
 def fetch(h: Harness, partition: int, offset: int = 0, *, isolation: int, max_bytes: int = 1 << 20):
-    req = h.request(
-        FETCH,
-        12,
-        {
-            "replica_id": -1,
-            "max_wait": 0,
-            "min_bytes": 1,
-            "max_bytes": 1 << 20,
-            "isolation_level": isolation,
-            "session_id": 0,
-            "session_epoch": -1,
-            "topics": [
-                {
-                    "topic": "orders",
-                    "partitions": [
-                        {
-                            "partition": partition,
-                            "current_leader_epoch": -1,
-                            "fetch_offset": offset,
-                            "last_fetched_epoch": -1,
-                            "log_start_offset": -1,
-                            "partition_max_bytes": max_bytes,
-                        }
-                    ],
-                }
-            ],
-            "forgotten_topics_data": [],
-            "rack_id": "",
-        },
-    )
+    topic = {"topic": "orders", "partitions": [partition_body(partition, offset, max_bytes)]}
+    body = fetch_body([topic], max_wait=0, max_bytes=1 << 20, isolation_level=isolation)
+    req = h.request(FETCH, 12, body)
     outcome = h.send(h.leader_of("orders", partition), req)
     assert isinstance(outcome, Wait)
     resp = h.finish(outcome, FETCH, 12)
