@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,24 @@ from support.cluster import ThreadedCluster
 from support.kafka import KafkaCluster, clusters_in, running_clusters
 
 __all__ = ["BACKENDS", "upstream_for"]  # defined in tests/support/backends.py
+
+# -- Spark (pipeline/) ------------------------------------------------------------------
+#
+# Every Spark JVM a test starts (PySpark's driver, a standalone cluster's executors) reads
+# tests/support/spark-conf/spark-defaults.conf: lean JIT and GC options, as the brokers'.
+# A driver JVM is shared by the tests of one worker that leave it running (the fleet
+# report's, xdist group ``spark``); it is stopped by its pid when the worker's session ends.
+SPARK_CONF_DIR = Path(__file__).resolve().parent / "support" / "spark-conf"
+os.environ.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
+
+
+def _stop_spark_driver() -> None:
+    """Stop the driver JVM PySpark started in this process, if any (by its pid)."""
+    if "pyspark" in sys.modules:
+        from support.spark_cluster import stop_driver
+
+        stop_driver()
+
 
 # Property tests are deterministic: the same examples on every run and machine, and no
 # example database replaying what an earlier run on this machine happened to find. No
@@ -183,11 +202,10 @@ ALONE = (
 function starts ``tracemalloc``: it traces every thread of the process, xdist's too."""
 
 SLOW_FIRST = (
+    "spark",
     "kafka",
-    "tests/integration/test_pipeline_fleet_report_racks.py",
     "tests/integration/test_sasl_reauth_kafka.py",
     "tests/integration/test_bench_smoke.py",
-    "tests/integration/test_pipeline_fleet_report.py",
     "kafka3",
     "tests/integration/test_rack_aware_kafka.py",
     "tests/integration/test_faults_kafka.py",
@@ -377,6 +395,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         elif report.when == "call" and item.nodeid not in _kafka_outcomes:
             _kafka_outcomes[item.nodeid] = report.outcome
     return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _stop_spark_driver()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

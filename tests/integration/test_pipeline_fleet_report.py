@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from support.procs import devbroker, proxy
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("spark")]
+"""Group ``spark``: one worker runs the fleet report's tests in one driver JVM."""
 
 TOPIC = "fleet"
 PARTITIONS = 4

@@ -9,7 +9,8 @@ Spark job writes is checked against totals computed here with plain Python.
 
 The same job then runs on a standalone cluster (a master and two workers on loopback,
 started from PySpark's own ``spark-class``, ports chosen by the JVMs), and each worker
-must have run an executor of it.
+must have run an executor of it.  Both runs are applications of one driver JVM
+(``support.spark_cluster.end_application`` between them).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.spark_cluster import standalone_cluster
+from support.spark_cluster import end_application, standalone_cluster
 
 from proxy.observe.decisionlog import event_from_shaping
 from proxy.relay.racks import RackMap, account
 from proxy.sessions.topic_ids import TopicIdMap
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("spark")]
+"""Group ``spark``: one worker runs the fleet report's tests in one driver JVM."""
 
 ORDERS_ID = uuid.UUID("6c1c9a52-3a4b-4b5e-9a77-4f3f0b1f2a10")
 DEFAULT_PRICE = 0.03  # the report's --cross-zone-price-per-gb, for events without a price
@@ -182,17 +184,6 @@ def _check(tables: dict[str, list[dict[str, Any]]], expected: dict[str, Any]) ->
         same(got[pair], want)
 
 
-def stop_spark() -> None:
-    """Stop this process's SparkSession and its driver JVM, if any (pipeline.spark.stop)."""
-    from pyspark.sql import SparkSession
-
-    from pipeline.spark import stop
-
-    spark = SparkSession._instantiatedSession
-    if spark is not None:
-        stop(spark)
-
-
 def test_rack_tables_on_local_and_on_a_standalone_cluster(tmp_path: Path) -> None:
     from pipeline import fleet_report
 
@@ -208,7 +199,7 @@ def test_rack_tables_on_local_and_on_a_standalone_cluster(tmp_path: Path) -> Non
     assert expected["topic"]["logs"]["other_rack_record_bytes"] > 0
     assert expected["client"]["app-1"]["unknown_rack_record_bytes"] > 0  # the v1 event
 
-    stop_spark()  # a fresh driver JVM for each master below
+    end_application()  # an application of its own for each master below (one driver JVM)
     try:
         local = fleet_report.run(
             [str(logs)],
@@ -217,7 +208,7 @@ def test_rack_tables_on_local_and_on_a_standalone_cluster(tmp_path: Path) -> Non
             tables_wanted=RACK_TABLES,
         )
     finally:
-        stop_spark()
+        end_application()
     assert local["events"] == len(lines) and local["other_versions"] == 0
     _check(local["tables"], expected)  # type: ignore[arg-type]
     assert set(local["tables"]) == set(RACK_TABLES)  # type: ignore[arg-type]
@@ -233,7 +224,7 @@ def test_rack_tables_on_local_and_on_a_standalone_cluster(tmp_path: Path) -> Non
                 tables_wanted=RACK_TABLES,
             )
         finally:
-            stop_spark()  # the application ends before its workers do
+            end_application()  # the application ends before its workers do
         executors = cluster.executor_dirs()
     assert remote["events"] == len(lines)
     _check(remote["tables"], expected)  # type: ignore[arg-type]

@@ -11,6 +11,11 @@ port is 0 (chosen by the JVM); the master's URL and the workers' registrations a
 read from the master's log, each awaited with an absolute deadline.  Each
 worker's ``work_dir`` holds one directory per executor it ran (``app-*/N``), which
 is how a test shows the job ran on the workers and not in the driver.
+
+A test process keeps one driver JVM for every Spark job it runs (starting one costs tens
+of CPU-seconds): :func:`end_application` ends a job's application (its SparkContext) and
+keeps the JVM, so the next job, on ``local[*]`` or on a standalone master, starts in it;
+:func:`stop_driver` stops the JVM by its pid (tests/conftest.py, at the session's end).
 """
 
 from __future__ import annotations
@@ -36,6 +41,34 @@ WORKER_MEMORY = "1g"
 """Each worker offers this much; the executors' default (1g) must fit."""
 
 
+_ENDED: list[object] = []
+"""The last SparkSession :func:`end_application` stopped (whose driver JVM still runs)."""
+
+
+def end_application() -> None:
+    """Stop this process's SparkSession, if any: its application ends (a standalone
+    cluster's executors with it), the driver JVM stays for the next session."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession._instantiatedSession
+    if spark is not None:
+        spark.stop()
+        _ENDED[:] = [spark]
+
+
+def stop_driver() -> None:
+    """Stop this process's SparkSession and the driver JVM PySpark started, by its pid."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from pipeline.spark import stop
+
+    spark = SparkSession._instantiatedSession or (_ENDED[0] if _ENDED else None)
+    _ENDED.clear()
+    if isinstance(spark, SparkSession) and SparkContext._gateway is not None:
+        stop(spark)
+
+
 class ClusterError(RuntimeError):
     """The cluster did not come up; the message has the tail of the master's log."""
 
@@ -59,6 +92,9 @@ def _env(base: Path) -> dict[str, str]:
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_LOCAL_DIRS=str(base / "local"),
         SPARK_DAEMON_MEMORY="256m",
+        # the master and workers only place executors: the client compiler is plenty
+        # (the executors' own options come from the application's conf)
+        SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         # no REST submission server (it binds the fixed port 6066) and no web UI work
         SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
         SPARK_NO_DAEMONIZE="1",
