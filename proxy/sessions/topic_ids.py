@@ -38,6 +38,9 @@ class TopicIdMap:
         self._max = max_topics
         self._by_name: dict[str, uuid.UUID] = {}
         self._by_id: dict[uuid.UUID, str] = {}
+        self.changes = 0
+        """Counts the changes to what is known (a reader that yields between two lookups
+        sees whether the map changed meanwhile)."""
 
     def __len__(self) -> int:
         return len(self._by_name)
@@ -46,6 +49,8 @@ class TopicIdMap:
         """Record that *name* currently has *topic_id* (a zero or null id is ignored)."""
         if topic_id is None or topic_id == ZERO_UUID or not name:
             return
+        if self._by_name.get(name) != topic_id or self._by_id.get(topic_id) != name:
+            self.changes += 1
         old_id = self._by_name.pop(name, None)
         if old_id is not None:
             self._by_id.pop(old_id, None)
@@ -57,6 +62,7 @@ class TopicIdMap:
         while len(self._by_name) > self._max:
             evicted_name = next(iter(self._by_name))
             self._by_id.pop(self._by_name.pop(evicted_name), None)
+            self.changes += 1
 
     def learn_metadata(self, response: Any) -> None:
         """Learn from a decoded Metadata response (v10+ carries topic ids).
@@ -79,6 +85,7 @@ class TopicIdMap:
         topic_id = self._by_name.pop(name, None)
         if topic_id is not None:
             self._by_id.pop(topic_id, None)
+            self.changes += 1
 
     def id_for(self, name: str) -> uuid.UUID | None:
         return self._by_name.get(name)

@@ -216,30 +216,20 @@ class FetchTranslator:
             if every and i % every == 0:
                 yield
             partitions.append(cp)
-        if self._pending is not None:  # (checked again: a yield came between)
-            raise TranslationError("a client fetch is already being served on this session")
-        client_on_ids = int(request.__version__) >= FIRST_TOPIC_ID_VERSION
-        missing: tuple[str, ...] = ()
-        version = self.upstream_max_version
-        if version >= FIRST_TOPIC_ID_VERSION and not client_on_ids:
-            names = [p.topic_name for p in partitions if p.topic_name is not None]
-            missing = tuple(self.topic_ids.missing_ids(names))
-            if missing:
-                version = LAST_TOPIC_NAME_VERSION
-        uses_topic_ids = version >= FIRST_TOPIC_ID_VERSION
-
-        wanted: dict[PartitionKey, FetchParams] = {}
-        by_key: dict[PartitionKey, _ClientPartition] = {}
-        for cp in partitions:
-            cp.key = self._upstream_key(cp, uses_topic_ids)
-            if cp.key is not None:
-                wanted[cp.key] = cp.params
-                by_key[cp.key] = cp
-        session_request = self.session.build(
+        seen = self.topic_ids.changes
+        keyed = yield from self._keys_in_ranges(request, partitions, every)
+        if self.topic_ids.changes != seen:  # the map changed between two ranges: again at once
+            keyed = _drain(self._keys_in_ranges(request, partitions, 0))
+        missing, version, uses_topic_ids, wanted, by_key = keyed
+        build = self.session.build_in_ranges(
             wanted,
+            every,
             uses_topic_ids=uses_topic_ids,
             supports_sessions=version >= MIN_SESSION_VERSION and self.use_sessions,
         )
+        session_request = yield from build
+        if self._pending is not None:  # (checked again: yields came between)
+            raise TranslationError("a client fetch is already being served on this session")
         self._count(session_request)
         self._pending = _Pending(
             request=request,
@@ -253,6 +243,41 @@ class FetchTranslator:
         )
         upstream_request = yield from self._upstream_request_in_ranges(self._pending, every)
         return UpstreamFetch(upstream_request, missing)
+
+    def _keys_in_ranges(
+        self, request: Any, partitions: list[_ClientPartition], every: int
+    ) -> Generator[
+        None,
+        None,
+        tuple[
+            tuple[str, ...],
+            int,
+            bool,
+            dict[PartitionKey, FetchParams],
+            dict[PartitionKey, _ClientPartition],
+        ],
+    ]:
+        """The upstream version and each partition's upstream key, from the topic-id map
+        (the caller runs it again at once if the map changed between two ranges)."""
+        client_on_ids = int(request.__version__) >= FIRST_TOPIC_ID_VERSION
+        missing: tuple[str, ...] = ()
+        version = self.upstream_max_version
+        if version >= FIRST_TOPIC_ID_VERSION and not client_on_ids:
+            names = [p.topic_name for p in partitions if p.topic_name is not None]
+            missing = tuple(self.topic_ids.missing_ids(names))
+            if missing:
+                version = LAST_TOPIC_NAME_VERSION
+        uses_topic_ids = version >= FIRST_TOPIC_ID_VERSION
+        wanted: dict[PartitionKey, FetchParams] = {}
+        by_key: dict[PartitionKey, _ClientPartition] = {}
+        for i, cp in enumerate(partitions, 1):
+            cp.key = self._upstream_key(cp, uses_topic_ids)
+            if cp.key is not None:
+                wanted[cp.key] = cp.params
+                by_key[cp.key] = cp
+            if every and i % every == 0:
+                yield
+        return missing, version, uses_topic_ids, wanted, by_key
 
     def _count(self, request: SessionRequest) -> None:
         if request.is_full:

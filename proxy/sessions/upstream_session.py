@@ -40,7 +40,7 @@ next request depends on the previous response.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -87,6 +87,24 @@ class FetchParams(NamedTuple):
     log_start_offset: int = -1
     current_leader_epoch: int = -1
     last_fetched_epoch: int = -1
+
+
+_Diff = tuple[
+    dict["PartitionKey", "FetchParams"],
+    dict["PartitionKey", "FetchParams"],
+    dict["PartitionKey", "FetchParams"],
+    list["PartitionKey"],
+]
+"""(kept, added, altered, removed): a request's partitions against the session's."""
+
+
+def _at_once(steps: Generator[None, None, _Diff]) -> _Diff:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            diff: _Diff = done.value
+            return diff
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,11 +214,40 @@ class FetchSessionClient:
         ``supports_sessions=False`` (upstream Fetch < v7) every request is a
         sessionless full request.
         """
+        steps = self.build_in_ranges(
+            wanted, 0, uses_topic_ids=uses_topic_ids, supports_sessions=supports_sessions
+        )
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                built: SessionRequest = done.value
+                return built
+
+    def build_in_ranges(
+        self,
+        wanted: Mapping[PartitionKey, FetchParams],
+        every: int,
+        *,
+        uses_topic_ids: bool,
+        supports_sessions: bool = True,
+    ) -> Generator[None, None, SessionRequest]:
+        """``build``, yielding after every *every* partitions (0: never) of its walks over
+        *wanted* and the session; the session changes at one point, after the last."""
         if self._in_flight is not None:
             raise SessionStateError("a fetch request is already in flight in this session")
-        for key in wanted:
+        for i, key in enumerate(wanted, 1):
             if isinstance(key.topic, uuid.UUID) != uses_topic_ids:
                 raise ValueError(f"partition {key} does not match uses_topic_ids={uses_topic_ids}")
+            if every and i % every == 0:
+                yield
+        before = self._session
+        diff = yield from self._diff_in_ranges(wanted, every)
+        if self._in_flight is not None:  # (checked again: yields came between)
+            raise SessionStateError("a fetch request is already in flight in this session")
+        if self._session is not before:  # the session changed between two ranges: again at once
+            diff = _at_once(self._diff_in_ranges(wanted, 0))
+        # From here on, at one point: the request's kind, the session, the request.
         metadata = self._next
         if self._uses_topic_ids is not None and self._uses_topic_ids != uses_topic_ids:
             # The broker rejects an incremental request that switches addressing modes.
@@ -222,22 +269,35 @@ class FetchSessionClient:
                 uses_topic_ids=uses_topic_ids,
             )
         else:
-            request = self._build_incremental(metadata, wanted, uses_topic_ids)
+            kept, added, altered, removed = diff
+            # The broker appends added partitions to the end of its session map.
+            self._session = kept | added
+            request = SessionRequest(
+                metadata=metadata,
+                to_send=added | altered,
+                to_forget=tuple(removed),
+                session_partitions=tuple(self._session),
+                uses_topic_ids=uses_topic_ids,
+            )
         self._in_flight = request
         return request
 
-    def _build_incremental(
-        self,
-        metadata: SessionMetadata,
-        wanted: Mapping[PartitionKey, FetchParams],
-        uses_topic_ids: bool,
-    ) -> SessionRequest:
+    def _diff_in_ranges(
+        self, wanted: Mapping[PartitionKey, FetchParams], every: int
+    ) -> Generator[None, None, _Diff]:
+        """(kept, added, altered, removed) of *wanted* against the session, which it only
+        reads; yields after every *every* partitions walked (0: never)."""
         added: dict[PartitionKey, FetchParams] = {}
         altered: dict[PartitionKey, FetchParams] = {}
         removed: list[PartitionKey] = []
         kept: dict[PartitionKey, FetchParams] = {}
-        for key, prev in self._session.items():
+        session = self._session
+        walked = 0
+        for key, prev in session.items():
             nxt = wanted.get(key)
+            walked += 1
+            if every and walked % every == 0:
+                yield
             if nxt is None:
                 removed.append(key)
                 continue
@@ -245,17 +305,12 @@ class FetchSessionClient:
             if nxt != prev:
                 altered[key] = nxt
         for key, params in wanted.items():
-            if key not in self._session:
+            if key not in session:
                 added[key] = params
-        # The broker appends added partitions to the end of its session map.
-        self._session = kept | added
-        return SessionRequest(
-            metadata=metadata,
-            to_send=added | altered,
-            to_forget=tuple(removed),
-            session_partitions=tuple(self._session),
-            uses_topic_ids=uses_topic_ids,
-        )
+            walked += 1
+            if every and walked % every == 0:
+                yield
+        return kept, added, altered, removed
 
     # -- handling responses ---------------------------------------------------------------
 
