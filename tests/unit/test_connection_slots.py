@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import structlog
 import trio
+from support.dev_proxy import proxy_on_dev_cluster
 from support.loopback import API_VERSIONS, request, settings
 from support.trio_waits import closed_by_peer, until
 
-from devbroker.cluster import DevCluster
 from proxy.observe.metrics import Metrics
 from proxy.protocol.framing import FrameDecoder, encode_frame
 from proxy.relay.connection_slots import ConnectionSlots
@@ -53,11 +53,7 @@ async def test_a_leak_of_silent_sockets_at_max_connections_does_not_lock_a_new_c
     metrics = Metrics(process_metrics=False)
     value = metrics.registry.get_sample_value
     with trio.fail_after(20), structlog.testing.capture_logs() as logs:
-        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(
-                Proxy(settings(cluster.bootstrap, max_connections=3), metrics=metrics).serve
-            )
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(max_connections=3, metrics=metrics) as proxy:
             port = proxy.bootstrap.port
             served = await trio.open_tcp_stream("127.0.0.1", port)
             await request(served, FrameDecoder(1 << 20), API_VERSIONS)
@@ -83,7 +79,6 @@ async def test_a_leak_of_silent_sockets_at_max_connections_does_not_lock_a_new_c
                 await request(stream, FrameDecoder(1 << 20), API_VERSIONS)
                 await stream.aclose()
             await until(lambda: proxy.open_connections == 0)
-            nursery.cancel_scope.cancel()
     displaced = [e for e in logs if e.get("reason") == "displaced"]
     assert len(displaced) == 2
     assert all(e["event"] == "connection_closed" and e["log_level"] == "warning" for e in displaced)

@@ -21,6 +21,7 @@ from kio.schema.fetch.v12 import request as fetch12
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
+from support.dev_proxy import proxy_on_dev_cluster
 from support.loopback import API_VERSIONS, request, settings
 from support.trio_waits import closed_by_peer
 
@@ -198,9 +199,7 @@ async def send_ignoring_close(stream: trio.abc.Stream, frames: list[bytes]) -> N
 async def test_a_client_announcing_a_huge_frame_is_closed_before_sending_the_body() -> None:
     metrics = Metrics(process_metrics=False)
     with trio.fail_after(15):
-        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(Proxy(settings(cluster.bootstrap), metrics=metrics).serve)
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(metrics=metrics) as proxy:
             port = proxy.bootstrap.port
             hostile = await trio.open_tcp_stream("127.0.0.1", port)
             # 2 GiB announced, not one byte of it sent: only the prefix can have refused it
@@ -213,7 +212,6 @@ async def test_a_client_announcing_a_huge_frame_is_closed_before_sending_the_bod
             )
             assert cid == 7  # everyone else is served as before
             await good.aclose()
-            nursery.cancel_scope.cancel()
     value = metrics.registry.get_sample_value
     assert value(f"{P}client_connections_closed_total", {"cause": "frame_too_large"}) == 1
 
@@ -269,11 +267,7 @@ async def test_connections_beyond_max_connections_are_refused_with_a_log_line_an
 ):
     metrics = Metrics(process_metrics=False)
     with trio.fail_after(15), structlog.testing.capture_logs() as logs:
-        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(
-                Proxy(settings(cluster.bootstrap, max_connections=2), metrics=metrics).serve
-            )
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(max_connections=2, metrics=metrics) as proxy:
             port = proxy.bootstrap.port
             served = []
             for _ in range(2):
@@ -288,7 +282,6 @@ async def test_connections_beyond_max_connections_are_refused_with_a_log_line_an
             for stream in served:  # the two served connections still work
                 await request(stream, FrameDecoder(1 << 20), METADATA)
                 await stream.aclose()
-            nursery.cancel_scope.cancel()
     refused = [e for e in logs if e["event"] == "connection_refused"]
     assert len(refused) == 3
     assert all(e["reason"] == "max_connections" and e["limit"] == 2 for e in refused)
@@ -345,16 +338,11 @@ async def test_a_long_poll_in_flight_keeps_the_connection_open(
 async def test_idle_timeout_through_the_proxy_closes_and_counts() -> None:
     metrics = Metrics(process_metrics=False)
     with trio.fail_after(15):
-        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(
-                Proxy(settings(cluster.bootstrap, idle_timeout_seconds=0.2), metrics=metrics).serve
-            )
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(idle_timeout_seconds=0.2, metrics=metrics) as proxy:
             stream = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap.port)
             await request(stream, FrameDecoder(1 << 20), API_VERSIONS)
             assert await closed_by_peer(stream)  # nothing more sent: closed by the proxy
             await stream.aclose()
-            nursery.cancel_scope.cancel()
     value = metrics.registry.get_sample_value
     assert value(f"{P}client_connections_closed_total", {"cause": "idle_timeout"}) == 1
 
@@ -477,11 +465,7 @@ async def test_a_client_that_stops_reading_does_not_slow_the_others() -> None:
 
 async def test_a_client_session_larger_than_the_limit_is_served_without_a_session() -> None:
     with trio.fail_after(15):
-        async with DevCluster(nodes=1, topics={"t": 3}) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(
-                Proxy(settings(cluster.bootstrap, max_fetch_session_partitions=2)).serve
-            )
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(topics={"t": 3}, max_fetch_session_partitions=2) as proxy:
             stream = await trio.open_tcp_stream("127.0.0.1", proxy.broker_address(0)[1])
             decoder = FrameDecoder(1 << 20)
 
@@ -511,4 +495,3 @@ async def test_a_client_session_larger_than_the_limit_is_served_without_a_sessio
             gone = await fetch(fetch_v12(4, [], session_id=small.session_id, epoch=2))
             assert gone.error_code == 70  # FETCH_SESSION_ID_NOT_FOUND: it really is closed
             await stream.aclose()
-            nursery.cancel_scope.cancel()

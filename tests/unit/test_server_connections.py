@@ -16,10 +16,10 @@ import pytest
 import structlog
 import trio
 from kio.schema.metadata.v12.request import MetadataRequest
+from support.dev_proxy import proxy_on_dev_cluster
 from support.loopback import API_VERSIONS, free_port, request, settings
 from support.trio_waits import closed_by_peer, until
 
-from devbroker.cluster import DevCluster
 from proxy import config
 from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
@@ -62,9 +62,7 @@ def upstream_opened(metrics: Metrics) -> float:
 async def test_connections_open_no_broker_connection_until_their_first_relayed_request() -> None:
     metrics = Metrics(process_metrics=False)
     with trio.fail_after(TIMEOUT):
-        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(Proxy(settings(cluster.bootstrap), metrics=metrics).serve)
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(metrics=metrics) as proxy:
             port = proxy.bootstrap.port
             idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(10)]
             for _ in range(10):  # connect and go (a TCP probe, a port scan)
@@ -89,20 +87,15 @@ async def test_connections_open_no_broker_connection_until_their_first_relayed_r
             for stream in [*idle, asked]:
                 await stream.aclose()
             await until(lambda: proxy.open_connections == 0)
-            nursery.cancel_scope.cancel()
     assert counter(metrics, "client_connections_closed_total", cause="peer_closed") == 21
 
 
 async def test_a_connection_without_a_whole_request_soon_after_its_accept_is_closed() -> None:
     metrics = Metrics(process_metrics=False)
     with trio.fail_after(TIMEOUT), structlog.testing.capture_logs() as logs:
-        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(
-                Proxy(
-                    settings(cluster.bootstrap, first_request_timeout_seconds=0.5), metrics=metrics
-                ).serve
-            )
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(
+            first_request_timeout_seconds=0.5, metrics=metrics
+        ) as proxy:
             port = proxy.bootstrap.port
             served = await trio.open_tcp_stream("127.0.0.1", port)
             decoder = FrameDecoder(1 << 20)
@@ -116,7 +109,6 @@ async def test_a_connection_without_a_whole_request_soon_after_its_accept_is_clo
             await request(served, decoder, METADATA)
             await served.aclose()
             await until(lambda: proxy.open_connections == 0)
-            nursery.cancel_scope.cancel()
     closed = [e for e in logs if e.get("reason") == "first_request_timeout"]
     assert len(closed) == 2
     assert all(e["event"] == "connection_closed" and e["timeout_seconds"] == 0.5 for e in closed)
@@ -168,13 +160,10 @@ def test_first_request_timeout_is_a_setting() -> None:
 
 async def test_stopping_closes_connections_that_have_not_sent_a_byte() -> None:
     metrics = Metrics(process_metrics=False)
-    async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-        proxy = await nursery.start(Proxy(settings(cluster.bootstrap), metrics=metrics).serve)
-        await proxy.discovered.wait()
+    async with proxy_on_dev_cluster(metrics=metrics) as proxy:
         silent = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap.port)
         with trio.fail_after(5):  # well before the 10 s first_request_timeout_seconds
             await until(lambda: proxy.open_connections == 1)
             await proxy.drain()
             assert await closed_by_peer(silent)
-        nursery.cancel_scope.cancel()
     assert counter(metrics, "client_connections_closed_total", cause="shutdown") == 1
