@@ -20,6 +20,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.metadata.v13 import response as md13
 from kio.schema.types import BrokerId
 from kio.static.primitive import i16, i32, i32Timedelta
+from support.dev_proxy import proxy_on_dev_cluster
 from support.loopback import API_VERSIONS, free_port, request, settings
 
 from devbroker.cluster import DevCluster
@@ -225,9 +226,7 @@ async def test_metadata_rebootstrap_error_is_not_a_discovery_the_next_upstream_i
 
 async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
     with trio.fail_after(20):
-        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(Proxy(settings(cluster.bootstrap, max_connections=1)).serve)
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(max_connections=1) as proxy:
             port = proxy.bootstrap.port
             first = await trio.open_tcp_stream("127.0.0.1", port)
             await request(first, FrameDecoder(1 << 20), API_VERSIONS)  # being served
@@ -244,7 +243,6 @@ async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
             )
             assert cid == 7
             await third.aclose()
-            nursery.cancel_scope.cancel()
 
 
 async def test_connection_and_request_metrics() -> None:
@@ -253,16 +251,13 @@ async def test_connection_and_request_metrics() -> None:
     metrics = Metrics()
     value = metrics.registry.get_sample_value
     with trio.fail_after(20):
-        async with DevCluster(nodes=1) as cluster, trio.open_nursery() as nursery:
-            proxy = await nursery.start(Proxy(settings(cluster.bootstrap), metrics=metrics).serve)
-            await proxy.discovered.wait()
+        async with proxy_on_dev_cluster(metrics=metrics) as proxy:
             conn = await trio.open_tcp_stream("127.0.0.1", proxy.broker_address(0)[1])
             await request(conn, FrameDecoder(1 << 20), API_VERSIONS)
             await conn.aclose()
             with trio.move_on_after(5):
                 while proxy.open_connections:
                     await trio.testing.wait_all_tasks_blocked()
-            nursery.cancel_scope.cancel()
     assert value("kafka_fetch_proxy_client_connections_accepted_total") == 1
     assert value("kafka_fetch_proxy_client_connections_closed_total", {"cause": "peer_closed"}) == 1
     assert value("kafka_fetch_proxy_broker_connections_opened_total", {"node": "0"}) == 1
