@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.kafka import JVM_OPTS
 
 REPO = Path(__file__).resolve().parents[2]
 ARRANGEMENTS = {"direct", "haproxy", "proxy"}
@@ -25,6 +27,15 @@ FETCH_SCENARIOS = {"shaped_partitions", "idle_consumers", "budget_starvation", "
 """Issue 17's scenarios (bench/fetch_scenarios.py), in the same smoke run."""
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.slow]
+
+LEAN_JVMS = {
+    "KAFKA_FETCH_PROXY_KAFKA_JVM_OPTS": " ".join(JVM_OPTS),
+    "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1",
+}
+"""The smoke run's JVMs as the suite's (tests/support/kafka.py): the broker with the
+suite's options instead of the bench's full-JIT ones (bench/stack.py), Kafka's tools with
+the client compiler only.  A smoke run checks the harness, never a number, and a full JIT
+costs it about 40 CPU-seconds (99 -> 61 measured)."""
 
 
 def _digest(path: Path) -> bytes | None:
@@ -49,6 +60,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out)],
         cwd=REPO,
+        env={**os.environ, **LEAN_JVMS},
         capture_output=True,
         text=True,
         timeout=600,
