@@ -383,14 +383,15 @@ class FetchTranslator:
         pending = self._pending
         if pending is None:
             raise TranslationError("no client fetch is being served")
-        included = self._included(response, pending.uses_topic_ids)
+        included = yield from self._included_in_ranges(response, pending.uses_topic_ids, every)
         error_code = int(getattr(response, "error_code", 0))
         throttle_ms = _millis(response.throttle_time)
-        outcome = self.session.handle_response(
+        outcome = yield from self.session.handle_response_in_ranges(
             error_code=error_code,
             session_id=int(getattr(response, "session_id", 0)),
             throttle_time_ms=throttle_ms,
             partitions=(key for key, _ in included),
+            every=every,
         )
         if outcome.verdict is Verdict.ERROR:
             self.stats.session_errors += 1
@@ -407,11 +408,12 @@ class FetchTranslator:
             return ClientReply(self._client_response(pending, {}, response, empty=True))
         if outcome.ok:
             data = dict(included)
-            unusable = [
-                key
-                for key in pending.session_request.session_partitions
-                if key not in data and self.cache.lookup(key) is None
-            ]
+            unusable = []
+            for i, key in enumerate(pending.session_request.session_partitions, 1):
+                if key not in data and self.cache.lookup(key) is None:
+                    unusable.append(key)
+                if every and i % every == 0:
+                    yield
             if not unusable:
                 reply = yield from self._finish(pending, data, response, every)
                 return ClientReply(reply)
@@ -430,12 +432,16 @@ class FetchTranslator:
             code = UNKNOWN_SERVER_ERROR
         return ClientReply(self._error_response(pending, code, response))
 
-    def _included(self, response: Any, uses_topic_ids: bool) -> list[tuple[PartitionKey, Any]]:
+    def _included_in_ranges(
+        self, response: Any, uses_topic_ids: bool, every: int
+    ) -> Generator[None, None, list[tuple[PartitionKey, Any]]]:
         out: list[tuple[PartitionKey, Any]] = []
         for topic in response.responses:
             ref = topic.topic_id if uses_topic_ids else topic.topic
             for pd in topic.partitions:
                 out.append((PartitionKey(ref, int(pd.partition_index)), pd))
+                if every and len(out) % every == 0:
+                    yield
         return out
 
     def _finish(

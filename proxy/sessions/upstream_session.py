@@ -323,6 +323,56 @@ class FetchSessionClient:
         partitions: Iterable[PartitionKey],
     ) -> ResponseOutcome:
         """Validate the response to the in-flight request and choose the next metadata."""
+        steps = self.handle_response_in_ranges(
+            error_code=error_code,
+            session_id=session_id,
+            throttle_time_ms=throttle_time_ms,
+            partitions=partitions,
+            every=0,
+        )
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                outcome: ResponseOutcome = done.value
+                return outcome
+
+    def handle_response_in_ranges(
+        self,
+        *,
+        error_code: int,
+        session_id: int,
+        throttle_time_ms: int,
+        partitions: Iterable[PartitionKey],
+        every: int,
+    ) -> Generator[None, None, ResponseOutcome]:
+        """``handle_response``, yielding after every *every* partitions (0: never) of its
+        walks over the answer's partitions and the session, which it only reads; the
+        request in flight is taken and the next metadata chosen at one point, after."""
+        request = self._in_flight
+        if request is None:
+            raise SessionStateError("no fetch request in flight")
+        keys: list[PartitionKey] = []
+        extra: list[PartitionKey] = []
+        omitted: list[PartitionKey] = []
+        seen: set[PartitionKey] = set()
+        if error_code == 0:
+            session = self._session
+            for key in partitions:
+                keys.append(key)
+                if key not in session:
+                    extra.append(key)
+                if every and len(keys) % every == 0:
+                    yield
+            seen = set(keys)
+            if request.metadata.is_full:
+                for i, key in enumerate(session, 1):
+                    if key not in seen:
+                        omitted.append(key)
+                    if every and i % every == 0:
+                        yield
+            if self._in_flight is not request or self._session is not session:
+                raise SessionStateError("the session changed while a response was read")
         request = self._take_in_flight()
         sent = request.metadata
         was_full = sent.is_full
@@ -333,15 +383,11 @@ class FetchSessionClient:
                 self._next = SessionMetadata(sent.session_id, INITIAL_EPOCH)
             return ResponseOutcome(Verdict.ERROR, was_full, f"top-level error {error_code}")
 
-        keys = list(partitions)
-        seen = set(keys)
         duplicated = len(seen) != len(keys)
-        extra = [k for k in keys if k not in self._session]
         if was_full:
             if not keys and throttle_time_ms > 0:
                 self._next = INITIAL
                 return ResponseOutcome(Verdict.THROTTLED, was_full)
-            omitted = [k for k in self._session if k not in seen]
             problem = _describe(omitted=omitted, extra=extra, duplicated=duplicated)
             if problem is not None:
                 self._next = INITIAL

@@ -108,3 +108,25 @@ def test_begin_reads_the_topic_ids_again_when_they_change_between_ranges() -> No
     assert yields > 5_000 // EVERY  # (it was cut into ranges)
     topics = {t.topic_id for t in begun.request.topics}
     assert topics == {new}, "one request names one id for a topic, the current one"
+
+
+def test_an_answer_is_read_in_ranges_with_the_same_outcome() -> None:
+    def answer(client: FetchSessionClient, every: int) -> tuple[int, Any]:
+        client.build(wanted(10_000, offset=1), uses_topic_ids=False)
+        return run(
+            client.handle_response_in_ranges(
+                error_code=0,
+                session_id=7,
+                throttle_time_ms=0,
+                partitions=[PartitionKey("t", p) for p in range(0, 10_000, 2)],
+                every=every,
+            )
+        )
+
+    whole_client, sliced_client = established(10_000), established(10_000)
+    _, whole = answer(whole_client, 0)
+    yields, sliced = answer(sliced_client, EVERY)
+    assert sliced == whole and sliced.ok
+    assert yields >= 5_000 // EVERY
+    assert sliced_client.next_metadata == whole_client.next_metadata
+    assert sliced_client.in_flight is None
