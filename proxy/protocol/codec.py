@@ -189,13 +189,7 @@ def _decode(
 
 
 def _decode_in_ranges(
-    schema: Any,
-    frame: bytes,
-    offset: int,
-    *,
-    views: frozenset[str] = readers.NO_VIEWS,
-    path: tuple[str, ...],
-    every: int,
+    schema: Any, frame: bytes, offset: int, views: frozenset[str], path: tuple[str, ...], every: int
 ) -> Generator[None, None, Any]:
     """``_decode`` (not strict) in ranges: see ``readers.read_in_ranges``."""
     try:
@@ -250,7 +244,7 @@ def decode_request_body_in_ranges(
     """``decode_request_body``, yielding after every *every* entries of the entity array at
     *path* (``FETCH_REQUEST_PARTITIONS``; see ``readers.read_in_ranges``)."""
     schema, offset = _request_body(header)
-    return (yield from _decode_in_ranges(schema, frame, offset, path=path, every=every))
+    return (yield from _decode_in_ranges(schema, frame, offset, readers.NO_VIEWS, path, every))
 
 
 def decode_response_in_ranges(
@@ -265,9 +259,7 @@ def decode_response_in_ranges(
     """``decode_response``'s body, yielding after every *every* entries of the entity array
     at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``readers.read_in_ranges``)."""
     schema, offset = _response_body(api_key, api_version, frame)
-    return (
-        yield from _decode_in_ranges(schema, frame, offset, views=views, path=path, every=every)
-    )
+    return (yield from _decode_in_ranges(schema, frame, offset, views, path, every))
 
 
 def decode_response(
