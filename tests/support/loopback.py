@@ -4,6 +4,7 @@
     stream = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap.port)
     reply = await request(stream, FrameDecoder(1 << 20), API_VERSIONS)
 
+:data:`API_VERSIONS` and :data:`METADATA` are request frames to send;
 :func:`settings` is the proxy's validated config for one upstream, listening on
 port 0 (broker listeners too) and retrying a missing upstream quickly;
 :func:`request` sends one frame and waits for the next whole frame back;
@@ -17,6 +18,7 @@ from typing import Any
 
 import trio
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.metadata.v12.request import MetadataRequest
 
 from proxy import config
 from proxy.protocol import codec
@@ -26,6 +28,14 @@ API_VERSIONS = codec.encode_request(
     ApiVersionsRequest(client_software_name="t", client_software_version="1"), 7, "t"
 )
 """An ApiVersions v3 request frame (correlation id 7, client id ``t``)."""
+METADATA = codec.encode_request(
+    MetadataRequest(
+        topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    ),
+    8,
+    "t",
+)
+"""A Metadata v12 request frame for every topic (correlation id 8, client id ``t``)."""
 
 
 def settings(upstream: str, **extra: Any) -> config.Settings:

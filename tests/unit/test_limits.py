@@ -18,11 +18,10 @@ import structlog
 import trio
 import trio.testing
 from kio.schema.fetch.v12 import request as fetch12
-from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 from support.dev_proxy import proxy_on_dev_cluster
-from support.loopback import API_VERSIONS, request, settings
+from support.loopback import API_VERSIONS, METADATA, request, settings
 from support.trio_waits import closed_by_peer
 
 from devbroker.cluster import DevCluster
@@ -46,15 +45,6 @@ def resolve(node_id: int, host: str, port: int) -> tuple[str, int]:
 def opaque_request(cid: int, body: bytes = b"") -> bytes:
     # OffsetCommit v2 (api key 8): not decoded by the proxy, relayed opaque
     return struct.pack(">hhi", 8, 2, cid) + b"\x00\x03app" + body
-
-
-METADATA = codec.encode_request(
-    MetadataRequest(
-        topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
-    ),
-    8,
-    "t",
-)
 
 
 def fetch_v12(

@@ -16,12 +16,11 @@ from kio.schema.api_versions.v0 import request as av0req
 from kio.schema.api_versions.v0 import response as av0
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import response as md12
-from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.metadata.v13 import response as md13
 from kio.schema.types import BrokerId
 from kio.static.primitive import i16, i32, i32Timedelta
 from support.dev_proxy import proxy_on_dev_cluster
-from support.loopback import API_VERSIONS, free_port, request, settings
+from support.loopback import API_VERSIONS, METADATA, free_port, request, settings
 
 from devbroker.cluster import DevCluster
 from proxy import config
@@ -63,16 +62,7 @@ async def test_metadata_through_proxy_has_proxy_addresses_and_garbage_does_not_h
             decoder = FrameDecoder(1 << 24)
             cid, versions = codec.decode_response(18, 3, await request(good, decoder, API_VERSIONS))
             assert cid == 7 and versions.error_code == 0
-            md = codec.encode_request(
-                MetadataRequest(
-                    topics=None,
-                    allow_auto_topic_creation=False,
-                    include_topic_authorized_operations=False,
-                ),
-                8,
-                "t",
-            )
-            cid, body = codec.decode_response(3, 12, await request(good, decoder, md))
+            cid, body = codec.decode_response(3, 12, await request(good, decoder, METADATA))
             assert cid == 8
             advertised = {(b.host, b.port) for b in body.brokers}
             assert advertised == {proxy.broker_address(n) for n in range(3)}
@@ -176,16 +166,7 @@ async def test_broker_seen_later_gets_a_listener_before_the_client_hears_of_it()
             fake.extra = [(7, "127.0.0.1", fake.port), (1000, "127.0.0.1", fake.port)]
             client = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap.port)
             decoder = FrameDecoder(1 << 20)
-            md = codec.encode_request(
-                MetadataRequest(
-                    topics=None,
-                    allow_auto_topic_creation=False,
-                    include_topic_authorized_operations=False,
-                ),
-                1,
-                "t",
-            )
-            _, body = codec.decode_response(3, 12, await request(client, decoder, md))
+            _, body = codec.decode_response(3, 12, await request(client, decoder, METADATA))
             ports = {b.node_id: b.port for b in body.brokers}
             assert ports[1000] == explicit  # the explicit node-id -> port map
             assert ports[7] == proxy.broker_address(7)[1]

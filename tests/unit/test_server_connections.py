@@ -15,9 +15,8 @@ import struct
 import pytest
 import structlog
 import trio
-from kio.schema.metadata.v12.request import MetadataRequest
 from support.dev_proxy import proxy_on_dev_cluster
-from support.loopback import API_VERSIONS, free_port, request, settings
+from support.loopback import API_VERSIONS, METADATA, free_port, request, settings
 from support.trio_waits import closed_by_peer, until
 
 from proxy import config
@@ -29,13 +28,6 @@ from proxy.server.proxy import CLIENT_CLOSED_HINT, Proxy
 P = "kafka_fetch_proxy_"
 TIMEOUT = 20
 
-METADATA = codec.encode_request(
-    MetadataRequest(
-        topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
-    ),
-    8,
-    "t",
-)
 UNSUPPORTED_API_VERSIONS = struct.pack(">hhi", 18, 99, 5) + b"\x00\x01t"
 """ApiVersions v99: the proxy answers it itself (UNSUPPORTED_VERSION), as Kafka does."""
 
