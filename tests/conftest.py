@@ -204,6 +204,7 @@ function starts ``tracemalloc``: it traces every thread of the process, xdist's 
 SLOW_FIRST = (
     "spark",
     "kafka",
+    "kafka#2",
     "tests/integration/test_sasl_reauth_kafka.py",
     "tests/integration/test_bench_smoke.py",
     "kafka3",
@@ -220,6 +221,18 @@ The rest keeps collection order after them."""
 
 _MODULE_SCOPES = ("module", "package", "class")
 
+KAFKA_SECOND_WORKER = (
+    "tests/integration/test_pipeline_spark.py::",
+    "tests/integration/test_differential.py::",
+    "tests/integration/test_shaping_fairness_clients.py::",
+    "tests/integration/test_fetch_sessions_clients.py::",
+    "tests/integration/test_fetch_ahead_clients.py::",
+)
+"""The tests of the ``kafka`` cluster that go in group ``kafka#2``: the ``kafka`` group was
+the suite's longest, all on one worker, so these modules (a Spark job, module clusters
+of their own, long client runs) get a second worker and a second single-node cluster
+(some 6 s to start) instead of waiting behind the others."""
+
 
 def _traces_allocations(item: pytest.Item) -> bool:
     function = getattr(item, "function", None)
@@ -233,6 +246,8 @@ def _xdist_group(item: pytest.Item, clusters: set[str]) -> str | None:
     """The worker group of *item*: the session cluster it uses, else its module if it uses
     a module-scoped fixture, else none (xdist places it on any worker)."""
     session = sorted(clusters & set(KAFKA_FIXTURES))
+    if session == ["kafka"] and item.nodeid.startswith(KAFKA_SECOND_WORKER):
+        return "kafka#2"
     if session:
         return "+".join(session)
     info = getattr(item, "_fixtureinfo", None)
@@ -294,6 +309,37 @@ class _Controller:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self.spent: dict[str, float] = {}
+        """node id -> seconds its setup, call and teardown took"""
+        self.worker: dict[str, str] = {}
+        """node id -> the worker that ran it"""
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.spent[report.nodeid] = self.spent.get(report.nodeid, 0.0) + report.duration
+        node = getattr(report, "node", None)  # xdist's WorkerController
+        gateway = getattr(node, "gateway", None)
+        if gateway is not None:
+            self.worker[report.nodeid] = str(gateway.id)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Each worker's groups, longest first, with the seconds their tests took: the
+        data for SLOW_FIRST, and where the run's longest worker spent its time."""
+        written = sorted(self.folder.glob("gw*.json"))
+        groups: dict[str, str] = json.loads(written[0].read_text()) if written else {}
+        per: dict[tuple[str, str], list[float]] = {}
+        for nodeid, seconds in self.spent.items():
+            key = (self.worker.get(nodeid, "?"), groups.get(nodeid, "(no group)"))
+            per.setdefault(key, []).append(seconds)
+        totals: dict[str, float] = {}
+        for (worker, _), times in per.items():
+            totals[worker] = totals.get(worker, 0.0) + sum(times)
+        for worker in sorted(totals):
+            terminalreporter.write_line(f"worker {worker}: tests took {totals[worker]:.0f} s")
+            mine = sorted(
+                ((sum(t), len(t), g) for (w, g), t in per.items() if w == worker), reverse=True
+            )
+            for seconds, count, group in mine[:8]:
+                terminalreporter.write_line(f"  {seconds:7.1f} s {count:5d} tests  {group}")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
