@@ -13,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proxy.relay import endpoints
+import pytest
+from kio.schema.index import api_key_map
+
+from proxy.protocol import codec
+from proxy.relay import apiversions, endpoints
 
 ADVERTISED_PY = Path(endpoints.__file__).with_name("advertised.py")
 REGENERATE = (
@@ -48,6 +52,24 @@ assert len(got.api_keys) > 80, len(got.api_keys)
 print(len({m for m in sys.modules if m.startswith("kio.schema.")} - before))
 """
 
+_RANGES = """
+import sys
+from proxy.protocol.apis import API_VERSIONS, METADATA
+from proxy.relay import apiversions, relay
+
+before = {m for m in sys.modules if m.startswith("kio.schema.")}
+assert apiversions.kio_range(METADATA) is not None and apiversions.kio_range(API_VERSIONS)
+print(len({m for m in sys.modules if m.startswith("kio.schema.")} - before))
+"""
+
+
+def _imported(script: str) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.strip())
+
 
 def test_the_advertised_table_is_what_the_schemas_give() -> None:
     assert ADVERTISED_PY.read_text() == endpoints.advertised_source(), (
@@ -58,8 +80,27 @@ def test_the_advertised_table_is_what_the_schemas_give() -> None:
 def test_rewriting_an_answer_that_lists_every_api_imports_no_schema() -> None:
     """In a fresh interpreter (this one has imported schemas already): the old derivation
     imported about a thousand modules here."""
-    done = subprocess.run(
-        [sys.executable, "-c", _REWRITE_ALL], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert int(done.stdout.strip()) == 0
+    assert _imported(_REWRITE_ALL) == 0
+
+
+def test_the_ranges_of_metadata_and_apiversions_import_no_schema() -> None:
+    """Asked at start-up (Metadata) and at a client's first ApiVersions: every version's
+    schema was imported for them (some 130 modules)."""
+    assert _imported(_RANGES) == 0
+
+
+@pytest.mark.parametrize("api_key", [*sorted(api_key_map), 1000])
+def test_kio_range_is_the_versions_kio_has_both_schemas_for(api_key: int) -> None:
+    known = [
+        v
+        for v in range(endpoints.MAX_PROBE)
+        if codec.request_schema(api_key, v) is not None
+        and codec.response_schema(api_key, v) is not None
+    ]
+    expected = None
+    if known:
+        low = known[-1]
+        while low - 1 in known:
+            low -= 1
+        expected = (low, known[-1])
+    assert apiversions.kio_range(api_key) == expected
