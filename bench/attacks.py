@@ -836,7 +836,8 @@ def summarize(
         "rtt_p99": bool(own) and percentile(own, 0.99) < RTT_P99_LIMIT,
         "rss": rss_max < limit,
         "healthz": bool(health) and all(s == "200" for s in health),
-        "victim": bool(got) and gap <= VICTIM_MAX_GAP,
+        # (a window shorter than the gap allowed, e.g. a fetch refused at once, may see none)
+        "victim": (bool(got) or end - start < VICTIM_MAX_GAP) and gap <= VICTIM_MAX_GAP,
     }
     if proxy_exit is not None:
         criteria = dict.fromkeys(criteria, False)
