@@ -22,6 +22,7 @@ from typing import Any
 import confluent_kafka
 import pytest
 from support.backends import BACKENDS, running, upstream_for
+from support.fetch_messages import fetch_body, partition_body
 from support.rawclient import make_request
 from support.stack import ProxyStack
 
@@ -52,30 +53,8 @@ def stack(request: pytest.FixtureRequest) -> Iterator[ProxyStack]:
 
 
 def fetch(topic: str) -> Any:
-    partition = {
-        "partition": 0,
-        "current_leader_epoch": -1,
-        "fetch_offset": 0,
-        "last_fetched_epoch": -1,
-        "log_start_offset": -1,
-        "partition_max_bytes": PARTITION_BYTES,
-    }
-    return make_request(
-        1,
-        12,
-        {
-            "replica_id": -1,
-            "max_wait": 0,
-            "min_bytes": 1,
-            "max_bytes": 1 << 20,
-            "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
-            "topics": [{"topic": topic, "topic_id": None, "partitions": [partition]}],
-            "forgotten_topics_data": [],
-            "rack_id": "",
-        },
-    )
+    topic_body = {"topic": topic, "partitions": [partition_body(0, 0, PARTITION_BYTES)]}
+    return make_request(1, 12, fetch_body([topic_body], max_wait=0, max_bytes=1 << 20))
 
 
 def produce(bootstrap: str, topic: str) -> None:

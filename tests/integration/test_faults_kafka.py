@@ -42,6 +42,7 @@ from typing import Any
 
 import pytest
 from support import verifier
+from support.fetch_messages import fetch_body, partition_body
 from support.kafka import KafkaCluster
 from support.loopback import free_port
 from support.procs import CLI, REPO, read_lines
@@ -399,36 +400,8 @@ def test_proxy_killed_and_restarted(cluster: KafkaCluster) -> None:
 
 
 def _fetch_request(topic: str, max_wait_ms: int) -> Any:
-    return make_request(
-        1,
-        12,
-        {
-            "replica_id": -1,
-            "max_wait": max_wait_ms,
-            "min_bytes": 1,
-            "max_bytes": 1048576,
-            "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
-            "topics": [
-                {
-                    "topic": topic,
-                    "partitions": [
-                        {
-                            "partition": 0,
-                            "current_leader_epoch": -1,
-                            "fetch_offset": 0,
-                            "last_fetched_epoch": -1,
-                            "log_start_offset": -1,
-                            "partition_max_bytes": 1048576,
-                        }
-                    ],
-                }
-            ],
-            "forgotten_topics_data": [],
-            "rack_id": "",
-        },
-    )
+    topic_body = {"topic": topic, "partitions": [partition_body(0, 0, 1048576)]}
+    return make_request(1, 12, fetch_body([topic_body], max_wait=max_wait_ms, max_bytes=1048576))
 
 
 def _refused(port: int) -> bool:

@@ -44,6 +44,7 @@ import kafka
 import pytest
 from support import clients, verifier
 from support.delivery import assert_exactly_once_in_order
+from support.fetch_messages import fetch_body, partition_body
 from support.kafka import RACK_AWARE, SCRAM_MECHANISM, KafkaCluster, Security
 from support.rawclient import RawClient
 from support.stack import ProxyStack
@@ -469,31 +470,8 @@ METADATA_V9 = {
 def fetch_v10(
     topic: str, partitions: list[int], offsets: dict[int, int], partition_max_bytes: int = 1 << 20
 ) -> dict[str, Any]:
-    return {
-        "replica_id": -1,
-        "max_wait": 500,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "isolation_level": 0,
-        "session_id": 0,
-        "session_epoch": -1,
-        "topics": [
-            {
-                "topic": topic,
-                "partitions": [
-                    {
-                        "partition": p,
-                        "current_leader_epoch": -1,
-                        "fetch_offset": offsets[p],
-                        "log_start_offset": -1,
-                        "partition_max_bytes": partition_max_bytes,
-                    }
-                    for p in partitions
-                ],
-            }
-        ],
-        "forgotten_topics_data": [],
-    }
+    parts = [partition_body(p, offsets[p], partition_max_bytes) for p in partitions]
+    return fetch_body([{"topic": topic, "partitions": parts}], max_wait=500, max_bytes=1 << 20)
 
 
 # -- faults -----------------------------------------------------------------------------------

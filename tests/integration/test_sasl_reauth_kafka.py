@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 import trio
 from support import clients, verifier
+from support.fetch_messages import fetch_body, partition_body
 from support.kafka import KafkaCluster, Security
 from support.rawclient import RawClient, make_request
 
@@ -270,26 +271,8 @@ LONG_POLL_MS = 1500
 
 def _fetch_request(topic: str) -> dict[str, Any]:
     """A sessionless Fetch v12 of partition 0 that long-polls (the topic is empty)."""
-    part = {
-        "partition": 0,
-        "fetch_offset": 0,
-        "partition_max_bytes": 1 << 20,
-        "current_leader_epoch": -1,
-        "last_fetched_epoch": -1,
-        "log_start_offset": -1,
-    }
-    return {
-        "replica_id": -1,
-        "max_wait": LONG_POLL_MS,
-        "min_bytes": 1,
-        "max_bytes": 1 << 20,
-        "isolation_level": 0,
-        "session_id": 0,
-        "session_epoch": -1,
-        "topics": [{"topic": topic, "partitions": [part]}],
-        "forgotten_topics_data": [],
-        "rack_id": "",
-    }
+    topic_body = {"topic": topic, "partitions": [partition_body(0, 0, 1 << 20)]}
+    return fetch_body([topic_body], max_wait=LONG_POLL_MS, max_bytes=1 << 20)
 
 
 def _scram_authenticate(c: RawClient) -> int:
