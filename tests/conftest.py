@@ -202,17 +202,16 @@ ALONE = (
 function starts ``tracemalloc``: it traces every thread of the process, xdist's too."""
 
 SLOW_FIRST = (
-    "spark",
     "kafka",
     "kafka#2",
-    "tests/integration/test_sasl_reauth_kafka.py",
+    "tests/integration/test_sasl_reauth_kafka.py",  # two minutes, mostly waiting: early
+    "spark",
     "tests/integration/test_bench_smoke.py",
     "kafka3",
     "tests/integration/test_rack_aware_kafka.py",
     "tests/integration/test_faults_kafka.py",
     "kafka39",
     "tests/integration/test_security_kafka.py",
-    "tests/integration/test_pipeline_spark.py",
     "tests/unit/test_readers.py",
     "tests/integration/",
 )
