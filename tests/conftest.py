@@ -429,6 +429,30 @@ def _keep_logs(item: pytest.Item) -> None:
         )
 
 
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """On an xdist worker, stop each session cluster that the next test does not use.
+
+    A worker runs a cluster's group in one stretch (``--dist loadgroup``, "parallel runs"
+    above), so after it a running broker only idles until the worker's session ends (about
+    2 CPU-seconds a minute per broker, measured).  pytest tears the fixture down as at the
+    session's end (its dependents first) and sets it up again if a later test of this
+    worker asks for it.  A plain run keeps every cluster to its end: there the tests of
+    several clusters alternate in collection order.
+    """
+    result = yield
+    if nextitem is None or _worker(item.config) is None:
+        return result
+    wanted = _real_kafka(nextitem)
+    for name in KAFKA_FIXTURES:
+        if name in wanted:
+            continue
+        for fixturedef in item.session._fixturemanager.getfixturedefs(name, item) or ():
+            if fixturedef.scope == "session" and fixturedef.cached_result is not None:
+                fixturedef.finish(item._request)  # type: ignore[attr-defined]
+    return result
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
