@@ -1141,8 +1141,14 @@ def _cell(r: dict[str, Any] | None) -> list[str]:
     health = ", ".join(f"{k}: {v}" for k, v in sorted(r["healthz"].items()))
     failed = [k for k, ok in r["criteria"].items() if not ok]
     base = r["rtt"].get("baseline_p99_ms")
+    rtt = f"{r['rtt']['p99_ms']:,.0f}" + (f" (quiet {base:,.0f})" if base is not None else "")
+    if "own_p99_ms" in r["rtt"]:  # the judged one, then the relayed one and the broker's
+        rtt = (
+            f"{r['rtt']['own_p99_ms']:,.0f} (rel {r['rtt']['p99_ms']:,.0f},"
+            f" dir {r['rtt']['direct_p99_ms']:,.0f})"
+        )
     return [
-        f"{r['rtt']['p99_ms']:,.0f}" + (f" (quiet {base:,.0f})" if base is not None else ""),
+        rtt,
         f"{r['rss']['max_mib']:,.0f} (held {r['rss']['held_after_mib']:,.0f})",
         health,
         f"{r['victim']['records']:,} (gap {r['victim']['max_gap_s']} s)",
