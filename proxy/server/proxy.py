@@ -560,6 +560,10 @@ class Proxy:
                     reason = await drainable.serve(conn.run)
                 finally:
                     self._drains.discard(drainable)
+                    # Both close over conn, which holds them: without this the closed
+                    # connection would wait for a full collection (every 60 s, server.cli).
+                    drainable.quiet = _always_quiet
+                    upstream.detach()
             if first.cancelled_caught and upstream is not None and upstream.failed:
                 reason = "upstream_unreachable"
                 log.warning("connection_closed", reason=reason, hint=CLIENT_CLOSED_HINT)
@@ -977,6 +981,10 @@ def _first_request_arrived(
     slot.first.deadline = math.inf
     slots.spoke(slot)
     conn.on_request = None
+
+
+def _always_quiet() -> bool:
+    return True
 
 
 def _answered(relay: Relay, conn: Connection) -> Callable[[], bool]:

@@ -77,6 +77,11 @@ class LazyUpstream(trio.abc.Stream):
         self._settled = trio.Event()
         """Set once connected, failed or closed: what waiting reads wait for."""
 
+    def detach(self) -> None:
+        """Forget the owner's callbacks (its connection ended; they close over it)."""
+        self._on_open = _ignore_stream
+        self._on_failure = _ignore
+
     async def _open(self) -> trio.abc.Stream:
         if self.stream is not None:
             return self.stream
@@ -115,3 +120,11 @@ class LazyUpstream(trio.abc.Stream):
             await self.stream.aclose()
         else:
             await trio.lowlevel.checkpoint()
+
+
+def _ignore_stream(stream: trio.abc.Stream) -> None:
+    pass
+
+
+def _ignore() -> None:
+    pass
