@@ -1,4 +1,8 @@
-"""The compiled writers (proxy.protocol.writers) write kio's bytes, for every class kio knows."""
+"""The compiled writers (proxy.protocol.writers) write kio's bytes, for every class kio knows.
+
+Random messages of every class are checked in ``test_kio_agreement.py``, which draws each
+message once for the writers, readers and walk.
+"""
 
 from __future__ import annotations
 
@@ -8,45 +12,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_writer
+from support.kio_agreement import Collect, compiled_bytes, kio_bytes
 from support.kio_classes import SCHEMAS, schema_id
 
 from proxy.protocol import writers
 from proxy.protocol.messages import make, request_module, response_module
-
-
-def kio_bytes(obj: Any) -> bytes:
-    buffer = io.BytesIO()
-    entity_writer(type(obj))(buffer, obj)
-    return buffer.getvalue()
-
-
-class Collect(list[Any]):
-    def write(self, data: Any) -> int:
-        self.append(data)
-        return len(data)
-
-
-def compiled_bytes(obj: Any) -> bytes:
-    out = Collect()
-    writers.encode(obj, out)
-    return b"".join(out)
-
-
-@settings(
-    max_examples=800,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(st.data())
-def test_every_message_is_written_as_kio_writes_it(data: st.DataObject) -> None:
-    schema = data.draw(st.sampled_from(SCHEMAS))
-    obj = data.draw(st.from_type(schema))
-    assert compiled_bytes(obj) == kio_bytes(obj)
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=schema_id)
