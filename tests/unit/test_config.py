@@ -7,12 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from proxy import config
-from proxy.cli import build_parser
+from proxy.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -264,8 +265,9 @@ def test_the_projects_own_variables_are_settings_or_known_tooling() -> None:
 
 
 def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed ``kafka-fetch-proxy`` command as its own process, in a clean environment."""
     return subprocess.run(
-        [sys.executable, "-m", "proxy", *argv],
+        [str(Path(sys.executable).parent / "kafka-fetch-proxy"), *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -277,7 +279,33 @@ def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
-def test_check_config_command(tmp_path: Path) -> None:
+@pytest.fixture
+def cli(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """:func:`run_cli` in this process: ``proxy.cli.main`` (what the installed command calls)
+    with the same argv, environment and directory, its exit code (returned or raised, as
+    argparse does) and what it wrote.  For what needs no process of its own (check-config,
+    --help): a Python start-up and the proxy's imports each time cost a second of CPU."""
+
+    def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        for key in [k for k in os.environ if k.startswith("KAFKA_FETCH_PROXY_")]:
+            monkeypatch.delenv(key)
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.chdir(REPO)
+        capsys.readouterr()
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["kafka-fetch-proxy", *argv], code, out, err)
+
+    return run
+
+
+def test_the_installed_command_exits_0_or_2_as_check_config_finds(tmp_path: Path) -> None:
     good = run_cli("check-config", "--config", str(write(tmp_path, 'upstream = ["k:9092"]\n')))
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["ok"] is True
@@ -289,10 +317,15 @@ def test_check_config_command(tmp_path: Path) -> None:
     assert "log_level" in bad.stderr and '"x"' in bad.stderr
 
 
-def test_check_config_and_run_refuse_a_misspelt_env_var() -> None:
+def test_check_config_and_run_refuse_a_misspelt_env_var(
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
     env = {"KAFKA_FETCH_PROXY_UPSTREAM": "k:1", "KAFKA_FETCH_PROXY_MAX_RECORD": "5"}
-    for command in ("check-config", "run"):
-        done = run_cli(command, env=env)
+    # run as a process of its own: were it not refused, it would start serving
+    for command, done in (
+        ("check-config", cli("check-config", env=env)),
+        ("run", run_cli("run", env=env)),
+    ):
         assert done.returncode == 2, (command, done.stderr)
         assert done.stdout == ""  # nothing printed as if it had started
         assert "unknown environment variable KAFKA_FETCH_PROXY_MAX_RECORD:" in done.stderr
@@ -308,7 +341,9 @@ def test_run_refuses_an_invalid_file_before_starting(tmp_path: Path) -> None:
     assert "broker_port_base" in bad.stderr and "-5" in bad.stderr and ">= 0" in bad.stderr
 
 
-def test_check_config_prints_every_effective_setting_and_its_source(tmp_path: Path) -> None:
+def test_check_config_prints_every_effective_setting_and_its_source(
+    tmp_path: Path, cli: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     """A user confirms their limits, policies, budget and decision log were read as meant."""
     path = write(
         tmp_path,
@@ -335,7 +370,7 @@ max_partition_bytes = 65536
 enabled = true
 """,
     )
-    done = run_cli(
+    done = cli(
         "check-config",
         "--config",
         str(path),
@@ -416,8 +451,10 @@ enabled = true
     }
 
 
-def test_check_config_with_defaults_has_the_default_budget_and_no_decision_log() -> None:
-    done = run_cli("check-config", "--upstream", "k:9092")
+def test_check_config_with_defaults_has_the_default_budget_and_no_decision_log(
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    done = cli("check-config", "--upstream", "k:9092")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     effective = out["effective"]
@@ -431,8 +468,10 @@ def test_check_config_with_defaults_has_the_default_budget_and_no_decision_log()
     assert effective["policies"] == []
 
 
-def test_run_help_shows_what_each_value_is_and_that_upstream_is_required() -> None:
-    done = run_cli("run", "--help")
+def test_run_help_shows_what_each_value_is_and_that_upstream_is_required(
+    cli: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    done = cli("run", "--help")
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # argparse wraps lines
     assert "VALUE" not in text
