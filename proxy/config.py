@@ -155,6 +155,8 @@ DEFAULT_MAX_UPSTREAM_WAIT_MS = 500
 """The Java consumer's fetch.max.wait.ms: the longest the proxy's own fetches long-poll."""
 DEFAULT_MAX_CACHED_SESSION_PARTITIONS = 100_000
 DEFAULT_MAX_FETCH_PARTITIONS = 20_000
+DEFAULT_MAX_PARTITIONS_IN_FLIGHT = 40_000
+"""About 56 MiB of per-partition fetch state at about 1.4 KiB a partition."""
 
 
 class InvalidFetchConfig(ValueError):
@@ -182,6 +184,9 @@ class FetchPathConfig:
     max_fetch_partitions: int = DEFAULT_MAX_FETCH_PARTITIONS
     """Partitions one client Fetch may name; more closes the connection (at the next fetch
     after a reload)."""
+    max_partitions_in_flight: int = DEFAULT_MAX_PARTITIONS_IN_FLIGHT
+    """Partitions the large fetches being processed may name together (a fetch that does not
+    fit waits; one larger than this is let in alone)."""
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> FetchPathConfig:
@@ -204,6 +209,9 @@ class FetchPathConfig:
                 raw.get("max_cached_session_partitions", DEFAULT_MAX_CACHED_SESSION_PARTITIONS)
             ),
             max_fetch_partitions=int(raw.get("max_fetch_partitions", DEFAULT_MAX_FETCH_PARTITIONS)),
+            max_partitions_in_flight=int(
+                raw.get("max_partitions_in_flight", DEFAULT_MAX_PARTITIONS_IN_FLIGHT)
+            ),
         )
 
 

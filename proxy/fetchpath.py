@@ -94,6 +94,15 @@ A Fetch naming more than ``max_fetch_partitions`` closes the connection
 (:mod:`.protocol.fetch_count`, a walk of the topic and partition counts), so
 the refusal costs no decode and the frame is never queued.
 
+Partitions in flight (:mod:`proxy.shaping.in_flight`, ``max_partitions_in_flight``):
+a fetch of more than 500 partitions takes its count (the same walk) from the
+process's bound when it reaches the head of its connection's queue, before it is
+decoded, and gives it back once its answer is written (``written``) or its
+connection closes (``close``); a follower's, passed through after its decode,
+gives it back then.  One that does not fit waits in the bound's FIFO (its
+connection's fetches wait behind it; its waker resumes it); small fetches never
+wait.  A fetch that took from the bound keeps no decode memo (``_decode``).
+
 Memory budget (:mod:`proxy.shaping.budget`, KIP-81 / KIP-72): a fetch starts
 at once with a grant of nothing and asks upstream for at most
 ``FetchAdmission.fetch_bytes`` (its partitions' bound, 1/16 of the budget), so
@@ -180,6 +189,7 @@ from .sessions.upstream import (
 from .sessions.upstream_session import FetchSessionClient
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision
+from .shaping.in_flight import PartitionsInFlight
 from .shaping.keys import topic_key
 from .shaping.limits import Limits, limit_kind
 from .shaping.policy import rack_override, select
@@ -210,6 +220,8 @@ class FetchMetrics(Protocol):
     def buffered_reuse_hit(self, record_bytes: int) -> None: ...
     def set_memory_budget(self, *, used: int, limit: int | None = None) -> None: ...
     def memory_budget_wait(self) -> None: ...
+    def set_partitions_in_flight(self, partitions: int) -> None: ...
+    def partitions_in_flight_wait(self) -> None: ...
     def starvation(self, rounds: int) -> None: ...
     def upstream_fetch_data(self, node: int | None, records: int, record_bytes: int) -> None: ...
     def delivered_fetch_data(
@@ -273,6 +285,8 @@ class FetchPath:
         self._client_sessions: dict[int | None, FetchSessionCache] = {}
         self.session_bound = SessionPartitionBound(config.max_cached_session_partitions)
         """Partitions every listener's client sessions may hold together."""
+        self.in_flight = PartitionsInFlight(config.max_partitions_in_flight)
+        """Partitions of the large fetches being processed (``max_partitions_in_flight``)."""
         self.handlers: weakref.WeakSet[FetchPathHandler] = weakref.WeakSet()
         self._policy_cache: dict[tuple[str | None, str], tuple[str, Limits]] = {}
         self.config = config
@@ -307,6 +321,7 @@ class FetchPath:
         """Apply a new configuration; live connections use it from their next fetch."""
         self.admission.configure(config.memory_budget_bytes)
         self.config = config
+        self.in_flight.configure(config.max_partitions_in_flight)
         self.generation += 1
         self._policy_cache.clear()
         for h in list(self.handlers):
@@ -341,6 +356,7 @@ class FetchPath:
         """The memory-budget gauge (session gauges are set at scrape time by proxy.observe)."""
         if self.metrics is not None:
             self.metrics.set_memory_budget(used=self.budget.used)
+            self.metrics.set_partitions_in_flight(self.in_flight.used)
 
 
 @dataclass(slots=True)
@@ -436,9 +452,17 @@ class FetchPathHandler:
         """The client authenticates end to end (SASL through the proxy)."""
         self._authenticated_counted = False
         self._upstream: Upstream | None = None
-        self._queue: deque[tuple[ClientRequest, Any]] = deque()
+        self._queue: deque[tuple[ClientRequest, Any, int]] = deque()
         """Fetches waiting their turn; each is decoded when it reaches the head (None
-        until then), so queued fetches hold their frames, not their decoded form."""
+        until then), so queued fetches hold their frames, not their decoded form; and the
+        partitions it names (counted from its bytes, 0 when they could not be)."""
+        self._claim: int | None = None
+        """Partitions the fetch at the head of the queue (or being served) took from the
+        process's ``PartitionsInFlight`` (None: it has taken nothing yet)."""
+        self._unwritten_partitions = 0
+        """Partitions of answered fetches whose responses are not written yet."""
+        self._partitions_waiting = False
+        """The fetch at the head waits for ``max_partitions_in_flight`` (counted once)."""
         self._slices: Slices | None = None
         """The fetch whose stages are being run one slice per loop turn (see ``_run``)."""
         self.slices = 0
@@ -482,26 +506,27 @@ class FetchPathHandler:
         if int(request.header.api_version) < MIN_SESSION_FETCH_VERSION:
             self._passthrough.handle_fetch(request, upstream)
             return
-        self._refuse_too_large(request)
-        self._queue.append((request, None))  # decoded when it starts (_serve)
+        named = self._refuse_too_large(request)
+        self._queue.append((request, None, named))  # decoded when it starts (_serve)
         self._serve(upstream)
 
-    def _refuse_too_large(self, request: ClientRequest) -> None:
+    def _refuse_too_large(self, request: ClientRequest) -> int:
         """Close the connection (``FetchTooLarge``) when the Fetch names more partitions than
         ``max_fetch_partitions``, counted from its bytes (:mod:`.protocol.fetch_count`), before
         it is queued or decoded: the refusal costs one walk of its structure, not the decode
         (tens of microseconds a partition on the event loop).  A frame the count cannot follow
         goes on to the decode, which refuses it.  (``DownstreamSessions.open`` checks the
-        decoded request too.)"""
+        decoded request too.)  Returns the count (0 when it could not be counted)."""
         h = request.header
         if h.body_offset is None:
-            return
+            return 0
         named = fetch_count.fetch_partitions(int(h.api_version), request.frame, h.body_offset)
         limit = self.downstream.max_fetch_partitions
         if named is not None and named > limit:
             raise FetchTooLarge(
                 f"a Fetch of {named} partitions is more than max_fetch_partitions ({limit})"
             )
+        return named or 0
 
     def _decode(self, request: ClientRequest) -> Any:
         """The request body, decoded; a repeated body is decoded once.
@@ -531,7 +556,9 @@ class FetchPathHandler:
         if offset is None:
             return codec.decode_request_body(h, request.frame)  # (which refuses it)
         body = None
-        if len(request.frame) - offset <= DECODE_MEMO_MAX_BYTES:
+        # A fetch that took partitions from ``max_partitions_in_flight`` keeps no memo: its
+        # decoded form would outlive the partitions it gives back once answered.
+        if not self._claim and len(request.frame) - offset <= DECODE_MEMO_MAX_BYTES:
             body = bytes(request.frame[offset:])
             last = self._last_decoded
             if last is not None and last[0] == h.api_version and last[1] == body:
@@ -551,9 +578,10 @@ class FetchPathHandler:
         self._busy = False
         if replica_id(decoded) >= 0:  # a follower's: not ours to reshape
             self._queue.popleft()
+            self._give_back_claim()
             self._passthrough.handle_fetch(request, upstream)
         else:
-            self._queue[0] = (request, decoded)
+            self._queue[0] = (request, decoded, self._queue[0][2])
         if self._waker is not None:
             self._waker()
 
@@ -577,11 +605,22 @@ class FetchPathHandler:
             self._serve(self._upstream)
 
     def written(self) -> None:
-        """The responses answered so far have been written to the client: free their memory."""
+        """The responses answered so far have been written to the client: free their memory
+        and their partitions (``max_partitions_in_flight``)."""
         pending, self._unwritten = self._unwritten, []
         for grant in pending:
             grant.release()
-        if pending:
+        partitions, self._unwritten_partitions = self._unwritten_partitions, 0
+        if partitions:
+            self.path.in_flight.give_back(partitions)
+        if pending or partitions:
+            self.path.refresh_gauges()
+
+    def _give_back_claim(self) -> None:
+        """The fetch that held ``_claim`` is dropped unanswered (a follower's, passed through)."""
+        claim, self._claim = self._claim, None
+        if claim:
+            self.path.in_flight.give_back(claim)
             self.path.refresh_gauges()
 
     def close(self) -> None:
@@ -596,11 +635,16 @@ class FetchPathHandler:
         """
         self.closed = True
         self.path.admission.leave(self)
+        in_flight = self.path.in_flight
+        in_flight.leave(self)
         exchange, self._exchange = self._exchange, None
         for grant in (*self._unwritten, exchange.grant if exchange else None):
             if grant is not None:
                 grant.release()
         self._unwritten = []
+        partitions = (self._claim or 0) + self._unwritten_partitions
+        self._claim, self._unwritten_partitions = None, 0
+        in_flight.give_back(partitions)
         self.shaper.close()
         self._queue.clear()
         self._slices = None
@@ -627,7 +671,18 @@ class FetchPathHandler:
         self._starting = True
         try:
             while self._queue and not self._busy:
-                request, decoded = self._queue[0]
+                request, decoded, named = self._queue[0]
+                if self._claim is None:  # before its decode: max_partitions_in_flight
+                    self._claim = self.path.in_flight.take(self, named)
+                    if self._claim is None:
+                        if not self._partitions_waiting:  # count each fetch once
+                            self._partitions_waiting = True
+                            if self.metrics is not None:
+                                self.metrics.partitions_in_flight_wait()
+                        return  # woken (``wake``) when it may fit
+                    self._partitions_waiting = False
+                    if self._claim:
+                        self.path.refresh_gauges()
                 if decoded is None:
                     waker = self._waker
                     large = len(request.frame) > SLICE_BYTES and waker is not None
@@ -642,9 +697,10 @@ class FetchPathHandler:
                     decoded = self._decode(request)
                     if replica_id(decoded) >= 0:  # a follower's: not ours to reshape
                         self._queue.popleft()
+                        self._give_back_claim()
                         self._passthrough.handle_fetch(request, upstream)
                         continue
-                    self._queue[0] = (request, decoded)
+                    self._queue[0] = (request, decoded, named)
                     if len(request.frame) > SLICE_BYTES and self._waker is not None:
                         self._waker()  # decoding was this turn's slice: the rest next turn
                         return
@@ -965,6 +1021,12 @@ class FetchPathHandler:
                 upstream.rewrite_decoded(response), h.correlation_id
             )
         request.reply(frame)
+        # Its partitions go back once the answer is written (``written``), as its grant.
+        claim, self._claim = self._claim or 0, None
+        if self._waker is None:
+            self.path.in_flight.give_back(claim)  # no edge to tell us when it is written
+        else:
+            self._unwritten_partitions += claim
         up_request = up_response = 0
         if exchange is not None:
             up_request = exchange.upstream_request_bytes

@@ -343,6 +343,20 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Fetch responses that waited for memory budget before being read (their broker connection is not read meanwhile).",
     ),
     _spec(
+        "partitions_in_flight",
+        "gauge",
+        [],
+        "Partitions of the fetches being processed (more than 500 partitions each), at most"
+        " max_partitions_in_flight or the largest fetch let in alone.",
+    ),
+    _spec(
+        "partitions_in_flight_waits_total",
+        "counter",
+        [],
+        "Fetches that waited for max_partitions_in_flight before being decoded (their"
+        " connection's fetches are not served meanwhile).",
+    ),
+    _spec(
         "request_bytes_held",
         "gauge",
         [],
@@ -798,6 +812,12 @@ class Metrics:
 
     def memory_budget_wait(self) -> None:
         self._counters["memory_budget_waits_total"].inc()
+
+    def set_partitions_in_flight(self, partitions: int) -> None:
+        self._gauges["partitions_in_flight"].set(partitions)
+
+    def partitions_in_flight_wait(self) -> None:
+        self._counters["partitions_in_flight_waits_total"].inc()
 
     def starvation(self, rounds: int) -> None:
         """A partition with data was served ``rounds`` fetch rounds after it was last served."""
