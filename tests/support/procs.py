@@ -72,7 +72,7 @@ def read_lines(
 
 @contextmanager
 def started(
-    args: Sequence[str], keys: Sequence[str], timeout: float = 30.0, cli: Sequence[str] = CLI
+    args: Sequence[str], keys: Sequence[str], timeout: float = 60.0, cli: Sequence[str] = CLI
 ) -> Iterator[Started]:
     with tempfile.NamedTemporaryFile(prefix="proc-", suffix=".err", delete=False) as err:
         err_path = Path(err.name)
