@@ -155,7 +155,7 @@ DEFAULT_MAX_UPSTREAM_WAIT_MS = 500
 """The Java consumer's fetch.max.wait.ms: the longest the proxy's own fetches long-poll."""
 DEFAULT_MAX_CACHED_SESSION_PARTITIONS = 100_000
 DEFAULT_MAX_FETCH_PARTITIONS = 20_000
-DEFAULT_MAX_PARTITIONS_IN_FLIGHT = 40_000
+DEFAULT_MAX_PARTITIONS_IN_FLIGHT = 20_000
 """About 56 MiB of per-partition fetch state at about 1.4 KiB a partition."""
 
 

@@ -168,7 +168,7 @@ def test_the_count_returns_to_zero_when_connections_close_at_any_point() -> None
 
 def test_the_setting_comes_from_the_environment_and_zero_is_refused() -> None:
     env = {"KAFKA_FETCH_PROXY_UPSTREAM": "k:9092"}
-    assert FetchPathConfig.from_raw(config.load(env=env).raw).max_partitions_in_flight == 40_000
+    assert FetchPathConfig.from_raw(config.load(env=env).raw).max_partitions_in_flight == 20_000
     env["KAFKA_FETCH_PROXY_MAX_PARTITIONS_IN_FLIGHT"] = "5000"
     fetch_config = FetchPathConfig.from_raw(config.load(env=env).raw)
     assert FetchPath(fetch_config).in_flight.limit == 5000
