@@ -10,32 +10,23 @@ diff) was one of the longest walks left in a fetch (40-50 ms on an idle core).
 
 from __future__ import annotations
 
-import sys
 import uuid
 from datetime import timedelta
 from typing import Any
 
-from proxy.protocol.codec import request_schema
-from proxy.protocol.messages import make
+from support.fetch_messages import counted, fetch_request, fetch_topics
+
+from proxy.protocol.messages import make, request_module
 from proxy.sessions.topic_ids import TopicIdMap
 from proxy.sessions.upstream import FetchTranslator
 from proxy.sessions.upstream_session import FetchParams, FetchSessionClient, PartitionKey
 
 EVERY = 500
+FetchPartition = request_module(1, 12).FetchPartition
 
 
 def wanted(n: int, offset: int = 0) -> dict[PartitionKey, FetchParams]:
     return {PartitionKey("t", p): FetchParams(offset + p, 1 << 20) for p in range(n)}
-
-
-def run(steps: Any) -> tuple[int, Any]:
-    yields = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return yields, done.value
-        yields += 1
 
 
 def established(n: int) -> FetchSessionClient:
@@ -51,7 +42,7 @@ def test_an_incremental_build_yields_every_range_and_builds_the_same() -> None:
     now[PartitionKey("u", 0)] = FetchParams(0, 1 << 20)  # one added
     whole = established(10_000).build(now, uses_topic_ids=False)
     sliced = established(10_000)
-    yields, request = run(sliced.build_in_ranges(now, EVERY, uses_topic_ids=False))
+    request, yields = counted(sliced.build_in_ranges(now, EVERY, uses_topic_ids=False))
     assert request == whole and not request.is_full
     assert request.to_forget == (PartitionKey("t", 5),)
     # the check of the keys, the session's partitions and the new ones: 20 + 20 + 20
@@ -66,32 +57,21 @@ def test_a_session_reset_between_ranges_is_seen() -> None:
     steps = c.build_in_ranges(wanted(2_000, offset=1), EVERY, uses_topic_ids=False)
     next(steps)
     c.revoke_last_response("a test")  # the session is to start again: a full request
-    _, request = run(steps)
+    request, _ = counted(steps)
     assert request.is_full and len(request.to_send) == 2_000
 
 
 def _client_fetch(partitions: int) -> Any:
-    mod = sys.modules[request_schema(1, 12).__module__]  # topic names
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=timedelta(milliseconds=500),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=(
-            make(
-                mod.FetchTopic,
-                topic="t",
-                partitions=tuple(
-                    make(mod.FetchPartition, partition=p, fetch_offset=0, partition_max_bytes=1024)
-                    for p in range(partitions)
-                ),
+    return fetch_request(
+        12,
+        fetch_topics(
+            12,
+            (
+                ("t", make(FetchPartition, partition=p, fetch_offset=0, partition_max_bytes=1024))
+                for p in range(partitions)
             ),
         ),
-        forgotten_topics_data=(),
+        max_wait=timedelta(milliseconds=500),
     )
 
 
@@ -104,16 +84,16 @@ def test_begin_reads_the_topic_ids_again_when_they_change_between_ranges() -> No
     for _ in range(5_000 // EVERY + 2):  # into the keys' walk
         next(steps)
     ids.learn("t", new)  # a Metadata answer on another connection, between two ranges
-    yields, begun = run(steps)
+    begun, yields = counted(steps)
     assert yields > 5_000 // EVERY  # (it was cut into ranges)
     topics = {t.topic_id for t in begun.request.topics}
     assert topics == {new}, "one request names one id for a topic, the current one"
 
 
 def test_an_answer_is_read_in_ranges_with_the_same_outcome() -> None:
-    def answer(client: FetchSessionClient, every: int) -> tuple[int, Any]:
+    def answer(client: FetchSessionClient, every: int) -> tuple[Any, int]:
         client.build(wanted(10_000, offset=1), uses_topic_ids=False)
-        return run(
+        return counted(
             client.handle_response_in_ranges(
                 error_code=0,
                 session_id=7,
@@ -124,8 +104,8 @@ def test_an_answer_is_read_in_ranges_with_the_same_outcome() -> None:
         )
 
     whole_client, sliced_client = established(10_000), established(10_000)
-    _, whole = answer(whole_client, 0)
-    yields, sliced = answer(sliced_client, EVERY)
+    whole, _ = answer(whole_client, 0)
+    sliced, yields = answer(sliced_client, EVERY)
     assert sliced == whole and sliced.ok
     assert yields >= 5_000 // EVERY
     assert sliced_client.next_metadata == whole_client.next_metadata

@@ -8,65 +8,48 @@ in a fetch (40-80 ms of CPU on a loaded machine).
 
 from __future__ import annotations
 
-import sys
 from datetime import timedelta
 from typing import Any
 
-from proxy.protocol import codec
-from proxy.protocol.messages import make
+from support.fetch_messages import counted, fetch_request, fetch_topics
+
+from proxy.protocol.messages import make, request_module
 from proxy.shaping.limits import Limits
-from proxy.shaping.shaper import FetchShaper, PreparedFetch
+from proxy.shaping.shaper import FetchShaper
 
 EVERY = 500
+FetchPartition = request_module(1, 12).FetchPartition
 
 
 def fetch(partitions: int, topics: int = 2) -> Any:
-    mod = sys.modules[codec.request_schema(1, 12).__module__]
     per = partitions // topics
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=timedelta(milliseconds=500),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=tuple(
-            make(
-                mod.FetchTopic,
-                topic=f"t{t}",
-                partitions=tuple(
+    return fetch_request(
+        12,
+        fetch_topics(
+            12,
+            (
+                (
+                    f"t{t}",
                     make(
-                        mod.FetchPartition,
+                        FetchPartition,
                         partition=p,
                         fetch_offset=p * 3,
                         partition_max_bytes=1 << 20,
-                    )
-                    for p in range(per)
-                ),
-            )
-            for t in range(topics)
+                    ),
+                )
+                for t in range(topics)
+                for p in range(per)
+            ),
         ),
-        forgotten_topics_data=(),
+        max_wait=timedelta(milliseconds=500),
     )
-
-
-def drain(steps: Any) -> tuple[int, PreparedFetch]:
-    yields = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return yields, done.value
-        yields += 1
 
 
 def test_a_large_prepare_yields_every_range_and_prepares_the_same() -> None:
     request = fetch(20_000)
     whole = FetchShaper(Limits(max_partition_bytes=4096)).prepare(request)
     sliced = FetchShaper(Limits(max_partition_bytes=4096))
-    yields, prepared = drain(sliced.prepare_in_ranges(request, EVERY))
+    prepared, yields = counted(sliced.prepare_in_ranges(request, EVERY))
     # the offsets named, the response limits and the rotation's walk: 40 ranges each
     assert yields >= 3 * 20_000 // EVERY
     assert prepared == whole
@@ -79,12 +62,12 @@ def test_a_rotated_request_is_rebuilt_alike_in_ranges() -> None:
         shaper.prepare(request)
         shaper.upstream_rotation.observe([("t0", 7)])  # the next fetch starts after t0-7
     whole = a.prepare(request)
-    yields, sliced = drain(b.prepare_in_ranges(request, EVERY))
+    sliced, yields = counted(b.prepare_in_ranges(request, EVERY))
     assert sliced == whole
     assert sliced.upstream_request.topics[0].partitions[0].partition == 8
     assert yields >= 4 * 4_000 // EVERY  # the rebuild walks its order too
 
 
 def test_unsliced_prepare_does_not_yield() -> None:
-    yields, _ = drain(FetchShaper(Limits()).prepare_in_ranges(fetch(2_000), 0))
+    _, yields = counted(FetchShaper(Limits()).prepare_in_ranges(fetch(2_000), 0))
     assert yields == 0
