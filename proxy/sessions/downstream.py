@@ -59,6 +59,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..protocol.apis import FETCH
+from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
@@ -75,7 +76,6 @@ from .downstream_cache import (
     SessionlessFetchContext,
     SessionResponse,
     TopicIdPartition,
-    drain,
     is_full,
     outcome_of_kio_partition,
 )

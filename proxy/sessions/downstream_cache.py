@@ -48,6 +48,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from ..protocol.codec import drain
 from ..protocol.error_codes import (
     FETCH_SESSION_ID_NOT_FOUND,
     FETCH_SESSION_TOPIC_ID_ERROR,
@@ -69,15 +70,6 @@ SessionKey = tuple[uuid.UUID | str | None, int]
 Ranges = Generator[None, None, R]
 """Work cut into ranges: each ``yield`` ends one (the caller runs the next when it likes);
 the generator's value is the result.  ``every`` partitions a range, 0: no yield at all."""
-
-
-def drain(ranges: Ranges[R]) -> R:
-    """Run every range of *ranges* at once: its value."""
-    while True:
-        try:
-            next(ranges)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
 
 
 def next_epoch(prev_epoch: int) -> int:

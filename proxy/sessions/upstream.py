@@ -54,6 +54,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..protocol.apis import FETCH
+from ..protocol.codec import drain
 from ..protocol.error_codes import (
     FETCH_SESSION_ERRORS,
     INCONSISTENT_TOPIC_ID,
@@ -199,7 +200,7 @@ class FetchTranslator:
 
     def begin(self, request: Any) -> UpstreamFetch:
         """Start serving a client's full fetch: the first request to send upstream."""
-        step: UpstreamFetch = _drain(self.begin_in_ranges(request, 0))
+        step: UpstreamFetch = drain(self.begin_in_ranges(request, 0))
         return step
 
     def begin_in_ranges(self, request: Any, every: int) -> Generator[None, None, UpstreamFetch]:
@@ -219,7 +220,7 @@ class FetchTranslator:
         seen = self.topic_ids.changes
         keyed = yield from self._keys_in_ranges(request, partitions, every)
         if self.topic_ids.changes != seen:  # the map changed between two ranges: again at once
-            keyed = _drain(self._keys_in_ranges(request, partitions, 0))
+            keyed = drain(self._keys_in_ranges(request, partitions, 0))
         missing, version, uses_topic_ids, wanted, by_key = keyed
         build = self.session.build_in_ranges(
             wanted,
@@ -297,7 +298,7 @@ class FetchTranslator:
         return None if name is None else PartitionKey(name, cp.partition)
 
     def _upstream_request(self, pending: _Pending) -> Any:
-        return _drain(self._upstream_request_in_ranges(pending, 0))
+        return drain(self._upstream_request_in_ranges(pending, 0))
 
     def _upstream_request_in_ranges(
         self, pending: _Pending, every: int
@@ -370,7 +371,7 @@ class FetchTranslator:
 
     def complete(self, response: Any) -> UpstreamFetch | ClientReply:
         """Consume the upstream response to the last request: resend, or answer the client."""
-        step: UpstreamFetch | ClientReply = _drain(self.complete_in_ranges(response, 0))
+        step: UpstreamFetch | ClientReply = drain(self.complete_in_ranges(response, 0))
         return step
 
     def complete_in_ranges(
@@ -481,7 +482,7 @@ class FetchTranslator:
         *,
         empty: bool = False,
     ) -> Any:
-        return _drain(self._client_response_in_ranges(pending, data, upstream, 0, empty=empty))
+        return drain(self._client_response_in_ranges(pending, data, upstream, 0, empty=empty))
 
     def _client_response_in_ranges(
         self,
@@ -602,15 +603,6 @@ def _client_partitions(request: Any) -> Iterator[_ClientPartition]:
 
 def _client_topic(cp: _ClientPartition) -> str | uuid.UUID | None:
     return cp.topic_id if cp.topic_name is None else cp.topic_name
-
-
-def _drain(steps: Generator[None, None, Any]) -> Any:
-    """Run *steps* to the end: its value."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
 
 
 def _dedupe(partitions: list[_ClientPartition]) -> list[_ClientPartition]:

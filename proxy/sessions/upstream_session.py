@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 
 INVALID_SESSION_ID = 0
@@ -96,15 +97,6 @@ _Diff = tuple[
     list["PartitionKey"],
 ]
 """(kept, added, altered, removed): a request's partitions against the session's."""
-
-
-def _at_once(steps: Generator[None, None, _Diff]) -> _Diff:
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            diff: _Diff = done.value
-            return diff
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,12 +209,7 @@ class FetchSessionClient:
         steps = self.build_in_ranges(
             wanted, 0, uses_topic_ids=uses_topic_ids, supports_sessions=supports_sessions
         )
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                built: SessionRequest = done.value
-                return built
+        return drain(steps)
 
     def build_in_ranges(
         self,
@@ -246,7 +233,7 @@ class FetchSessionClient:
         if self._in_flight is not None:  # (checked again: yields came between)
             raise SessionStateError("a fetch request is already in flight in this session")
         if self._session is not before:  # the session changed between two ranges: again at once
-            diff = _at_once(self._diff_in_ranges(wanted, 0))
+            diff = drain(self._diff_in_ranges(wanted, 0))
         # From here on, at one point: the request's kind, the session, the request.
         metadata = self._next
         if self._uses_topic_ids is not None and self._uses_topic_ids != uses_topic_ids:
@@ -330,12 +317,7 @@ class FetchSessionClient:
             partitions=partitions,
             every=0,
         )
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                outcome: ResponseOutcome = done.value
-                return outcome
+        return drain(steps)
 
     def handle_response_in_ranges(
         self,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ..protocol.codec import drain
 from .keys import PartitionKey, topic_key
 
 INT32_MAX = 2**31 - 1
@@ -197,12 +198,7 @@ def response_limits(
     steps = response_limits_in_ranges(
         limits, request, 0, session_partition_max_bytes=session_partition_max_bytes
     )
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            folded: ResponseLimits = done.value
-            return folded
+    return drain(steps)
 
 
 def response_limits_in_ranges(

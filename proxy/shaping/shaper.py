@@ -58,6 +58,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32Timedelta
 
 from ..protocol.apis import FETCH
+from ..protocol.codec import drain
 from ..protocol.messages import make, response_module
 from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
@@ -175,12 +176,7 @@ class FetchShaper:
             session_offsets=session_offsets,
             session_partition_max_bytes=session_partition_max_bytes,
         )
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                prepared: PreparedFetch = done.value
-                return prepared
+        return drain(steps)
 
     def prepare_in_ranges(
         self,
@@ -356,12 +352,7 @@ class FetchShaper:
     def finish(self, prepared: PreparedFetch, response: Any) -> ShapedResponse:
         """Trim upstream's *response* for the client and keep what was trimmed away."""
         steps = self.finish_in_ranges(prepared, response, 0)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                shaped: ShapedResponse = done.value
-                return shaped
+        return drain(steps)
 
     def finish_in_ranges(
         self, prepared: PreparedFetch, response: Any, every: int
@@ -493,11 +484,7 @@ class FetchShaper:
     def _rotate(self, request: Any) -> Any:
         """``_rotate_in_ranges`` at once."""
         steps = self._rotate_in_ranges(request, 0)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return drain(steps)
 
     def _rotate_in_ranges(self, request: Any, every: int) -> Generator[None, None, Any]:
         """The upstream request in the rotation's order (the rotation learns its keys at

@@ -44,6 +44,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..protocol import records
+from ..protocol.codec import drain
 from ..protocol.error_codes import NONE
 from ..protocol.messages import make, module_of
 from ..protocol.records import BatchHeader
@@ -349,12 +350,7 @@ def trim_response(
 ) -> TrimResult:
     """Trim *response* to *limits* (see ``trim_response_in_ranges``), in one go."""
     steps = trim_response_in_ranges(response, limits, prefixes=prefixes, order=order)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: TrimResult = done.value
-            return result
+    return drain(steps)
 
 
 def trim_response_in_ranges(
