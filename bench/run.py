@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tools-mb", type=int, help="MB preloaded for ConsumerPerformance")
     p.add_argument("--tools-latency-records", type=int, help="EndToEndLatency's records")
     p.add_argument(
+        "--load-compare",
+        type=Path,
+        help="compare.json of a `bench.load --arrangement both` run, judged as the load-run "
+        "target (the load run takes 10 minutes and is run on its own)",
+    )
+    p.add_argument(
         "--merge",
         action="store_true",
         help="a partial non-smoke run puts its scenarios' sections and the Sizing section "
@@ -268,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": {},
         "targets": [],
     }
+    if args.load_compare is not None:
+        results["load_compare"] = json.loads(args.load_compare.read_text())
     json_path = out / "results.json"
 
     def save() -> None:

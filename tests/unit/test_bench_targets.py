@@ -1,0 +1,87 @@
+"""bench.report judges issue 17's targets table: each row met or missed at its threshold,
+against direct or haproxy of the same run, and "not measured" when the run lacks it."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``bench.report`` (bench/ is a directory of the repository, not an installed package)."""
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module("bench.report")
+
+
+def _results(
+    report: ModuleType, cases: dict[tuple[str, str, str], dict[str, float]]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"scenarios": {}}
+    for (scenario, case, arrangement), numbers in cases.items():
+        entry = out["scenarios"].setdefault(scenario, {"cases": {}})["cases"]
+        entry.setdefault(case, {})[arrangement] = {"summary": report.summarize([numbers])}
+    return out
+
+
+def _status(report: ModuleType, results: dict[str, Any], prefix: str) -> str:
+    (row,) = [t for t in report.targets(results) if t["target"].startswith(prefix)]
+    return str(row["status"])
+
+
+def test_added_latency_at_1000_rec_s_is_judged_at_issue_17s_thresholds(report: ModuleType) -> None:
+    def run(p50: float, p99: float) -> dict[str, Any]:
+        return _results(
+            report,
+            {
+                ("latency", "1000 rec/s", "direct"): {"p50_ms": 0.2, "p99_ms": 1.0},
+                ("latency", "1000 rec/s", "proxy"): {"p50_ms": p50, "p99_ms": p99},
+            },
+        )
+
+    prefix = "end-to-end latency added at 1,000 rec/s"
+    assert _status(report, run(0.34, 1.49), prefix) == "met"
+    assert _status(report, run(0.36, 1.49), prefix) == "missed"
+    assert _status(report, run(0.34, 1.51), prefix) == "missed"
+    assert _status(report, _results(report, {}), prefix) == "not measured"
+
+
+def test_cpu_per_fetch_needs_both_the_absolute_and_the_haproxy_ratio(report: ModuleType) -> None:
+    def run(proxy_ms: float, haproxy_ms: float) -> dict[str, Any]:
+        cases: dict[tuple[str, str, str], dict[str, float]] = {}
+        for case in ("1 conn", "100 conn", "1000 conn"):
+            cases["fetch_cpu", case, "proxy"] = {"relay_cpu_ms_per_fetch": proxy_ms}
+            cases["fetch_cpu", case, "haproxy"] = {"relay_cpu_ms_per_fetch": haproxy_ms}
+        # one connection is not in the target: its cost is not judged
+        cases["fetch_cpu", "1 conn", "proxy"] = {"relay_cpu_ms_per_fetch": 9.0}
+        return _results(report, cases)
+
+    prefix = "CPU per small fetch"
+    assert _status(report, run(0.10, 0.024), prefix) == "met"
+    assert _status(report, run(0.13, 0.03), prefix) == "missed"  # over 0.12 ms
+    assert _status(report, run(0.10, 0.019), prefix) == "missed"  # over 5x haproxy's
+
+
+def test_idle_rounds_at_10000_partitions_and_the_load_run(report: ModuleType) -> None:
+    results = _results(
+        report,
+        {
+            ("idle_partitions", "10000 partitions", "direct"): {"rounds_per_s": 1.8},
+            ("idle_partitions", "10000 partitions", "proxy"): {"rounds_per_s": 1.72},
+        },
+    )
+    assert _status(report, results, "idle sessionless consumer on 10,000") == "met"
+    assert _status(report, results, "load run") == "not measured"
+    pair = {"direct": 450.0, "proxy": 500.0, "proxy_over_direct": 1.11}
+    results["load_compare"] = {
+        "e2e_p50_ms": pair,
+        "e2e_p99_ms": pair,
+        "within_10_percent": False,
+    }
+    assert _status(report, results, "load run") == "missed"
