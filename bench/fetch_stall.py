@@ -16,7 +16,9 @@ broker's own time is not counted, nor its heap: its cluster state is frozen out
 of the cycle collector (``gc.freeze``) before the fetch, as in the proxy's
 process it does not exist (before, every full collection during a proxy call
 walked N partitions' broker state: 10,000 partitions stalled 690 ms, 156 ms
-without it).  Also reported: the growth of the Python
+without it), and the collector runs young collections only, as in the server
+(``proxy.server.cli.only_young_collections``: its full collections run on a
+timer, not during a fetch).  Also reported: the growth of the Python
 heap (tracemalloc peak) against the request's wire size.
 """
 
@@ -41,6 +43,7 @@ from proxy.fetchpath import FetchPath
 from proxy.protocol import codec
 from proxy.protocol.messages import make, request_module
 from proxy.relay.relay import Relay
+from proxy.server.cli import only_young_collections
 from proxy.sessions.downstream_cache import FetchSessionCache
 
 
@@ -87,6 +90,10 @@ def _run(n: int, *, trace: bool) -> dict[str, Any]:
     # proxy.server.cli), else every full collection during a proxy call walks it too.
     gc.collect()
     gc.freeze()
+    # The server leaves the collector its young generations only (full collections on a
+    # timer, ``only_young_collections``); a full one during a call would be the timer's.
+    thresholds = gc.get_threshold()
+    only_young_collections()
     path = FetchPath(FetchPathConfig())
     handler = path.handler(1)
     relay = Relay(lambda *a: None, fetch_handler=handler)
@@ -130,6 +137,7 @@ def _run(n: int, *, trace: bool) -> dict[str, Any]:
     peak = tracemalloc.get_traced_memory()[1] - base
     if trace:
         tracemalloc.stop()
+    gc.set_threshold(*thresholds)
     gc.unfreeze()
     assert answered, "no answer"
     return {

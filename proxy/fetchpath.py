@@ -74,19 +74,26 @@ decodes of the request and of the upstream answer (``_decoding``,
 and answer (``DownstreamSessions.open_in_ranges``,
 ``answer_in_ranges``), the upstream session's begin (``begin_in_ranges``:
 reading the client's partitions, building the upstream request) and complete
-(``complete_in_ranges``), shaping's prepare and finish
-(``FetchShaper.prepare_in_ranges``: the offsets named, the response limits, the
-upstream rotation's rebuild; ``finish_in_ranges``: the trim walks), and the encodes of the upstream request and of the client's
+(``complete_in_ranges``), shaping's prepare, held answer and finish
+(``FetchShaper.prepare_in_ranges``: the offsets named, the held batches taken,
+the response limits, the ``max_partition_bytes`` clamp, the offsets moved past
+held batches, the upstream rotation's rebuild; ``held_answer_in_ranges``;
+``finish_in_ranges``: upstream's word on held batches, the trim walks, the
+outcomes and the decision's totals), the partitions a full fetch no longer
+asks (``_shape_in_ranges``), and the encodes of the upstream request and of the client's
 response (``codec.encode_request_in_ranges``,
 ``encode_response_gathered_in_ranges``).  Between two ranges only this
 connection's own state is half-updated (its translator, its session, its
-shaper's rotation; its next fetch waits as a frame); what is shared (the
+shaper's watermarks, waits, rotation and reuse buffer; its next fetch waits as
+a frame; another connection short of budget may only empty the reuse buffer,
+``shed_buffers``, which the rest of a walk then finds empty); what is shared (the
 topic-id map read, the session cache, the upstream session's next request, the
-memory-budget grant, the reuse buffer) is read or updated at one point, before
+memory-budget grant's size) is read or updated at one point, before
 the first range or after the last.  A connection closed between slices drops
 the rest (``close``).  A small fetch takes no extra turn.  Still uncut, and
 growing with the partitions (``bench/fetch_stall.py``, 20,000 partitions, an
-idle core): the upstream session's grouping of the request; the cycle
+idle core): the upstream session's grouping of the request and of the client's
+response, the serve and upstream rotations' observe of the partitions with data; the cycle
 collector's full collections run on a timer only (``server.cli``); the typed fetch model of issue 17 shrinks every stage.
 
 A Fetch naming more than ``max_fetch_partitions`` closes the connection
@@ -190,7 +197,7 @@ from .sessions.upstream_session import FetchSessionClient
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision
 from .shaping.in_flight import PartitionsInFlight
-from .shaping.keys import topic_key
+from .shaping.keys import PartitionKey, topic_key
 from .shaping.limits import Limits, limit_kind
 from .shaping.policy import rack_override, select
 from .shaping.shaper import FetchShaper, PreparedFetch, ShapedResponse
@@ -840,7 +847,11 @@ class FetchPathHandler:
             # A fetch naming a rack may be sent to a preferred read replica (KIP-392): the
             # leader's answer must reach the client as the leader gives it, so it goes up.
             redirectable = follows or bool(getattr(fetch, "rack_id", "") or "")
-            held = None if redirectable else self.shaper.held_answer(prepared)
+            held = None
+            if not redirectable:
+                held = yield from self.shaper.held_answer_in_ranges(
+                    prepared, SLICE_PARTITIONS if large else 0
+                )
             if held is not None:
                 # Held data fills the response: answered with no upstream round (the
                 # upstream session learns the offsets from the next fetch it is given).
@@ -1332,7 +1343,15 @@ def _shape_in_ranges(
         len(t.partitions) for t in request.topics
     ):
         # The client no longer fetches these (a full fetch lists every partition).
-        asked = {(topic_key(t), int(p.partition)) for t in request.topics for p in t.partitions}
+        asked: set[PartitionKey] = set()
+        walked = 0
+        for topic in request.topics:
+            tkey = topic_key(topic)
+            for p in topic.partitions:
+                asked.add((tkey, int(p.partition)))
+                walked += 1
+                if every and walked % every == 0:
+                    yield
         gone = [k for k in shaper.buffer.keys() if k not in asked]
         gone += [k for k in shaper.watermarks if k not in asked and k not in shaper.buffer]
         if gone:

@@ -7,8 +7,10 @@ appear as counts, and the worst starvation as a number.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
+from ..protocol.codec import drain
 from .limits import Limits
 from .trim import PartitionOutcome, TrimResult
 
@@ -66,14 +68,45 @@ class ShapingDecision:
         buffered_bytes: int = 0,
         max_starvation: int = 0,
     ) -> ShapingDecision:
+        steps = cls.from_trim_in_ranges(
+            result,
+            0,
+            api_version=api_version,
+            requested_max_bytes=requested_max_bytes,
+            upstream_max_bytes=upstream_max_bytes,
+            limits=limits,
+            buffered_bytes=buffered_bytes,
+            max_starvation=max_starvation,
+        )
+        return drain(steps)
+
+    @classmethod
+    def from_trim_in_ranges(
+        cls,
+        result: TrimResult,
+        every: int,
+        *,
+        api_version: int,
+        requested_max_bytes: int,
+        upstream_max_bytes: int,
+        limits: Limits,
+        buffered_bytes: int = 0,
+        max_starvation: int = 0,
+    ) -> Generator[None, None, ShapingDecision]:
+        """``from_trim``, yielding after every *every* outcomes (0: never)."""
         # one pass over the outcomes (this runs for every shaped fetch)
         outs = result.outcomes.values()
         with_data: list[PartitionOutcome] = []
         served = trimmed = starved = unshaped = 0
         upstream_bytes = upstream_records = reused = dropped = 0
+        delivered_bytes = delivered_records = 0
         trimmed_records = trimmed_bytes = 0
         exempt = False
-        for o in outs:
+        for walked, o in enumerate(outs, 1):
+            if every and walked % every == 0:
+                yield
+            delivered_bytes += o.delivered_bytes
+            delivered_records += o.delivered_records
             upstream_bytes += o.upstream_bytes
             upstream_records += o.upstream_records
             reused += o.reused_bytes
@@ -107,8 +140,8 @@ class ShapingDecision:
             upstream_bytes=upstream_bytes,
             upstream_records=upstream_records,
             reused_bytes=reused,
-            delivered_bytes=result.delivered_bytes,
-            delivered_records=result.delivered_records,
+            delivered_bytes=delivered_bytes,
+            delivered_records=delivered_records,
             buffered_bytes=buffered_bytes,
             dropped_partial_bytes=dropped,
             unshaped_partitions=unshaped,

@@ -134,6 +134,14 @@ def clamp_request(request: Any, limits: Limits, *, max_bytes_cap: int | None = N
     travel in (see the module docstring) and are enforced on the response only.
     Returns *request* itself when nothing changes.
     """
+    return drain(clamp_request_in_ranges(request, limits, 0, max_bytes_cap=max_bytes_cap))
+
+
+def clamp_request_in_ranges(
+    request: Any, limits: Limits, every: int, *, max_bytes_cap: int | None = None
+) -> Generator[None, None, Any]:
+    """``clamp_request``, yielding after every *every* partitions it walks (0: never);
+    it reads only the request and *limits*."""
     if max_bytes_cap is not None and max_bytes_cap < 0:
         raise ValueError("max_bytes_cap must be >= 0")
     new_max = _min(int(request.max_bytes), limits.max_response_bytes, max_bytes_cap)
@@ -142,16 +150,21 @@ def clamp_request(request: Any, limits: Limits, *, max_bytes_cap: int | None = N
     if cap is not None:
         new_topics = []
         changed = False
+        walked = 0
         for topic in topics:
-            parts = tuple(
-                dataclasses.replace(p, partition_max_bytes=type(p.partition_max_bytes)(cap))
-                if p.partition_max_bytes > cap
-                else p
-                for p in topic.partitions
-            )
-            if any(a is not b for a, b in zip(parts, topic.partitions, strict=True)):
+            parts = []
+            topic_changed = False
+            for p in topic.partitions:
+                if p.partition_max_bytes > cap:
+                    p = dataclasses.replace(p, partition_max_bytes=type(p.partition_max_bytes)(cap))
+                    topic_changed = True
+                parts.append(p)
+                walked += 1
+                if every and walked % every == 0:
+                    yield
+            if topic_changed:
                 changed = True
-                new_topics.append(dataclasses.replace(topic, partitions=parts))
+                new_topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
             else:
                 new_topics.append(topic)
         if changed:

@@ -64,9 +64,9 @@ from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
 from .decision import ShapingDecision
 from .keys import PartitionKey, topic_key
-from .limits import Limits, ResponseLimits, clamp_request, response_limits_in_ranges
+from .limits import Limits, ResponseLimits, clamp_request_in_ranges, response_limits_in_ranges
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
-from .trim import Prefix, Run, TrimResult, allocate, trim_response_in_ranges
+from .trim import PartitionOutcome, Prefix, Run, TrimResult, allocate, trim_response_in_ranges
 
 RESPONSE_LIMITS = frozenset({"response_bytes", "response_records"})
 """Limits of a whole response (``allocate``'s names): held data that reaches one fills it."""
@@ -189,11 +189,14 @@ class FetchShaper:
         session_offsets: Mapping[PartitionKey, tuple[int, int]] | None = None,
         session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
     ) -> Generator[None, None, PreparedFetch]:
-        """``prepare``, yielding after every *every* partitions (0: never) of its walks over
-        the request (the offsets it names, the response limits, the upstream rotation's
-        rebuild), which read only the request and this call's own values.  The reuse
-        buffer and the rotation are each read and changed at one point, between two
-        yields, as ``prepare`` does."""
+        """``prepare``, yielding after every *every* partitions (0: never) of its walks: the
+        offsets the request names, the held batches taken from the reuse buffer (into the
+        grant: a move within the budget), the response limits, the ``max_partition_bytes``
+        clamp, the offsets moved past held batches and the upstream rotation's rebuild.
+        Between two ranges only this connection's own fetch changes its buffer, except
+        ``FetchPath.shed_buffers`` (another connection short of budget), which empties
+        it: the rest of the walk then takes nothing, as a prepare after the shed would.
+        The rotation is read and changed at one point."""
         limits = self.limits
         client_offsets: dict[PartitionKey, int] = {}
         epochs: dict[PartitionKey, int] = {}
@@ -213,10 +216,13 @@ class FetchShaper:
         prefixes: dict[PartitionKey, Prefix] = {}
         upstream_offsets: dict[PartitionKey, int] = {}
         upstream_epochs: dict[PartitionKey, int] = {}
-        for key, offset in client_offsets.items():
-            if key not in self.buffer:
+        buffer = self.buffer
+        for walked, (key, offset) in enumerate(client_offsets.items() if len(buffer) else (), 1):
+            if every and walked % every == 0:
+                yield
+            if key not in buffer:
                 continue
-            prefix = self.buffer.take(key, offset, epochs[key], into=grant)
+            prefix = buffer.take(key, offset, epochs[key], into=grant)
             if prefix is not None and prefix.run.next_offset is not None:
                 prefixes[key] = prefix
                 upstream_offsets[key] = prefix.run.next_offset
@@ -232,10 +238,14 @@ class FetchShaper:
         ahead = self._ahead(rlimits, held)
         if ahead is not None:
             max_bytes_cap = ahead if max_bytes_cap is None else min(max_bytes_cap, ahead)
-        upstream = clamp_request(request, limits, max_bytes_cap=max_bytes_cap)
+        upstream = yield from clamp_request_in_ranges(
+            request, limits, every, max_bytes_cap=max_bytes_cap
+        )
         full = _partitions_full(prefixes, rlimits)
         if upstream_offsets:
-            upstream = _with_offsets(upstream, upstream_offsets, upstream_epochs, full)
+            upstream = yield from _with_offsets_in_ranges(
+                upstream, upstream_offsets, upstream_epochs, full, every
+            )
         if is_full_fetch(request):
             upstream = yield from self._rotate_in_ranges(upstream, every)
         return PreparedFetch(
@@ -269,6 +279,12 @@ class FetchShaper:
         return max(0, capacity - self.buffer.size - held)
 
     def held_answer(self, prepared: PreparedFetch) -> Any | None:
+        """``held_answer_in_ranges`` at once."""
+        return drain(self.held_answer_in_ranges(prepared, 0))
+
+    def held_answer_in_ranges(
+        self, prepared: PreparedFetch, every: int
+    ) -> Generator[None, None, Any | None]:
         """The full response to *prepared*'s client request made of held data alone, or None.
 
         Held data answers a fetch when upstream's could not be delivered anyway: the
@@ -280,6 +296,9 @@ class FetchShaper:
         batches are put in by ``finish``), so none goes back; a partition whose
         watermarks are unknown, or whose last answer was an error, sends the fetch
         upstream.  The caller passes it to ``finish`` as upstream's answer.
+
+        Yields after every *every* partitions (0: never) of its walk over the request,
+        which reads this connection's watermarks (only its own fetches change them).
         """
         prefixes = prepared.prefixes
         if not prefixes:
@@ -308,10 +327,14 @@ class FetchShaper:
         mod = response_module(FETCH, int(request.__version__))
         marks = self.watermarks
         topics = []
+        walked = 0
         for topic in request.topics:
             tkey = topic_key(topic)
             parts = []
             for p in topic.partitions:
+                walked += 1
+                if every and walked % every == 0:
+                    yield
                 key = (tkey, int(p.partition))
                 mark = marks.get(key)
                 if mark is None:
@@ -357,24 +380,34 @@ class FetchShaper:
     def finish_in_ranges(
         self, prepared: PreparedFetch, response: Any, every: int
     ) -> Generator[None, None, ShapedResponse]:
-        """``finish``, yielding after every *every* partitions (0: never) while it trims
-        (``trim_response_in_ranges``, which touches no shared state).  The budget grant,
-        the reuse buffer and the rotations are updated before the first yield and after
-        the last, each at one point."""
+        """``finish``, yielding after every *every* partitions (0: never) of its walks: over
+        upstream's response (the bytes in memory, upstream's word on held batches), the
+        trim (``trim_response_in_ranges``) and its outcomes (watermarks, waits, what was
+        served and what is kept).  Between two ranges only this connection's own fetch
+        changes the watermarks, waits and rotations; the reuse buffer may be emptied by
+        ``FetchPath.shed_buffers`` (another connection short of budget), after which the
+        rest of upstream's word finds nothing to apply to, as it would at once.  The
+        grant is resized and the rotations observe at one point each."""
         grant = prepared.grant
-        if grant is not None:
-            in_memory = sum(p.run.size for p in prepared.prefixes.values())
-            for topic in response.responses:
-                for pd in topic.partitions:
-                    in_memory += len(pd.records or b"")
-            grant.resize(in_memory)
         prefixes = dict(prepared.prefixes)
         discarded: set[PartitionKey] = set()
+        in_memory = sum(p.run.size for p in prepared.prefixes.values())
         # Upstream's word matters only to held batches: none held, nothing to apply it to.
-        for topic in response.responses if prefixes or len(self.buffer) else ():
+        observe = bool(prefixes or len(self.buffer))
+        walked = 0
+        for topic in response.responses if grant is not None or observe else ():
             tkey = topic_key(topic)
             for pd in topic.partitions:
+                walked += 1
+                if every and walked % every == 0:
+                    yield
+                in_memory += len(pd.records or b"")
+                if not observe:
+                    continue
                 key = (tkey, int(pd.partition_index))
+                prefix = prefixes.get(key)
+                if prefix is None and key not in self.buffer:
+                    continue
                 leader = getattr(pd, "current_leader", None)
                 epoch = None if leader is None else int(leader.leader_epoch)
                 self.buffer.observe(
@@ -385,7 +418,6 @@ class FetchShaper:
                     last_stable_offset=int(getattr(pd, "last_stable_offset", -1)),
                     log_start_offset=int(getattr(pd, "log_start_offset", -1)),
                 )
-                prefix = prefixes.get(key)
                 if prefix is not None and (
                     pd.error_code != 0
                     or pd.high_watermark < prefix.high_watermark
@@ -396,6 +428,8 @@ class FetchShaper:
                 ):
                     del prefixes[key]
                     discarded.add(key)
+        if grant is not None:
+            grant.resize(in_memory)
         if discarded:
             response = _withhold(response, discarded)
         result = yield from trim_response_in_ranges(
@@ -406,38 +440,48 @@ class FetchShaper:
             every=every,
         )
         marks = self.watermarks
-        for key, outcome in result.outcomes.items():
-            if outcome.error_code != 0 or not outcome.shaped:
-                marks.pop(key, None)
-        marks.update(result.watermarks)
         waiting = self.waiting
-        for key, mark in result.watermarks.items():
-            got = result.outcomes.get(key)
-            if got is not None and got.delivered_batches:
-                waiting.pop(key, None)
-            elif mark[0] > prepared.client_offsets.get(key, mark[0]):
-                waiting[key] = waiting.get(key, 0) + 1
-            elif key in waiting:
-                del waiting[key]
-        with_data = [k for k in result.serve_order]
-        served = [k for k, o in result.outcomes.items() if o.delivered_batches]
-        waited = self.serve_rotation.observe(with_data, served)
-        self.upstream_rotation.observe(
-            [k for k, o in result.outcomes.items() if o.delivered_batches]
-        )
-        metadata: dict[PartitionKey, tuple[int, int, int]] | None = None
+        client_offsets = prepared.client_offsets
+        result_marks = result.watermarks
+        served: list[PartitionKey] = []
+        kept: list[tuple[PartitionKey, PartitionOutcome]] = []
+        next_offsets: dict[PartitionKey, int] = {}
+        delivered = whole = 0
+        for walked, (key, outcome) in enumerate(result.outcomes.items(), 1):
+            if every and walked % every == 0:
+                yield
+            mark = result_marks.get(key)
+            if mark is not None:
+                marks[key] = mark
+                if outcome.delivered_batches:
+                    waiting.pop(key, None)
+                elif mark[0] > client_offsets.get(key, mark[0]):
+                    waiting[key] = waiting.get(key, 0) + 1
+                elif key in waiting:
+                    del waiting[key]
+            elif outcome.error_code != 0 or not outcome.shaped:
+                marks.pop(key, None)
+            if outcome.delivered_batches:
+                served.append(key)
+            if outcome.next_offset is not None:
+                next_offsets[key] = outcome.next_offset
+            if outcome.remainder.headers:
+                kept.append((key, outcome))
+            delivered += outcome.delivered_bytes
+            whole += outcome.upstream_bytes - outcome.dropped_partial_bytes
+        waited = self.serve_rotation.observe(list(result.serve_order), served)
+        self.upstream_rotation.observe(served)
         buffered = 0
-        for key, outcome in result.outcomes.items():
-            if not outcome.remainder.headers:
-                continue
+        for walked, (key, outcome) in enumerate(kept, 1):
+            if every and walked % every == 0:
+                yield
             offset = outcome.next_offset
             if offset is None:
-                offset = prepared.client_offsets.get(key)
+                offset = client_offsets.get(key)
             if offset is None:
                 continue
-            if metadata is None:  # only when something is kept (rarely)
-                metadata = _partition_metadata(result.response)
-            hw, lso, lso_start = metadata[key]
+            # the watermarks the response gives (a partition with held batches has no error)
+            hw, lso, lso_start = result_marks[key]
             buffered += self.buffer.put(
                 key,
                 offset,
@@ -448,13 +492,13 @@ class FetchShaper:
                 log_start_offset=lso_start,
                 source=grant,
             )
-        for o in result.outcomes.values():
-            self.upstream_whole_bytes += o.upstream_bytes - o.dropped_partial_bytes
-        self.delivered_bytes += result.delivered_bytes
+        self.upstream_whole_bytes += whole
+        self.delivered_bytes += delivered
         if grant is not None:
-            grant.resize(result.delivered_bytes)
-        decision = ShapingDecision.from_trim(
+            grant.resize(delivered)
+        decision = yield from ShapingDecision.from_trim_in_ranges(
             result,
+            every,
             api_version=int(type(response).__version__),
             requested_max_bytes=int(prepared.client_request.max_bytes),
             upstream_max_bytes=int(prepared.upstream_request.max_bytes),
@@ -462,7 +506,7 @@ class FetchShaper:
             buffered_bytes=buffered,
             max_starvation=self.serve_rotation.max_starvation,
         )
-        return ShapedResponse(result.response, result.next_offsets, decision, result, waited)
+        return ShapedResponse(result.response, next_offsets, decision, result, waited)
 
     def close(self) -> None:
         """Release the buffer's memory and the rotations' state (the connection is gone)."""
@@ -569,12 +613,13 @@ def _partitions_full(
     return frozenset(full)
 
 
-def _with_offsets(
+def _with_offsets_in_ranges(
     request: Any,
     offsets: Mapping[PartitionKey, int],
     epochs: Mapping[PartitionKey, int],
-    full: frozenset[PartitionKey] = frozenset(),
-) -> Any:
+    full: frozenset[PartitionKey],
+    every: int,
+) -> Generator[None, None, Any]:
     """*request* fetching the given partitions from *offsets*.
 
     A partition that names its last fetched epoch (KIP-595; consumers send -1)
@@ -583,13 +628,18 @@ def _with_offsets(
     broker still answers its watermarks; as the first partition with data, one
     batch, which ``finish`` holds after the others).  It stays in the request,
     so the upstream session keeps it (Kafka's consumer forgets a partition it
-    has data buffered for, then adds it again: more session churn).
+    has data buffered for, then adds it again: more session churn).  Yields after
+    every *every* partitions (0: never).
     """
     topics = []
+    walked = 0
     for topic in request.topics:
         tkey = topic_key(topic)
         parts = []
         for p in topic.partitions:
+            walked += 1
+            if every and walked % every == 0:
+                yield
             key = (tkey, int(p.partition))
             if key in offsets:
                 changes: dict[str, int] = {"fetch_offset": offsets[key]}
@@ -601,16 +651,3 @@ def _with_offsets(
             parts.append(p)
         topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
     return dataclasses.replace(request, topics=tuple(topics))
-
-
-def _partition_metadata(response: Any) -> dict[PartitionKey, tuple[int, int, int]]:
-    out = {}
-    for topic in response.responses:
-        tkey = topic_key(topic)
-        for pd in topic.partitions:
-            out[(tkey, int(pd.partition_index))] = (
-                int(pd.high_watermark),
-                int(getattr(pd, "last_stable_offset", -1)),
-                int(getattr(pd, "log_start_offset", -1)),
-            )
-    return out

@@ -71,21 +71,21 @@ class Watch:
 def watch(monkeypatch: pytest.MonkeyPatch) -> Watch:
     w = Watch()
     finish = FetchShaper.finish_in_ranges
-    held_answer = FetchShaper.held_answer
+    held_answer = FetchShaper.held_answer_in_ranges
 
     def finishing(self: FetchShaper, prepared: PreparedFetch, response: Any, every: int) -> Any:
         shaped = yield from finish(self, prepared, response, every)
         w.finished(self, shaped.response)
         return shaped
 
-    def answering(self: FetchShaper, prepared: PreparedFetch) -> Any:
-        held = held_answer(self, prepared)
+    def answering(self: FetchShaper, prepared: PreparedFetch, every: int) -> Any:
+        held = yield from held_answer(self, prepared, every)
         if held is not None and any(p.run.aborted for p in prepared.prefixes.values()):
             w.held_with_aborted += 1
         return held
 
     monkeypatch.setattr(shaper_module.FetchShaper, "finish_in_ranges", finishing)
-    monkeypatch.setattr(shaper_module.FetchShaper, "held_answer", answering)
+    monkeypatch.setattr(shaper_module.FetchShaper, "held_answer_in_ranges", answering)
     return w
 
 
