@@ -98,7 +98,9 @@ collector's full collections run on a timer only (``server.cli``); the typed fet
 
 A Fetch naming more than ``max_fetch_partitions`` closes the connection
 (``FetchTooLarge``) when it arrives: its partitions are counted from its bytes
-(:mod:`.protocol.fetch_count`, a walk of the topic and partition counts), so
+(:mod:`.protocol.fetch_count`, a walk of the topic and partition counts that
+stops once past the limit, so a refusal walks at most ``max_fetch_partitions``
+partitions or topic entries, however large the frame), so
 the refusal costs no decode and the frame is never queued.
 
 Partitions in flight (:mod:`proxy.shaping.in_flight`, ``max_partitions_in_flight``):
@@ -520,18 +522,21 @@ class FetchPathHandler:
     def _refuse_too_large(self, request: ClientRequest) -> int:
         """Close the connection (``FetchTooLarge``) when the Fetch names more partitions than
         ``max_fetch_partitions``, counted from its bytes (:mod:`.protocol.fetch_count`), before
-        it is queued or decoded: the refusal costs one walk of its structure, not the decode
-        (tens of microseconds a partition on the event loop).  A frame the count cannot follow
+        it is queued or decoded: the refusal costs a walk of its structure up to the limit,
+        not the decode (tens of microseconds a partition on the event loop).  A frame the count cannot follow
         goes on to the decode, which refuses it.  (``DownstreamSessions.open`` checks the
         decoded request too.)  Returns the count (0 when it could not be counted)."""
         h = request.header
         if h.body_offset is None:
             return 0
-        named = fetch_count.fetch_partitions(int(h.api_version), request.frame, h.body_offset)
         limit = self.downstream.max_fetch_partitions
+        named = fetch_count.fetch_partitions(
+            int(h.api_version), request.frame, h.body_offset, above=limit
+        )
         if named is not None and named > limit:
-            raise FetchTooLarge(
-                f"a Fetch of {named} partitions is more than max_fetch_partitions ({limit})"
+            raise FetchTooLarge(  # the count stops past the limit: a lower bound
+                f"a Fetch of at least {named} partitions is more than"
+                f" max_fetch_partitions ({limit})"
             )
         return named or 0
 

@@ -11,7 +11,8 @@ tag buffer).  The layout is the one the codec's readers use
 is covered.
 
 Only a count: a frame this walk cannot follow gives None, and the caller decodes
-it as usual, so the codec's reader refuses it with its own error.
+it as usual, so the codec's reader refuses it with its own error.  Given the most
+it admits (``above``), the walk stops as soon as the count passes it.
 """
 
 from __future__ import annotations
@@ -51,10 +52,19 @@ def _layout(version: int) -> _Layout | None:
     return request.flexible, head[1], id_size, entry[0][1]
 
 
-def fetch_partitions(version: int, frame: bytes | memoryview, offset: int) -> int | None:
+def fetch_partitions(
+    version: int, frame: bytes | memoryview, offset: int, *, above: int | None = None
+) -> int | None:
     """The partitions a Fetch request body (at *offset* in *frame*) names in ``topics``.
 
     None when the bytes do not follow the layout (the decode then says why).
+
+    With *above* (the most the caller admits), the walk stops once the count passes it,
+    which each topic's partition count tells before its partitions are walked, or once
+    more than *above* topic entries are walked (Kafka's clients name no topic without a
+    partition): the value is then more than *above* (the entries seen so far), and the
+    bytes after them are not read.  A refused Fetch costs a walk of at most *above*
+    partitions, however large its frame.
     """
     try:
         layout = _layout(version)
@@ -74,7 +84,9 @@ def fetch_partitions(version: int, frame: bytes | memoryview, offset: int) -> in
         if topics < 0 or topics > end - pos:
             return None
         named = 0
-        for _ in range(topics):
+        for walked in range(topics):
+            if above is not None and walked > above:
+                return walked
             if id_size is not None:
                 pos += id_size
             elif flexible:
@@ -87,6 +99,8 @@ def fetch_partitions(version: int, frame: bytes | memoryview, offset: int) -> in
                 count -= 1
             else:
                 count, pos = int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
+            if count >= 0 and above is not None and named + count > above:
+                return named + count  # past it: the partitions are not walked
             if count < 0 or count * fixed > end - pos:
                 return None
             named += count

@@ -55,3 +55,23 @@ def test_bytes_the_count_cannot_follow_give_none(version: int) -> None:
     assert fetch_partitions(version, f[: len(f) - 40], offset) is None
     assert fetch_partitions(version, f[: offset + 2], offset) is None
     assert fetch_partitions(99, f, offset) is None
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 17])
+def test_the_walk_stops_once_past_the_most_admitted(version: int) -> None:
+    """A refused Fetch costs a walk of at most *above* partitions: bytes past the topic
+    whose count passes it are not read (cut off here, where a whole walk gives None)."""
+    f, offset = frame(version, [3, 300, 5])
+    cut = f[: len(f) - 100]
+    assert fetch_partitions(version, cut, offset) is None
+    assert fetch_partitions(version, cut, offset, above=100) == 303
+    assert fetch_partitions(version, f, offset, above=308) == 308  # not past it: the count
+    assert fetch_partitions(version, f, offset, above=307) == 308
+
+
+@pytest.mark.parametrize("version", [4, 12, 17])
+def test_topic_entries_past_the_most_admitted_stop_the_walk_too(version: int) -> None:
+    """Topics without partitions (no Kafka client sends one) are walked up to *above*."""
+    f, offset = frame(version, [0] * 50)
+    assert fetch_partitions(version, f, offset) == 0
+    assert fetch_partitions(version, f[: len(f) - 20], offset, above=10) == 11
