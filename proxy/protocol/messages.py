@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from . import codec
+from .apis import FETCH
 from .errors import DecodeError
 
 
@@ -62,3 +63,25 @@ def convert(obj: Any, cls: Any) -> Any:
     """The same entity at another version (fields the target lacks are dropped)."""
     kind: type = type(obj)
     return make(cls, **{name: getattr(obj, name) for name in field_names(kind)})
+
+
+_VERSIONS_TRIED = 32
+"""Versions looked for by ``load_fetch_schemas`` (Kafka 4.x has Fetch up to v18)."""
+
+
+def load_fetch_schemas() -> tuple[int, ...]:
+    """Import kio's Fetch request and response modules of every version it has: the versions
+    kio knows of Fetch, loaded.
+
+    kio imports a message version's module the first time it is asked for (30-70 ms a
+    version, once); the fetch path asks on a client's first Fetch of that version, on the
+    event loop.  Called at start (``FetchPath``), before clients are served: about 0.2 s
+    of CPU and 1.5 MiB of memory for Fetch v4-v18.
+    """
+    loaded = []
+    for version in range(_VERSIONS_TRIED):
+        request = codec.request_schema(FETCH, version)
+        response = codec.response_schema(FETCH, version)
+        if request is not None and response is not None:
+            loaded.append(version)
+    return tuple(loaded)

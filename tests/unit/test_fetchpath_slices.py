@@ -159,3 +159,35 @@ def test_a_large_fetch_yields_within_its_stages_and_others_are_served_between_ra
     sliced = codec.decode_response(1, 12, frame)[1]
     whole = Conn(w).fetch(1, parts)
     assert delivered(sliced) == delivered(whole)
+
+
+def test_the_fetch_path_loads_every_fetch_schema_before_it_serves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kio imports a Fetch version's schemas on first use (30-70 ms, once): at start, not on
+    the loop when a client first fetches at that version."""
+    loaded: list[tuple[str, int, int]] = []
+
+    def recording(kind: str, load: Any) -> Any:
+        def recorded(api_key: int, version: int) -> Any:
+            loaded.append((kind, api_key, version))
+            return load(api_key, version)
+
+        return recorded
+
+    monkeypatch.setattr(
+        codec, "load_request_schema", recording("request", codec.load_request_schema)
+    )
+    monkeypatch.setattr(
+        codec, "load_response_schema", recording("response", codec.load_response_schema)
+    )
+    codec.request_schema.cache_clear()
+    codec.response_schema.cache_clear()
+    try:
+        fetchpath.FetchPath(FetchPathConfig())
+    finally:
+        codec.request_schema.cache_clear()
+        codec.response_schema.cache_clear()
+    for kind in ("request", "response"):
+        versions = {v for k, key, v in loaded if k == kind and key == 1}
+        assert versions >= set(range(4, 19))
