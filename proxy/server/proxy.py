@@ -48,6 +48,7 @@ from ..relay.request_memory import RequestMemory
 from ..sessions.downstream import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
 from .replicas import ReplicaLinks
+from .silent import SilentSockets
 from .sockets import lean
 from .upstream import LazyUpstream, client_ssl_context, open_upstream, server_ssl_context
 
@@ -56,7 +57,14 @@ log = structlog.get_logger("proxy.server")
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 """accept() failures that say the process or system is out of resources, not that the
 listener is broken (trio's ``serve_listeners`` retries these too)."""
+_ACCEPT_IGNORED_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR})
+"""accept() failures that concern one connection only (it was reset while queued, or a
+firewall refused it), as trio's ``SocketListener`` ignores them: go on accepting."""
 _ACCEPT_RETRY_SECONDS = 0.1
+ACCEPT_PER_TURN = 16
+"""Connections accepted per scheduler turn: a burst of connects (a leak, a scanner) is
+taken in steps others get to run between (60-80 µs of the loop's CPU each, 300-400 µs
+when it displaces a silent connection, whose close writes a warning line)."""
 FIRST_REQUEST_SPREAD = 0.1
 """A connection's first-request deadline is ``first_request_timeout_seconds`` times 1 to
 1 + this after its accept (at random)."""
@@ -184,7 +192,22 @@ class _Slot:
     """Open until its first whole request: cancelled at ``first_request_timeout_seconds`` or
     when it gives its slot to a newcomer."""
     accepted: float
+    conn_id: str = ""
+    client_addr: str = "?"
+    node_id: int | None = None
     displaced: bool = False
+    sock: socket.socket | None = None
+    """The socket while it has sent no byte: watched by ``Proxy.silent``, no task yet."""
+
+    def log_fields(self) -> dict[str, Any]:
+        """The fields a connection's task binds to its log lines (for lines written
+        without it: a silent socket's end)."""
+        return {
+            "conn_id": self.conn_id,
+            "client_addr": self.client_addr,
+            "listener": "bootstrap" if self.node_id is None else "broker",
+            "node_id": self.node_id,
+        }
 
 
 @dataclass(slots=True, eq=False)
@@ -251,8 +274,11 @@ class Proxy:
         self.draining = False
         """True once ``drain()`` began: listeners closed, connections finishing."""
         self._drains: set[DrainableStream] = set()
-        self._unread: set[trio.CancelScope] = set()
-        """Connections that have not sent a byte yet (``drain()`` closes them)."""
+        self.silent: SilentSockets[_Slot] = SilentSockets(
+            self._silent_spoke, self._silent_ended, self._silent_expired
+        )
+        """Plain-TCP connections that have not sent a byte yet: no task each, one watcher
+        for all (``proxy.server.silent``); ``drain()`` closes them."""
         self._connections: trio.Nursery | None = None
         self._listen_scope = trio.CancelScope()
         self._served = trio.Event()
@@ -344,16 +370,22 @@ class Proxy:
             # the listeners (and stop discovery and probes) while they finish.
             async with trio.open_nursery() as connections:
                 self._connections = connections
-                with self._listen_scope:
-                    async with trio.open_nursery() as nursery:
-                        self._nursery = nursery
-                        assert self._bootstrap_sock is not None
-                        nursery.start_soon(self._serve_listener, self._bootstrap_sock, None)
-                        log.info(
-                            "listener_bound", listener="bootstrap", address=str(self.bootstrap)
-                        )
-                        nursery.start_soon(self._discover)
-                        task_status.started(self)
+                try:
+                    with self._listen_scope:
+                        async with trio.open_nursery() as nursery:
+                            self._nursery = nursery
+                            await nursery.start(self.silent.run)
+                            assert self._bootstrap_sock is not None
+                            nursery.start_soon(self._serve_listener, self._bootstrap_sock, None)
+                            log.info(
+                                "listener_bound",
+                                listener="bootstrap",
+                                address=str(self.bootstrap),
+                            )
+                            nursery.start_soon(self._discover)
+                            task_status.started(self)
+                finally:  # stopped or cancelled: no socket is left open unwatched
+                    self._close_silent_sockets()
                 log.info("listeners_closed", connections=len(self._drains))
         finally:
             self._served.set()
@@ -371,9 +403,13 @@ class Proxy:
         self._listen_scope.cancel()
         for stream in list(self._drains):
             stream.drain()
-        for waiting in list(self._unread):
-            waiting.cancel()
+        self._close_silent_sockets()
         await self._served.wait()
+
+    def _close_silent_sockets(self) -> None:
+        for sock, slot in self.silent.items():
+            self.silent.remove(sock)
+            self._close_silent(slot, "drained")
 
     def _bind_broker(self, node_id: int, port: int) -> int | None:
         if self.draining:  # no new listeners while stopping
@@ -402,34 +438,57 @@ class Proxy:
         """Accept connections until the listener is closed (``drain()``).
 
         Each accepted connection is admitted or refused here, at once: a refused one costs
-        no task, and one whose slot a newcomer takes is told to close in its own task
-        (``proxy.relay.connection_slots``).  trio's ``serve_listeners`` would add a task
-        step and a forced close per connection; at a burst of a thousand sockets (a
-        leak that ends, a scanner) those steps are what other clients wait for.
+        no task.  An admitted plain-TCP one is handed to the silent-socket watcher
+        (``self.silent``) until its first byte: a socket that never sends costs no task, and
+        its end (closed by the peer, its first-request deadline, or its slot given to a
+        newcomer, ``proxy.relay.connection_slots``) is handled there in bounded steps.  At
+        most ``ACCEPT_PER_TURN`` connections are accepted per scheduler turn, on the raw
+        socket (trio's ``serve_listeners`` would add a task step and a forced close per
+        connection, its ``SocketListener`` a wrapper and a checkpoint per accept): at a
+        burst of a thousand sockets (a leak, a scanner) those steps are what other clients
+        wait for.
         """
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        connections = self._connections
-        assert connections is not None
+        sock.setblocking(False)
         try:
             while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:
-                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
-                        raise
-                    # out of file descriptors or memory: try again shortly, as trio's
-                    # serve_listeners does, rather than spin or stop accepting for good
-                    log.error("accept_failed", error=f"{type(exc).__name__}: {exc}")
-                    await trio.sleep(_ACCEPT_RETRY_SECONDS)
-                    continue
-                slot = self._admit(stream)
-                if slot is not None:
-                    connections.start_soon(self._handle_client, stream, node_id, slot)
+                await trio.lowlevel.wait_readable(sock)
+                for _ in range(ACCEPT_PER_TURN):
+                    try:
+                        client, address = sock.accept()
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        if exc.errno in _ACCEPT_IGNORED_ERRNOS:
+                            continue
+                        if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                            raise
+                        # out of file descriptors or memory: try again shortly, as trio's
+                        # serve_listeners does, rather than spin or stop accepting for good
+                        log.error("accept_failed", error=f"{type(exc).__name__}: {exc}")
+                        await trio.sleep(_ACCEPT_RETRY_SECONDS)
+                        break
+                    self._accepted(client, address, node_id)
         finally:
-            listener.socket.close()  # stopped (drain): new connections are refused, not queued
+            sock.close()  # stopped (drain): new connections are refused, not queued
 
-    def _admit(self, stream: trio.SocketStream) -> _Slot | None:
-        """A slot of ``max_connections`` for the accepted *stream*, or None: refused (closed).
+    def _accepted(self, client: socket.socket, address: Any, node_id: int | None) -> None:
+        client.setblocking(False)
+        slot = self._admit(client, _address(address), node_id)
+        if slot is None:
+            return
+        if self.metrics is not None:
+            self.metrics.connection_accepted()
+        if self.downstream_ssl is None:  # served from its first byte on
+            slot.sock = client
+            self.silent.add(client, slot, slot.first.deadline)
+        else:  # the TLS handshake is its first request's time
+            assert self._connections is not None
+            self._connections.start_soon(self._handle_client, client, node_id, slot)
+
+    def _admit(
+        self, client: socket.socket | None, client_addr: str, node_id: int | None = None
+    ) -> _Slot | None:
+        """A slot of ``max_connections`` for the accepted *client*, or None: refused (closed).
 
         Until the client's first whole request (TLS handshake included) the slot can be
         lost: at ``first_request_timeout_seconds`` after the accept, or at the limit to
@@ -441,13 +500,18 @@ class Proxy:
         # Spread over a tenth of the timeout: sockets accepted together (a thousand at
         # once) do not all time out in the same scheduler turn, which others wait behind.
         deadline = now + timeout * (1 + FIRST_REQUEST_SPREAD * random.random())
-        slot = _Slot(trio.CancelScope(deadline=deadline if timeout else math.inf), now)
+        slot = _Slot(
+            trio.CancelScope(deadline=deadline if timeout else math.inf),
+            now,
+            client_addr=client_addr,
+            node_id=node_id,
+        )
         admitted, displaced = self.slots.admit(slot, self.settings.max_connections)
         if not admitted:
             log.warning(
                 "connection_refused",
                 reason="max_connections",
-                client_addr=_peer(stream),
+                client_addr=client_addr,
                 count=self.open_connections,
                 limit=self.settings.max_connections,
                 hint="raise max_connections"
@@ -455,34 +519,88 @@ class Proxy:
             )
             if self.metrics is not None:
                 self.metrics.connection_refused("max_connections")
-            stream.socket.close()
+            if client is not None:
+                client.close()
             return None
-        if displaced is not None:  # it closes in its own task, with its own log line
+        slot.conn_id = f"c{next(self._conn_ids)}"
+        if displaced is not None:
             displaced.displaced = True
-            displaced.first.cancel()
+            if displaced.sock is not None and self.silent.remove(displaced.sock):
+                self._close_silent(displaced, "displaced")
+            else:  # it closes in its own task, with its own log line
+                displaced.first.cancel()
         return slot
 
-    async def _handle_client(
-        self, stream: trio.SocketStream, node_id: int | None, slot: _Slot
-    ) -> None:
+    # --- connections without a byte yet (``self.silent``'s callbacks) ------------------------
+
+    def _silent_spoke(self, slot: _Slot, sock: socket.socket) -> None:
+        slot.sock = None
+        assert self._connections is not None
+        self._connections.start_soon(self._handle_client, sock, slot.node_id, slot)
+
+    def _silent_ended(self, slot: _Slot, sock: socket.socket, error: OSError | None) -> None:
+        self._close_silent(slot, "client_closed" if error is None else "io_error", error)
+
+    def _silent_expired(self, slot: _Slot, sock: socket.socket) -> None:
+        self._close_silent(slot, "first_request_timeout")
+
+    def _close_silent(self, slot: _Slot, reason: str, error: OSError | None = None) -> None:
+        """Close a connection that never sent a byte, with the log line and metric its
+        task would have written (no task step: a thousand of them end in bounded turns)."""
+        sock, slot.sock = slot.sock, None
+        self.slots.leave(slot)
+        if reason in ("client_closed", "drained"):
+            # not a Kafka client: a TCP probe, a port scan, the end of a leak
+            # (a thousand sockets at once: each line is time others wait for)
+            log.debug("connection_closed", reason=reason, **slot.log_fields())
+        elif reason == "io_error":
+            log.info(
+                "connection_closed",
+                reason=reason,
+                error=f"{type(error).__name__}: {error}",
+                **slot.log_fields(),
+            )
+        else:
+            self._log_first_request_end(reason, slot, **slot.log_fields())
+        if self.metrics is not None:
+            self.metrics.connection_closed(_CLOSE_CAUSES[reason])
+        if sock is not None:
+            sock.close()
+
+    def _log_first_request_end(self, reason: str, slot: _Slot, **fields: Any) -> None:
+        """The line of a connection closed before its first whole request: displaced at
+        ``max_connections`` (a warning) or at ``first_request_timeout_seconds``."""
+        if reason == "displaced":
+            log.warning(
+                "connection_closed",
+                reason=reason,
+                limit=self.settings.max_connections,
+                waited_seconds=round(trio.current_time() - slot.accepted, 3),
+                hint=DISPLACED_HINT.format(flag=_setting_hint("max_connections")),
+                **fields,
+            )
+        else:
+            log.info(
+                "connection_closed",
+                reason=reason,
+                timeout_seconds=self.settings.first_request_timeout_seconds,
+                hint=FIRST_REQUEST_TIMEOUT_HINT.format(
+                    flag=_setting_hint("first_request_timeout_seconds")
+                ),
+                **fields,
+            )
+
+    async def _handle_client(self, sock: socket.socket, node_id: int | None, slot: _Slot) -> None:
         try:
-            await self._serve_client(stream, node_id, slot)
+            await self._serve_client(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), slot)
         finally:
             self.slots.leave(slot)
 
-    async def _serve_client(
-        self, stream: trio.SocketStream, node_id: int | None, slot: _Slot
-    ) -> None:
+    async def _serve_client(self, stream: trio.SocketStream, slot: _Slot) -> None:
         structlog.contextvars.clear_contextvars()
-        conn_id = f"c{next(self._conn_ids)}"
-        structlog.contextvars.bind_contextvars(
-            conn_id=conn_id,
-            client_addr=_peer(stream),
-            listener="bootstrap" if node_id is None else "broker",
-            node_id=node_id,
-        )
-        if self.metrics is not None:
-            self.metrics.connection_accepted()
+        conn_id = slot.conn_id
+        node_id = slot.node_id
+        structlog.contextvars.bind_contextvars(**slot.log_fields())
         reason = "cancelled"
         client: trio.abc.Stream = stream
         upstream: LazyUpstream | None = None
@@ -494,15 +612,8 @@ class Proxy:
         first = slot.first
         try:
             with first:
-                if self.downstream_ssl is None:
-                    sent = await self._first_bytes(stream)
-                    if not sent:  # closed, or the proxy is stopping, before a byte came
-                        reason = "client_closed" if sent is False else "drained"
-                        # not a Kafka client: a TCP probe, a port scan, the end of a leak
-                        # (a thousand sockets at once: each line is time others wait for)
-                        log.debug("connection_closed", reason=reason)
-                        return
-                else:
+                # plain TCP: its first byte is there (``self.silent`` watched until then)
+                if self.downstream_ssl is not None:
                     client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
                     with trio.fail_after(self.settings.connect_timeout_seconds):
                         await client.do_handshake()
@@ -567,25 +678,9 @@ class Proxy:
             if first.cancelled_caught and upstream is not None and upstream.failed:
                 reason = "upstream_unreachable"
                 log.warning("connection_closed", reason=reason, hint=CLIENT_CLOSED_HINT)
-            elif first.cancelled_caught and slot.displaced:
-                reason = "displaced"
-                log.warning(
-                    "connection_closed",
-                    reason=reason,
-                    limit=self.settings.max_connections,
-                    waited_seconds=round(trio.current_time() - slot.accepted, 3),
-                    hint=DISPLACED_HINT.format(flag=_setting_hint("max_connections")),
-                )
             elif first.cancelled_caught:
-                reason = "first_request_timeout"
-                log.info(
-                    "connection_closed",
-                    reason=reason,
-                    timeout_seconds=self.settings.first_request_timeout_seconds,
-                    hint=FIRST_REQUEST_TIMEOUT_HINT.format(
-                        flag=_setting_hint("first_request_timeout_seconds")
-                    ),
-                )
+                reason = "displaced" if slot.displaced else "first_request_timeout"
+                self._log_first_request_end(reason, slot)
             elif reason == "drained" and conn is not None:
                 log.info("connection_closed", reason=reason, client_id=conn.client_id)
         except (OSError, ssl.SSLError, trio.TooSlowError, trio.BrokenResourceError) as exc:
@@ -606,31 +701,15 @@ class Proxy:
                     self.metrics.broker_connection_closed(node_id, cause)
                 self.metrics.connection_closed(cause)
             if path_handler is not None:
-                path_handler.close()  # gives back the memory budget this connection held
+                # gives back what this connection held: its memory budget grants, its
+                # partitions in flight (max_partitions_in_flight), its sessions
+                path_handler.close()
             if upstream is not None:
                 await trio.aclose_forcefully(upstream)
             if client is stream:
                 stream.socket.close()  # plain TCP: nothing to flush, no task step needed
             else:
                 await trio.aclose_forcefully(client)
-
-    async def _first_bytes(self, stream: trio.SocketStream) -> bool | None:
-        """Wait, without reading, for the client's first byte: True once it is there, False
-        when the client closed first, None when the proxy began draining meanwhile.
-
-        Until then the connection is this one parked task: no relay, no meter, no
-        tasks of its own, so a socket that never sends costs next to nothing while
-        ``first_request_timeout_seconds`` runs.
-        """
-        with trio.CancelScope() as waiting:
-            self._unread.add(waiting)
-            try:
-                if self.draining:
-                    waiting.cancel()
-                return bool(await stream.socket.recv(1, socket.MSG_PEEK))
-            finally:
-                self._unread.discard(waiting)
-        return None
 
     def _upstream_opened(
         self, conn: Connection | None, node_id: int | None, stream: trio.abc.Stream
@@ -1009,9 +1088,9 @@ def _bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _peer(stream: trio.SocketStream) -> str:
+def _address(address: Any) -> str:
+    """An accepted socket's peer address (``accept()``'s second value) as host:port."""
     try:
-        host, port = stream.socket.getpeername()[:2]
-    except OSError:
+        return str(HostPort(str(address[0]), int(address[1])))
+    except (TypeError, ValueError, IndexError):
         return "?"
-    return str(HostPort(str(host), int(port)))

@@ -95,7 +95,7 @@ async def test_sockets_accepted_together_do_not_all_time_out_in_the_same_turn() 
     client's request for about a second (bench/attacks.py idle-connections).  The deadlines
     are spread over a tenth of ``first_request_timeout_seconds``, never earlier than it."""
     proxy = Proxy(settings("127.0.0.1:1", first_request_timeout_seconds=10, max_connections=500))
-    slots = [proxy._admit(None) for _ in range(500)]  # type: ignore[arg-type]  # let in: no I/O
+    slots = [proxy._admit(None, "?") for _ in range(500)]  # let in: no I/O
     waits = [slot.first.deadline - slot.accepted for slot in slots if slot is not None]
     assert len(waits) == 500
     assert 10 <= min(waits) and max(waits) <= 11
