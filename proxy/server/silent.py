@@ -120,7 +120,8 @@ class SilentSockets(Generic[T]):
 
     def _unwatch(self, fd: int, sock: socket.socket) -> None:
         if self._epoll is not None:
-            self._epoll.unregister(fd)
+            if not self._epoll.closed:  # closed: run() ended, the owner closes what is left
+                self._epoll.unregister(fd)
         else:
             scope = self._tasks.pop(fd, None)
             if scope is not None:

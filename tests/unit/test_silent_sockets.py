@@ -149,3 +149,15 @@ async def test_a_silent_connection_ends_as_before(use_epoll: bool) -> None:
     value = metrics.registry.get_sample_value
     assert value("kafka_fetch_proxy_client_connections_accepted_total") == 6
     assert value("kafka_fetch_proxy_client_connections_open") == 0
+
+
+@pytest.mark.parametrize("use_epoll", [True, False], ids=["epoll", "a-task-each"])
+async def test_a_cancelled_proxy_closes_the_silent_connections(use_epoll: bool) -> None:
+    metrics = Metrics(process_metrics=False)
+    with trio.fail_after(TIMEOUT):
+        async with proxy_nowhere(metrics, use_epoll=use_epoll) as proxy:
+            silent = await trio.open_tcp_stream("127.0.0.1", proxy.bootstrap.port)
+            await until(lambda: proxy.open_connections == 1)
+        assert await closed_by_peer(silent)  # not left open for the garbage collector
+    assert closed(metrics, "shutdown") == 1
+    assert proxy.open_connections == 0
