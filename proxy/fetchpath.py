@@ -648,8 +648,9 @@ class FetchPathHandler:
         fetch session (it leaves its listener's cache: Kafka's clients start a new
         session on a new connection), the upstream session's translator and its
         partition states.  The links back to the edge (the relay's upstream port,
-        the waker) are cut, so nothing here waits for the cyclic GC: the relay
-        holds this handler and the port holds the relay.
+        the waker, the preferred replicas' links) are cut, so nothing here waits for
+        the cyclic GC: the relay holds this handler and the port holds the relay; the
+        replicas' links hold this handler's ``wake`` and ``reserve_response``.
         """
         self.closed = True
         self.path.admission.leave(self)
@@ -672,6 +673,7 @@ class FetchPathHandler:
         self.translator = None
         self._upstream = None
         self._waker = None
+        self.replicas = None  # the edge's links hold this handler's wake and reserve
 
     def wake(self) -> None:
         """Budget may be free: retry the waiting fetch (via the edge's task when bound)."""

@@ -72,6 +72,7 @@ Plug-in point for Fetch
 from __future__ import annotations
 
 import struct
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -527,7 +528,13 @@ class Relay:
 
 
 class _Port:
-    """The ``Upstream`` a FetchHandler gets: the relay's send and its address rule."""
+    """The ``Upstream`` a FetchHandler gets: the relay's send and its address rule.
+
+    It holds the relay's send weakly: the relay holds the port (and the handler that
+    keeps it), and a strong reference back would leave a closed connection's relay, and
+    its fetch handler, in a reference cycle until a full collection (every 60 s,
+    ``server.cli``).  Once the relay is gone, a send goes nowhere.
+    """
 
     __slots__ = ("_resolve", "_send")
 
@@ -536,7 +543,7 @@ class _Port:
         send: Callable[[bytes, int, int, ResponseCallback | None], None],
         resolve: rewrite.Resolver,
     ) -> None:
-        self._send = send
+        self._send = weakref.WeakMethod(send)
         self._resolve = resolve
 
     def send(
@@ -547,7 +554,9 @@ class _Port:
         api_version: int,
         on_response: ResponseCallback | None,
     ) -> None:
-        self._send(frame, api_key, api_version, on_response)
+        send = self._send()
+        if send is not None:
+            send(frame, api_key, api_version, on_response)
 
     def rewrite_addresses(self, api_key: int, api_version: int, frame: bytes) -> bytes:
         return rewrite.rewrite_response(api_key, api_version, frame, self._resolve)
