@@ -498,6 +498,7 @@ class FetchTranslator:
         read_committed = int(getattr(pending.request, "isolation_level", 0)) == READ_COMMITTED
         client_on_ids = client_version >= FIRST_TOPIC_ID_VERSION
         answered: list[tuple[str | uuid.UUID | None, Any]] = []
+        refused: list[tuple[str | uuid.UUID | None, Any]] = []
         for i, cp in enumerate([] if empty else _dedupe(pending.partitions), 1):
             if every and i % every == 0:
                 yield
@@ -527,18 +528,25 @@ class FetchTranslator:
                         preferred_read_replica=-1,
                         records=b"",
                     )
-            answered.append((_client_topic(cp), pd))
-        # KafkaApis lists the partitions it refused before reading after the others.
-        answered.sort(key=lambda item: int(item[1].error_code) in _PRE_READ_ERRORS)
-        topics = [
-            make(
-                mod.FetchableTopicResponse,
-                topic=ref,
-                topic_id=ref,
-                partitions=tuple(pd for _, pd in items),
-            )
-            for ref, items in group_runs(answered, lambda item: item[0])
-        ]
+            # KafkaApis lists the partitions it refused before reading after the others.
+            if int(pd.error_code) in _PRE_READ_ERRORS:
+                refused.append((_client_topic(cp), pd))
+            else:
+                answered.append((_client_topic(cp), pd))
+        answered += refused
+        topics = []
+        run: list[Any] = []
+        current: Any = None
+        for i, (ref, pd) in enumerate(answered, 1):  # group_runs, in ranges
+            if every and i % every == 0:
+                yield
+            if run and ref != current:
+                topics.append(_topic_response(mod, current, run))
+                run = []
+            current = ref
+            run.append(pd)
+        if run:
+            topics.append(_topic_response(mod, current, run))
         endpoints = ()
         if hasattr(mod, "NodeEndpoint"):
             endpoints = tuple(
@@ -658,6 +666,10 @@ def group_runs(items: Any, key: Any) -> Iterator[tuple[Any, list[Any]]]:
         run.append(item)
     if run:
         yield current, run
+
+
+def _topic_response(mod: ModuleType, ref: Any, partitions: list[Any]) -> Any:
+    return make(mod.FetchableTopicResponse, topic=ref, topic_id=ref, partitions=tuple(partitions))
 
 
 def _unknown_topic(cp: _ClientPartition) -> int:

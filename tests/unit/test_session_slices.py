@@ -14,9 +14,16 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from support.fetch_messages import counted, fetch_request, fetch_topics
+from kio.schema.errors import ErrorCode
+from support.fetch_messages import (
+    counted,
+    fetch_request,
+    fetch_response,
+    fetch_topics,
+    partition_data,
+)
 
-from proxy.protocol.messages import make, request_module
+from proxy.protocol.messages import make, request_module, response_module
 from proxy.sessions.topic_ids import TopicIdMap
 from proxy.sessions.upstream import FetchTranslator
 from proxy.sessions.upstream_session import FetchParams, FetchSessionClient, PartitionKey
@@ -110,3 +117,48 @@ def test_an_answer_is_read_in_ranges_with_the_same_outcome() -> None:
     assert yields >= 5_000 // EVERY
     assert sliced_client.next_metadata == whole_client.next_metadata
     assert sliced_client.in_flight is None
+
+
+def _upstream_answer(request: Any, error_every: int = 0) -> Any:
+    """Upstream's full answer to *request*: every partition, no records (an unknown topic
+    or partition every *error_every* partitions, which Kafka lists last)."""
+    parts = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    return fetch_response(
+        int(request.__version__),
+        (
+            make(
+                response_module(1, int(request.__version__)).FetchableTopicResponse,
+                topic=ref,
+                partitions=tuple(
+                    partition_data(
+                        int(request.__version__),
+                        int(index),
+                        error_code=ErrorCode.unknown_topic_or_partition
+                        if error_every and int(index) % error_every == 0
+                        else ErrorCode.none,
+                    )
+                    for _, index in parts
+                ),
+            )
+            for ref in dict.fromkeys(ref for ref, _ in parts)
+        ),
+    )
+
+
+def test_the_clients_response_is_built_and_grouped_in_ranges_alike() -> None:
+    n = 4_000
+    answers = []
+    for every in (0, EVERY):
+        translator = FetchTranslator(TopicIdMap(), upstream_max_version=12)
+        begun = translator.begin(_client_fetch(n))
+        step, yields = counted(
+            translator.complete_in_ranges(_upstream_answer(begun.request, 7), every)
+        )
+        answers.append((step.response, yields))
+    (whole, _), (sliced, yields) = answers
+    assert sliced == whole
+    partitions = [p.partition_index for t in sliced.responses for p in t.partitions]
+    assert len(partitions) == n and partitions[-1] % 7 == 0  # refused ones last
+    # six walks as before, and the grouping of the client's partitions into topics
+    # (before: one step with the sort, 18 ms at 20,000 partitions)
+    assert yields >= 7 * n // EVERY
