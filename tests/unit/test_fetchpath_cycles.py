@@ -18,14 +18,15 @@ from typing import Any
 
 import trio
 import trio.testing
+from support.fetch_messages import fetch_request, fetch_topics
 from support.fetch_model import batch
 from support.loopback import request, settings
 from support.trio_waits import until
-from unit.test_limits import fetch_v12
 
 from devbroker.cluster import DevCluster
 from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder
+from proxy.protocol.messages import make, request_module
 from proxy.server.proxy import Proxy
 
 
@@ -69,7 +70,15 @@ async def _fetch_and_close(proxy: Any) -> None:
     async def fetch(frame: bytes) -> Any:
         return codec.decode_response(1, 12, await request(client, decoder, frame))[1]
 
-    opened = await fetch(fetch_v12(1, [0, 1, 2], epoch=0))  # a session opens
+    mod = request_module(1, 12)
+    parts = [
+        ("t", make(mod.FetchPartition, partition=p, fetch_offset=0, partition_max_bytes=1 << 16))
+        for p in range(3)
+    ]
+    frame = codec.encode_request(
+        fetch_request(12, fetch_topics(12, parts), session_epoch=0), 1, "c"
+    )
+    opened = await fetch(frame)  # a session opens
     assert opened.error_code == 0 and opened.session_id != 0
     assert all(len(p.records or b"") > 0 for t in opened.responses for p in t.partitions)
     await until(lambda: len(proxy.live) == 1)
