@@ -190,15 +190,10 @@ from .sessions.downstream import (
     SessionPartitionBound,
 )
 from .sessions.downstream_cache import FetchSessionCache
+from .sessions.kip227 import FIRST_TOPIC_ID_VERSION, replica_id
 from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
-from .sessions.upstream import (
-    FIRST_TOPIC_ID_VERSION,
-    ClientReply,
-    FetchTranslator,
-    UpstreamFetch,
-    replica_id,
-)
+from .sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch
 from .sessions.upstream_session import FetchSessionClient
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision

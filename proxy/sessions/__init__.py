@@ -5,6 +5,7 @@ Downstream, the proxy as the broker toward its clients: ``downstream_cache``
 fetch in, one sessionless full fetch out; the full response in, what the
 client gets out).  Upstream, the proxy as a session client toward its broker:
 ``upstream_session`` (the session) and ``upstream`` (full fetches served
-through it, complete full responses synthesised).  ``proxy.fetchpath`` calls
-them in order.
+through it, complete full responses synthesised).  Both halves speak KIP-227's
+vocabulary from ``kip227`` (session ids, epochs and their rules, the Fetch
+versions, the replica id).  ``proxy.fetchpath`` calls them in order.
 """

@@ -64,7 +64,6 @@ from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
 from .downstream_cache import (
-    INVALID_SESSION_ID,
     FetchContext,
     FetchSession,
     FetchSessionCache,
@@ -76,19 +75,17 @@ from .downstream_cache import (
     SessionlessFetchContext,
     SessionResponse,
     TopicIdPartition,
-    is_full,
     outcome_of_kio_partition,
 )
-from .topic_ids import TopicIdMap
-from .upstream import (
+from .kip227 import (
     FIRST_TOPIC_ID_VERSION,
+    INVALID_SESSION_ID,
     MIN_CLIENT_VERSION,
-    ClientReply,
-    TranslationError,
-    consumer_fetch,
-    group_runs,
+    is_full,
     replica_id,
 )
+from .topic_ids import TopicIdMap
+from .upstream import ClientReply, TranslationError, consumer_fetch, group_runs
 
 DEFAULT_MAX_SESSION_PARTITIONS = 10_000
 """Partitions one client session may hold (setting ``max_fetch_session_partitions``)."""

@@ -56,10 +56,15 @@ from ..protocol.error_codes import (
     NONE,
 )
 
-INVALID_SESSION_ID = 0
-INITIAL_EPOCH = 0
-FINAL_EPOCH = -1
+# FINAL_EPOCH, INVALID_SESSION_ID and is_full are re-exported: the dev broker
+# (``devbroker.session_cache``) takes them from here.
+from .kip227 import FINAL_EPOCH as FINAL_EPOCH
+from .kip227 import INITIAL_EPOCH, next_epoch
+from .kip227 import INVALID_SESSION_ID as INVALID_SESSION_ID
+from .kip227 import is_full as is_full
+
 _INT32_MAX = 2**31 - 1
+"""The largest session id."""
 
 DEFAULT_MAX_SLOTS = 1000  # max.incremental.fetch.session.cache.slots
 DEFAULT_EVICTION_MS = 120_000  # Kafka's fixed minimum idle time before eviction
@@ -70,20 +75,6 @@ SessionKey = tuple[uuid.UUID | str | None, int]
 Ranges = Generator[None, None, R]
 """Work cut into ranges: each ``yield`` ends one (the caller runs the next when it likes);
 the generator's value is the result.  ``every`` partitions a range, 0: no yield at all."""
-
-
-def next_epoch(prev_epoch: int) -> int:
-    """The epoch after *prev_epoch*: FINAL stays FINAL, 2^31-1 wraps to 1 (never 0)."""
-    if prev_epoch < 0:
-        return FINAL_EPOCH
-    if prev_epoch == _INT32_MAX:
-        return 1
-    return prev_epoch + 1
-
-
-def is_full(epoch: int) -> bool:
-    """A request with epoch 0 or -1 is a full fetch request."""
-    return epoch in (INITIAL_EPOCH, FINAL_EPOCH)
 
 
 class TopicIdPartition(NamedTuple):

@@ -64,21 +64,23 @@ from ..protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from ..protocol.messages import convert, field_names, make, request_module, response_module
+from .kip227 import (
+    FIRST_TOPIC_ID_VERSION,
+    LAST_TOPIC_NAME_VERSION,
+    MAX_VERSION,
+    MIN_CLIENT_VERSION,
+    MIN_SESSION_VERSION,
+    replica_id,
+)
 from .partition_cache import PartitionStateCache
 from .topic_ids import TopicIdMap
 from .upstream_session import (
-    MIN_SESSION_VERSION,
     FetchParams,
     FetchSessionClient,
     PartitionKey,
     SessionRequest,
     Verdict,
 )
-
-MIN_CLIENT_VERSION = 4
-MAX_VERSION = 18
-FIRST_TOPIC_ID_VERSION = 13
-LAST_TOPIC_NAME_VERSION = 12
 
 READ_COMMITTED = 1
 _PRE_READ_ERRORS = frozenset(
@@ -101,14 +103,6 @@ def is_sessionless_consumer_fetch(request: Any) -> bool:
     if version >= MIN_SESSION_VERSION:
         return int(request.session_id) == 0 and int(request.session_epoch) == -1
     return True
-
-
-def replica_id(request: Any) -> int:
-    """The replica id of a Fetch request (-1: a consumer; >= 0: a follower broker)."""
-    state = getattr(request, "replica_state", None)
-    if state is not None:
-        return int(state.replica_id)
-    return int(getattr(request, "replica_id", -1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,23 +47,12 @@ from typing import NamedTuple
 
 from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
-
-INVALID_SESSION_ID = 0
-INITIAL_EPOCH = 0
-FINAL_EPOCH = -1
-MAX_EPOCH = 2**31 - 1
-
-MIN_SESSION_VERSION = 7
-"""Fetch v7 introduced session ids and epochs (KIP-227)."""
-
-
-def next_epoch(epoch: int) -> int:
-    """The epoch after *epoch*: FINAL stays FINAL, 2**31 - 1 wraps to 1."""
-    if epoch < 0:
-        return FINAL_EPOCH
-    if epoch == MAX_EPOCH:
-        return 1
-    return epoch + 1
+from .kip227 import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_SESSION_ID,
+    next_epoch,
+)
 
 
 class PartitionKey(NamedTuple):

@@ -24,9 +24,9 @@ from proxy.sessions.downstream_cache import (
     SessionErrorContext,
     SessionlessFetchContext,
     TopicIdPartition,
-    next_epoch,
     outcome_of_kio_partition,
 )
+from proxy.sessions.kip227 import next_epoch
 
 MAX = 2**31 - 1
 

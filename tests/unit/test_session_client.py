@@ -13,15 +13,14 @@ from proxy.protocol.error_codes import (
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
 )
+from proxy.sessions.kip227 import MAX_EPOCH, next_epoch
 from proxy.sessions.upstream_session import (
-    MAX_EPOCH,
     FetchParams,
     FetchSessionClient,
     PartitionKey,
     SessionMetadata,
     SessionStateError,
     Verdict,
-    next_epoch,
 )
 
 A0 = PartitionKey("a", 0)
