@@ -10,6 +10,14 @@ at a time, so responses go out in request order.  Requests that Kafka parks
 (long-poll Fetch, JoinGroup, SyncGroup) wait here, woken whenever a request
 changed cluster state or their deadline passes.
 
+A Fetch is served in slices: decoded, begun, read, answered and encoded
+``SLICE_PARTITIONS`` partitions at a time (the ``*_in_ranges`` walks of
+``node``, ``fetch``, ``proxy.sessions.downstream_cache`` and ``proxy.protocol.codec``),
+with a checkpoint between two slices, so that one large Fetch (or many) does not
+keep the loop from the other connections; the slices of all requests run in the
+cluster's :class:`Lane`, one request at a time, the oldest first.  The answers
+are the same bytes as when the work is done at once.
+
 Fault hooks for tests: :meth:`DevCluster.evict_fetch_sessions`,
 :meth:`DevCluster.stop_node` / :meth:`DevCluster.restart_node`,
 :meth:`DevCluster.set_delay`, :meth:`DevCluster.drop_connections`.
@@ -17,23 +25,32 @@ Fault hooks for tests: :meth:`DevCluster.evict_fetch_sessions`,
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import trio
 
 from proxy.protocol import codec
+from proxy.protocol.apis import FETCH
 from proxy.protocol.errors import ProtocolError
-from proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from proxy.protocol.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Buffer,
+    FrameDecoder,
+    encode_frame,
+    frame_chunks,
+)
+from proxy.sessions.downstream_cache import Ranges
 
 from .fetch import NodeFetcher
 from .membership import GroupCoordinator
-from .node import NodeDispatcher
+from .node import FetchWaitAdapter, NodeDispatcher
 from .outcome import Close, NoReply, Pending, Wait
 from .session_cache import ShardedSessionCache
 from .state import ClusterState
@@ -42,6 +59,12 @@ from .transactions import CLEANUP_INTERVAL_SECONDS
 log = structlog.get_logger("devbroker")
 
 RECEIVE_BYTES = 64 * 1024
+SLICE_PARTITIONS = 500
+"""A Fetch is decoded, read, answered and encoded in slices of this many partitions,
+with a checkpoint between two slices, so that other connections are served while a
+large one is (a slice of 500 takes a few milliseconds)."""
+
+T = TypeVar("T")
 
 
 class DevNode:
@@ -152,8 +175,11 @@ class DevNode:
                 return
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
+            arrived = trio.current_time()
             try:
-                outcome = dispatcher.handle(frame)
+                outcome = await cluster.lane.run(
+                    dispatcher.handle_in_ranges(frame, SLICE_PARTITIONS), arrived
+                )
             except Exception as exc:  # a dev-cluster bug: drop this connection, keep serving
                 log.error("request_failed", reason="internal_error", error=repr(exc))
                 return
@@ -167,33 +193,113 @@ class DevNode:
                 continue
             try:
                 if isinstance(outcome, Wait):
-                    response = await self._wait(outcome.pending)
+                    response = await self._wait(outcome.pending, arrived)
                     cluster.notify()
                     correlation_id = outcome.correlation_id
                 else:
                     response, correlation_id = outcome.response, outcome.correlation_id
-                payload = encode_frame(codec.encode_response(response, correlation_id))
+                chunks = await _encode_in_slices(response, correlation_id, cluster.lane, arrived)
             except Exception as exc:  # a dev-cluster bug: drop this connection, keep serving
                 log.error("request_failed", reason="internal_error", error=repr(exc))
                 return
             if self.delay > 0:
                 await trio.sleep(self.delay)
             try:
-                await stream.send_all(payload)
+                for chunk in chunks:
+                    await stream.send_all(chunk)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
 
-    async def _wait(self, pending: Pending) -> Any:
+    async def _wait(self, pending: Pending, arrived: float) -> Any:
         clock = self.cluster.clock
         while True:
             event = self.cluster.changed_event
             now = clock()
-            if pending.poll(now):
+            if isinstance(pending, FetchWaitAdapter):
+                lane = self.cluster.lane
+                if await lane.run(pending.poll_in_ranges(now, SLICE_PARTITIONS), arrived):
+                    return await lane.run(pending.complete_in_ranges(SLICE_PARTITIONS), arrived)
+            elif pending.poll(now):
                 return pending.complete()
             wake = pending.wake_at()
-            timeout = math.inf if wake is None else max(0.0, wake - now)
+            # (clock() again: a Fetch's poll may have waited for the lane)
+            timeout = math.inf if wake is None else max(0.0, wake - clock())
             with trio.move_on_after(timeout):
                 await event.wait()
+
+
+class Lane:
+    """Where requests run slice after slice: one at a time, the oldest first.
+
+    A request whose work is more than one range (:meth:`run`) runs it here, a
+    checkpoint between two ranges, so that the other tasks' turns wait for one slice,
+    not for one slice of every large request at once.  When the lane frees, the
+    request that arrived first goes next, so concurrent large fetches are answered
+    in about their order of arrival, not all at the end (each has several phases:
+    decoded and begun, read, answered, encoded).
+    """
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiting: list[tuple[float, int, trio.Event]] = []
+        self._seq = 0
+
+    async def run(self, ranges: Ranges[T], arrived: float) -> T:
+        """*ranges* to its value; its first range at once, the others in the lane."""
+        try:
+            next(ranges)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await self._acquire(arrived)
+        try:
+            while True:
+                try:
+                    next(ranges)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                await trio.lowlevel.checkpoint()
+        finally:
+            self._release()
+
+    async def _acquire(self, arrived: float) -> None:
+        if not self._busy:
+            self._busy = True
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        self._seq += 1
+        entry = (arrived, self._seq, trio.Event())
+        heapq.heappush(self._waiting, entry)
+        try:
+            await entry[2].wait()
+        except BaseException:
+            if entry[2].is_set():  # handed the lane as it was cancelled: pass it on
+                self._release()
+            else:
+                self._waiting.remove(entry)
+                heapq.heapify(self._waiting)
+            raise
+
+    def _release(self) -> None:
+        if self._waiting:
+            heapq.heappop(self._waiting)[2].set()  # the lane stays busy: it is theirs
+        else:
+            self._busy = False
+
+
+async def _encode_in_slices(
+    response: Any, correlation_id: int, lane: Lane, arrived: float
+) -> list[Buffer]:
+    """The response's frame as buffers to send in order (a large Fetch response is
+    encoded in slices, and its records are sent from where they are, not copied)."""
+    if int(response.__api_key__) != FETCH:
+        return [encode_frame(codec.encode_response(response, correlation_id))]
+    gathered = await lane.run(
+        codec.encode_response_gathered_in_ranges(
+            response, correlation_id, path=codec.FETCH_RESPONSE_PARTITIONS, every=SLICE_PARTITIONS
+        ),
+        arrived,
+    )
+    return frame_chunks([gathered])
 
 
 def _peer(stream: trio.SocketStream) -> str:
@@ -239,6 +345,7 @@ class DevCluster:
             for i in range(nodes)
         ]
         self.changed_event = trio.Event()
+        self.lane = Lane()
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
 

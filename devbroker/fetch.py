@@ -21,6 +21,13 @@ Kafka's broker:
   (``DelayedFetch.onComplete``), lets the session context pick the partitions
   to send (``updateAndGenerateResponseData``) and builds the response.
 
+Each step has a ``*_in_ranges`` form (``begin_in_ranges``, ``poll_in_ranges``,
+``complete_in_ranges``) that yields after every *every* partitions it walks, so
+that the edge can serve other connections between two ranges; the plain forms run
+all ranges at once.  The session context is made at one point of ``begin``, and
+the session updated at one point of ``complete``
+(``update_and_generate_response_data_in_ranges``).
+
 Reads (``ReplicaManager.readFromLog``) go through the partitions in request
 order (full fetch) or session order (incremental fetch), with the request's
 max_bytes (capped at the broker's fetch.max.bytes) shrinking by what each
@@ -63,6 +70,7 @@ from kio.schema.errors import ErrorCode
 
 from proxy.protocol import records
 from proxy.protocol.apis import FETCH
+from proxy.protocol.codec import drain
 from proxy.protocol.error_codes import (
     FENCED_LEADER_EPOCH,
     INCONSISTENT_TOPIC_ID,
@@ -79,6 +87,7 @@ from proxy.sessions.downstream_cache import (
     FetchContext,
     PartitionOutcome,
     PartitionRequest,
+    Ranges,
     SessionlessFetchContext,
     TopicIdPartition,
 )
@@ -97,6 +106,18 @@ HIGH_WATERMARK = 1
 TXN_COMMITTED = 2
 
 _ONE_MS = timedelta(milliseconds=1)
+
+
+def _tick(every: int) -> Callable[[], bool]:
+    """A counter of partitions walked: True at every *every*-th one (never when 0)."""
+    done = 0
+
+    def tick() -> bool:
+        nonlocal done
+        done += 1
+        return bool(every) and done % every == 0
+
+    return tick
 
 
 @dataclass(slots=True)
@@ -232,6 +253,12 @@ class NodeFetcher:
         self.fetch_max_bytes = fetch_max_bytes
 
     def begin(self, request: Any, api_version: int) -> PendingFetch:
+        return drain(self.begin_in_ranges(request, api_version, 0))
+
+    def begin_in_ranges(self, request: Any, api_version: int, every: int) -> Ranges[PendingFetch]:
+        """``begin``, yielding after every *every* partitions it walks; the session
+        context is made (``new_context``) at one point, between two ranges."""
+        tick = _tick(every)
         version = int(api_version)
         topic_names: dict[uuid.UUID, str] = {}
         if version >= 13:
@@ -244,6 +271,8 @@ class NodeFetcher:
             else:
                 tid, name = None, topic.topic
             for p in topic.partitions:
+                if tick():
+                    yield
                 fetch_data[TopicIdPartition(tid, name, int(p.partition))] = PartitionRequest(
                     fetch_offset=int(p.fetch_offset),
                     max_bytes=int(p.partition_max_bytes),
@@ -258,7 +287,10 @@ class NodeFetcher:
                 name = topic_names.get(tid) if tid is not None else None
             else:
                 tid, name = None, forgotten.topic
-            to_forget.extend(TopicIdPartition(tid, name, int(i)) for i in forgotten.partitions)
+            for i in forgotten.partitions:
+                if tick():
+                    yield
+                to_forget.append(TopicIdPartition(tid, name, int(i)))
 
         if version >= 15:
             replica_id = int(request.replica_state.replica_id)
@@ -283,7 +315,9 @@ class NodeFetcher:
 
         erroneous: list[tuple[TopicIdPartition, PartitionResult]] = []
         interesting: list[tuple[TopicIdPartition, PartitionRequest]] = []
-        for tp, req in context.partitions():
+        for tp, req in (yield from context.partitions_in_ranges(every)):
+            if tick():
+                yield
             if tp.topic is None:
                 erroneous.append((tp, _refused(UNKNOWN_TOPIC_ID)))
             elif self.state.partition(tp.topic, tp.partition) is None:
@@ -418,10 +452,23 @@ class NodeFetcher:
     def read_all(
         self, partitions: list[tuple[TopicIdPartition, PartitionRequest]], params: _Params
     ) -> list[tuple[TopicIdPartition, PartitionResult]]:
+        return drain(self.read_all_in_ranges(partitions, params, 0))
+
+    def read_all_in_ranges(
+        self,
+        partitions: list[tuple[TopicIdPartition, PartitionRequest]],
+        params: _Params,
+        every: int,
+    ) -> Ranges[list[tuple[TopicIdPartition, PartitionResult]]]:
+        """``read_all``, yielding after every *every* partitions read (each partition is
+        read whole, in one range, as Kafka reads one partition's log under its lock)."""
+        tick = _tick(every)
         limit = params.max_bytes
         min_one_message = True  # Fetch v3+ (hardMaxBytesLimit is for v0-v2)
         out = []
         for tp, req in partitions:
+            if tick():
+                yield
             result = self.read(tp, req, params, limit, min_one_message)
             size = result.records_size
             if size > 0:
@@ -509,7 +556,9 @@ class PendingFetch:
         request_error: int | None = None,
     ) -> None:
         self._fetcher = fetcher
-        self._request = request
+        # The decoded request (an object per partition) is kept only for an error
+        # response; otherwise it is freed once the fetch has begun.
+        self._request = request if request_error is not None else None
         self._params = params
         self.context = context
         self._interesting = interesting
@@ -524,19 +573,25 @@ class PendingFetch:
 
     def poll(self) -> bool:
         """(Re)check the logs; True when the fetch should be answered now."""
+        return drain(self.poll_in_ranges(0))
+
+    def poll_in_ranges(self, every: int) -> Ranges[bool]:
+        """``poll``, yielding after every *every* partitions it looks at."""
         if self._ready:
             return True
         if not self._polled:
             self._polled = True
-            self._ready = self._first_read()
+            self._ready = yield from self._first_read(every)
         else:
-            self._ready = self._try_complete()
+            self._ready = yield from self._try_complete(every)
         return self._ready
 
-    def _first_read(self) -> bool:
+    def _first_read(self, every: int) -> Ranges[bool]:
         if self._request_error is not None or not self._interesting:
             return True
-        results = self._fetcher.read_all(self._interesting, self._params)
+        results = yield from self._fetcher.read_all_in_ranges(
+            self._interesting, self._params, every
+        )
         readable = sum(r.records_size for _tp, r in results)
         if (
             self._params.max_wait_ms <= 0
@@ -547,9 +602,12 @@ class PendingFetch:
             return True
         return False
 
-    def _try_complete(self) -> bool:
+    def _try_complete(self, every: int) -> Ranges[bool]:
+        tick = _tick(every)
         accumulated = 0
         for tp, req in self._interesting:
+            if tick():
+                yield
             available = self._fetcher.bytes_available(tp, req, self._params)
             if available is None:
                 return True
@@ -558,24 +616,36 @@ class PendingFetch:
 
     def complete(self) -> Any:
         """The kio FetchResponse at the request's version; call exactly once."""
+        return drain(self.complete_in_ranges(0))
+
+    def complete_in_ranges(self, every: int) -> Ranges[Any]:
+        """``complete``, yielding after every *every* partitions of each pass over them
+        (the session changes at one point, see ``update_and_generate_response_data_in_ranges``)."""
         if self._completed:
             raise RuntimeError("PendingFetch.complete() called twice")
         self._completed = True
         if self._request_error is not None:
-            return self._error_response(self._request_error)
+            return (yield from self._error_response(self._request_error, every))
         if self._results is None:
             # Answering after a wait (or without a poll): read again, as DelayedFetch.onComplete does.
             self._results = (
-                self._fetcher.read_all(self._interesting, self._params) if self._interesting else []
+                (
+                    yield from self._fetcher.read_all_in_ranges(
+                        self._interesting, self._params, every
+                    )
+                )
+                if self._interesting
+                else []
             )
-        partitions: dict[TopicIdPartition, PartitionResult] = {}
-        for tp, result in self._results:
-            partitions[tp] = result
+        partitions: dict[TopicIdPartition, PartitionResult] = dict(self._results)
         for tp, result in self._erroneous:
             partitions[tp] = result
         endpoints: dict[int, tuple[str, int]] = {}
         if self._params.version >= 16:
+            tick = _tick(every)
             for tp, result in partitions.items():
+                if tick():
+                    yield  # (only the results change meanwhile, never the dict)
                 if result.error in (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH):
                     leader, endpoint = self._fetcher.current_leader(tp)
                     result.current_leader = leader
@@ -585,8 +655,14 @@ class PendingFetch:
             # KafkaApis answers a follower with updateAndGenerateResponseData(partitions,
             # Seq.empty): CurrentLeader is set, NodeEndpoints stay empty.
             endpoints = {}
-        session = self.context.update_and_generate_response_data(partitions, _partition_outcome)
-        return self._build(session.error_code, session.session_id, session.partitions, endpoints)
+        session = yield from self.context.update_and_generate_response_data_in_ranges(
+            partitions, _partition_outcome, every
+        )
+        return (
+            yield from self._build(
+                session.error_code, session.session_id, session.partitions, endpoints, every
+            )
+        )
 
     def _build(
         self,
@@ -594,11 +670,15 @@ class PendingFetch:
         session_id: int,
         partitions: list[tuple[TopicIdPartition, PartitionResult]],
         endpoints: Mapping[int, tuple[str, int]],
-    ) -> Any:
+        every: int,
+    ) -> Ranges[Any]:
+        tick = _tick(every)
         version = self._params.version
         schema = response_module(FETCH, version)
         topics: list[tuple[TopicIdPartition, list[Any]]] = []
         for tp, r in partitions:
+            if tick():
+                yield
             fields: dict[str, Any] = {
                 "partition_index": tp.partition,
                 "error_code": ErrorCode(r.error),
@@ -654,21 +734,25 @@ class PendingFetch:
             node_endpoints=node_endpoints,
         )
 
-    def _error_response(self, error: int) -> Any:
+    def _error_response(self, error: int, every: int) -> Ranges[Any]:
         """FetchRequest.getErrorResponse: top-level error; < v13 also every requested partition.
 
         This response skips KafkaApis' conversion step, so its partitions keep
         partitionResponse's null records (and empty aborted-transactions list).
         """
+        tick = _tick(every)
         version = self._params.version
         schema = response_module(FETCH, version)
-        responses: tuple[Any, ...] = ()
+        request = self._request
+        assert request is not None  # (kept when there is a request error)
+        responses: list[Any] = []
         if version < 13:
-            responses = tuple(
-                make(
-                    schema.FetchableTopicResponse,
-                    topic=t.topic,
-                    partitions=tuple(
+            for t in request.topics:
+                partitions = []
+                for p in t.partitions:
+                    if tick():
+                        yield
+                    partitions.append(
                         make(
                             schema.PartitionData,
                             partition_index=p.partition,
@@ -677,17 +761,16 @@ class PendingFetch:
                             aborted_transactions=(),
                             records=None,
                         )
-                        for p in t.partitions
-                    ),
+                    )
+                responses.append(
+                    make(schema.FetchableTopicResponse, topic=t.topic, partitions=tuple(partitions))
                 )
-                for t in self._request.topics
-            )
         return make(
             schema.FetchResponse,
             throttle_time=timedelta(0),
             error_code=ErrorCode(error),
-            session_id=int(getattr(self._request, "session_id", 0)),
-            responses=responses,
+            session_id=int(getattr(request, "session_id", 0)),
+            responses=tuple(responses),
         )
 
 

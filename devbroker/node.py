@@ -11,6 +11,10 @@ Sans-I/O: no trio here.  The trio edge (``cluster.py``) reads frames, calls
   SyncGroup).  The edge calls ``pending.poll(now)`` whenever cluster state
   changed (see :attr:`NodeDispatcher.changed`) or at ``pending.wake_at()``,
   and sends ``pending.complete()`` once poll returns True.
+
+:meth:`NodeDispatcher.handle_in_ranges` is ``handle`` cut into ranges (a Fetch is
+decoded and begun a slice of partitions at a time), and a Fetch's pending
+(:class:`FetchWaitAdapter`) has ``poll_in_ranges`` and ``complete_in_ranges``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from typing import Any
 
 from proxy.protocol import codec
 from proxy.protocol.apis import API_VERSIONS, FETCH
+from proxy.protocol.codec import drain
 from proxy.protocol.errors import ProtocolError
+from proxy.sessions.downstream_cache import Ranges
 
 from . import admin, produce
 from .membership import GroupCoordinator, GroupWait
@@ -64,6 +70,14 @@ class FetchWaitAdapter:
     def complete(self) -> Any:
         return self._pending.complete()
 
+    def poll_in_ranges(self, now: float, every: int) -> Ranges[bool]:
+        """``poll``, yielding after every *every* partitions (see ``fetch.Ranges``)."""
+        ready = yield from self._pending.poll_in_ranges(every)
+        return bool(ready) or now >= self._deadline
+
+    def complete_in_ranges(self, every: int) -> Ranges[Any]:
+        return (yield from self._pending.complete_in_ranges(every))
+
 
 class NodeDispatcher:
     """Answers the requests sent to one node of the dev cluster."""
@@ -88,6 +102,11 @@ class NodeDispatcher:
         """Set when a handled request changed shared state (the edge wakes waiters, then clears it)."""
 
     def handle(self, frame: bytes) -> Outcome:
+        return drain(self.handle_in_ranges(frame, 0))
+
+    def handle_in_ranges(self, frame: bytes, every: int) -> Ranges[Outcome]:
+        """``handle``, yielding after every *every* partitions a Fetch names while it is
+        decoded and begun (other requests are handled in one range)."""
         try:
             header = codec.parse_request_header(frame)
         except ProtocolError as exc:
@@ -104,10 +123,20 @@ class NodeDispatcher:
             return Close(f"unknown or unsupported api key {key}", "unsupported_request")
         try:
             # Bytes after the body are ignored, as Kafka's request parsing ignores them.
-            body = codec.decode_request_body(header, frame)
+            if key == FETCH and every:
+                body = yield from codec.decode_request_body_in_ranges(
+                    header, frame, path=codec.FETCH_REQUEST_PARTITIONS, every=every
+                )
+            else:
+                body = codec.decode_request_body(header, frame)
         except ProtocolError as exc:
             return Close(f"cannot decode api key {key} v{version}: {exc}")
         req = Request(header, body, self.clock())
+        if key == FETCH:
+            if self.fetcher is None:
+                return Close("fetch is not available on this node")
+            pending = yield from self.fetcher.begin_in_ranges(req.body, req.version, every)
+            return Wait(FetchWaitAdapter(pending, req.now), header.correlation_id)
         return self._dispatch(req)
 
     def _dispatch(self, req: Request) -> Outcome:
@@ -115,11 +144,6 @@ class NodeDispatcher:
         cid = req.header.correlation_id
         if key == API_VERSIONS:
             return Reply(api_versions_response(req.version, req.body), cid)
-        if key == FETCH:
-            if self.fetcher is None:
-                return Close("fetch is not available on this node")
-            pending = self.fetcher.begin(req.body, req.version)
-            return Wait(FetchWaitAdapter(pending, req.now), cid)
         if key in admin.HANDLERS:
             return Reply(admin.HANDLERS[key](self, req), cid)
         if key in produce.HANDLERS:

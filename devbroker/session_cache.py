@@ -34,6 +34,7 @@ from proxy.sessions.downstream_cache import (
     FullFetchContext,
     PartitionOutcome,
     PartitionRequest,
+    Ranges,
     SessionlessFetchContext,
     SessionResponse,
     TopicIdPartition,
@@ -87,13 +88,18 @@ class _RoundRobinFullContext(FullFetchContext):
         super().__init__(owner.shards[0], fetch_data, uses_topic_ids, privileged)
         self._owner = owner
 
-    def update_and_generate_response_data(
+    def update_and_generate_response_data_in_ranges(
         self,
         updates: Mapping[TopicIdPartition, T],
         outcome: Callable[[T], PartitionOutcome],
-    ) -> SessionResponse[T]:
+        every: int,
+    ) -> Ranges[SessionResponse[T]]:
+        # (update_and_generate_response_data runs this at once.)  The shard is taken
+        # before the first range, when the response data starts being generated.
         self.cache = self._owner.next_shard()
-        return super().update_and_generate_response_data(updates, outcome)
+        return (
+            yield from super().update_and_generate_response_data_in_ranges(updates, outcome, every)
+        )
 
 
 def shard_index(session_id: int) -> int:
