@@ -3,10 +3,12 @@
 The client loop reads whole frames (size checked from the length prefix before
 buffering, memory for them reserved before reading them), hands them to the
 sans-I/O ``Relay`` and sends what it queues upstream; the upstream loop does
-the reverse; the writer sends what the relay answered to the client.  Whichever side ends first ends the connection: an
-upstream drop closes the client (Kafka clients reconnect), a malformed frame
-from either side closes this connection with one log line, and nothing that
-happens here can reach the rest of the process.
+the reverse, writing the responses to the client as far as its socket takes them
+at once; the writer sends the rest, and what the other loops answered.
+Whichever side ends first ends the connection: an upstream drop closes the
+client (Kafka clients reconnect), a malformed frame from either side closes this
+connection with one log line, and nothing that happens here can reach the rest
+of the process.
 
 Limits (each a setting, see ``proxy.config``):
 
@@ -78,10 +80,14 @@ Limits (each a setting, see ``proxy.config``):
     re-arms itself from the latest activity.
 
 Scheduler turns: a request and its response cost the tasks that move them and
-nothing else.  The writer is woken only when responses are queued; the loops
-waiting for room (client full, requests in flight) only when slots or queued
-bytes change; an uncontended upstream write takes its lock without a
-checkpoint.
+nothing else.  The upstream loop writes the responses it read to a plain TCP
+client itself, as far as the client's socket takes them at once (the writer
+writes the rest and whatever the other loops answered; it is woken only when
+something waits for it); a Fetch response's body, right behind the length
+prefix read alone, is read without waiting for the socket again; the loops
+waiting for room (client full, requests in flight) are woken only when slots
+or queued bytes change; an uncontended upstream write takes its lock without a
+checkpoint.  ``bench/edge_micro.py`` counts the turns per fetch.
 """
 
 from __future__ import annotations
@@ -97,9 +103,10 @@ import trio
 
 from ..protocol.apis import FETCH
 from ..protocol.errors import FrameTooLarge, ProtocolError
-from ..protocol.framing import FrameDecoder, Payload, frame_chunks
+from ..protocol.framing import Buffer, FrameDecoder, Payload, frame_chunks
 from ..relay.relay import Relay
 from ..relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
+from .sockets import LeanSocketStream
 
 if TYPE_CHECKING:
     from ..observe.traffic import TrafficMeter
@@ -193,6 +200,13 @@ class Connection:
         self._queued = trio.lowlevel.ParkingLot()
         """The writer, while nothing is queued for the client."""
         self._out: list[Payload] = []
+        self._writing_client = False
+        """The writer task is writing to the client (nothing else may meanwhile)."""
+        self._unsent: list[Buffer] = []
+        """What the client's socket did not take of a write from the upstream loop
+        (``_write_client_now``), next one last: the writer writes it before ``_out``."""
+        self._unsent_done: list[tuple[int, float]] | None = None
+        """The traffic meter's token for ``_unsent`` (``TrafficMeter.client_sent``)."""
         self.buffered = 0
         """Bytes (with length prefixes) queued for the client and not yet taken by its socket."""
         self.peak_buffered = 0
@@ -320,11 +334,12 @@ class Connection:
         while not ready():
             await self._changed.park()
 
-    def _take_replies(self) -> None:
+    def _take_replies(self, *, wake_writer: bool = True) -> None:
         """Move what the relay answered to the writer's queue (call after every relay input).
 
-        Answers free slots and queue bytes: the writer and the loops waiting for
-        either are woken.  Without answers nothing they wait on changed.
+        Answers free slots and queue bytes: the writer (unless the caller writes them
+        itself, *wake_writer* False) and the loops waiting for either are woken.
+        Without answers nothing they wait on changed.
         """
         if self._account.held != self.request_bytes:
             self._settle()  # an answered Fetch gave its frame's bytes back
@@ -334,7 +349,7 @@ class Connection:
             self._out += frames
             self.buffered += sum(4 + len(f) for f in frames)
             self.peak_buffered = max(self.peak_buffered, self.buffered)
-            if self._queued:
+            if wake_writer and self._queued:
                 self._queued.unpark_all()
             self._notify()
 
@@ -464,6 +479,7 @@ class Connection:
         fetch_path = self.fetch_path
         size = RECEIVE_BYTES
         reserved = False  # the frame in progress has its memory budget (a Fetch response's)
+        again = False  # the last read waited and filled its buffer: more may be there now
         while True:
             # A client that does not read its responses stops this connection's
             # upstream reads: its broker's answers wait in the broker's socket.
@@ -502,7 +518,20 @@ class Connection:
                 # before its budget is taken (a connection waiting for budget would hold
                 # a whole read of it unaccounted, 64-256 KiB each).
                 want = max(1, _PREFIX_BYTES - decoder.buffered)
-            data = await self.upstream.receive_some(want)
+            upstream = self.upstream
+            ready: bytes | None = None
+            if again and isinstance(upstream, LeanSocketStream):
+                # The read before waited and filled its buffer (a length prefix read alone,
+                # most often, its body right behind it): read on without waiting, which
+                # would cost a scheduler turn for bytes already here.  Once per waited
+                # read, so this loop still yields at least every other read.
+                ready = upstream.receive_now(want)
+                again = False
+            if ready is not None:
+                data: bytes | bytearray = ready
+            else:
+                data = await upstream.receive_some(want)
+                again = len(data) >= want
             size = UPSTREAM_RECEIVE_BYTES if len(data) >= size else RECEIVE_BYTES
             if not data:
                 # Kafka answers and then closes (a failed SASL authentication, for one):
@@ -518,38 +547,119 @@ class Connection:
                 if self.meter is not None:
                     self.meter.upstream_frame(frame, now)
                 relay.upstream_frame(frame)
-            self._take_replies()
+            self._take_replies(wake_writer=False)
             await self._send_upstream()
+            self._write_client_now()
 
-    async def _writer_loop(self) -> None:
-        """Write the queued responses in order; each buffer is let go once written."""
-        while True:
-            while not self._out:
-                await self._queued.park()
-            frames, self._out = self._out, []
-            done = self.meter.client_sent(frames) if self.meter is not None else None
-            chunks = frame_chunks(frames)
-            frames.clear()
-            chunks.reverse()
-            timeout = self.client_write_timeout
+    def _write_client_now(self) -> None:
+        """Write the queued responses from this task (the upstream loop, which just read
+        them), as far as the client's socket takes them at once: no hand-over to the
+        writer task, one task switch less per response.  What the socket does not take
+        goes to the writer (``_unsent``, first in line), so this never waits for the
+        client and ``max_client_buffer_bytes`` bounds a client that stops reading as
+        before.  Only on a plain TCP client socket, while the client is not being
+        drained (``_client_sender``); otherwise the writer writes everything."""
+        if not self._out or self._writing_client or self._unsent:
+            if self._out and self._queued:
+                self._queued.unpark_all()
+            return
+        send_now = self._client_sender()
+        if send_now is None:
+            if self._queued:
+                self._queued.unpark_all()
+            return
+        frames, self._out = self._out, []
+        meter = self.meter
+        done = meter.client_sent(frames) if meter is not None else None
+        chunks = frame_chunks(frames)
+        frames.clear()
+        chunks.reverse()
+        moved = False
+        try:
             while chunks:
-                chunk = chunks.pop()
-                if timeout > 0:
-                    with trio.move_on_after(timeout) as scope:
-                        await self.client.send_all(chunk)
-                    if scope.cancelled_caught:
-                        self._write_timed_out(len(chunk))
-                        return
-                else:
-                    await self.client.send_all(chunk)
-                self.buffered -= len(chunk)
-                self._last_active = trio.current_time()
-                self._notify()
-            if done is not None and self.meter is not None:
-                self.meter.client_written(done, trio.current_time())
-            if not self._out and self.fetch_path is not None:
+                chunk = chunks[-1]
+                sent = send_now(chunk)
+                if sent:
+                    moved = True
+                    self.buffered -= sent
+                if sent < len(chunk):
+                    # The rest waits for the client: the writer writes it, then what follows.
+                    chunks[-1] = memoryview(chunk)[sent:]
+                    self._unsent, self._unsent_done = chunks, done
+                    if self._queued:
+                        self._queued.unpark_all()
+                    return
+                chunks.pop()
+            if done is not None and meter is not None:
+                meter.client_written(done, trio.current_time())
+            if self.fetch_path is not None:
                 # Every response answered so far is written: its memory budget is free.
                 self.fetch_path.written()
+        finally:
+            if moved:
+                self._last_active = trio.current_time()
+                self._notify()
+
+    def _client_sender(self) -> Callable[[Buffer], int] | None:
+        """The client's plain TCP socket's ``send_now``, or None: a TLS stream, or a client
+        being drained (its ``DrainableStream`` wants to see every write then)."""
+        client = self.client
+        if isinstance(client, LeanSocketStream):
+            return client.send_now
+        if getattr(client, "draining", False):
+            return None
+        inner = getattr(client, "stream", None)  # the DrainableStream's own stream
+        return inner.send_now if isinstance(inner, LeanSocketStream) else None
+
+    async def _writer_loop(self) -> None:
+        """Write the queued responses in order; each buffer is let go once written.
+
+        Responses the upstream loop read are written by that loop as far as the
+        socket takes them at once (``_write_client_now``); the writer writes the
+        rest, and whatever the other loops queued."""
+        while True:
+            while not (self._out or self._unsent):
+                await self._queued.park()
+            self._writing_client = True
+            try:
+                while self._unsent or self._out:
+                    if self._unsent:
+                        chunks, done = self._unsent, self._unsent_done
+                        self._unsent, self._unsent_done = [], None
+                    else:
+                        frames, self._out = self._out, []
+                        done = self.meter.client_sent(frames) if self.meter is not None else None
+                        chunks = frame_chunks(frames)
+                        frames.clear()
+                        chunks.reverse()
+                    if not await self._write_chunks(chunks):
+                        return
+                    if done is not None and self.meter is not None:
+                        self.meter.client_written(done, trio.current_time())
+            finally:
+                self._writing_client = False
+            if self.fetch_path is not None:
+                # Every response answered so far is written: its memory budget is free.
+                self.fetch_path.written()
+
+    async def _write_chunks(self, chunks: list[Buffer]) -> bool:
+        """Write *chunks* (in reverse order: the next one last), letting each go once
+        written; False when a write timed out (the connection is ending)."""
+        timeout = self.client_write_timeout
+        while chunks:
+            chunk = chunks.pop()
+            if timeout > 0:
+                with trio.move_on_after(timeout) as scope:
+                    await self.client.send_all(chunk)
+                if scope.cancelled_caught:
+                    self._write_timed_out(len(chunk))
+                    return False
+            else:
+                await self.client.send_all(chunk)
+            self.buffered -= len(chunk)
+            self._last_active = trio.current_time()
+            self._notify()
+        return True
 
     def _write_timed_out(self, nbytes: int) -> None:
         self._finish(

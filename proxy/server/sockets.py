@@ -14,6 +14,11 @@ relaying small requests pays two extra trips through the scheduler (each an
 - sends at once and waits only when the kernel's buffer is full (a send that
   went through does not yield: the loops that call it yield where they wait
   for the next input, so no loop runs without a checkpoint).
+- ``receive_now`` reads what has already arrived without waiting (None when
+  nothing has): a caller that expects the bytes to be there already (a
+  frame's body right behind its length prefix) saves the wait's turn.  ``send_now`` writes what the kernel takes at once and says how much (a
+  caller that must not wait for a slow reader hands the rest to a task that
+  may).
 
 Everything else (TCP_NODELAY and the rest of the socket's setup, closing) stays
 with the ``SocketStream`` it wraps.  Errors are trio's: ``ClosedResourceError``
@@ -62,6 +67,29 @@ class LeanSocketStream(trio.abc.Stream):
                 continue  # woken without data (spurious): wait again
             except OSError as exc:
                 raise _stream_error(exc) from exc
+
+    def receive_now(self, max_bytes: int) -> bytes | None:
+        """What the socket holds now, at most *max_bytes* (``b""`` at its end), or None
+        when nothing has arrived: never waits, so it costs no scheduler turn (a read the
+        caller expects to find data, such as a frame's body right behind its prefix)."""
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
+        try:
+            return os.read(self._fd(), max_bytes)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise _stream_error(exc) from exc
+
+    def send_now(self, data: bytes | bytearray | memoryview) -> int:
+        """Bytes of *data* the kernel takes now (0 when its buffer is full): never waits,
+        so the caller keeps what was not taken and writes it later, in order."""
+        try:
+            return os.write(self._fd(), data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise _stream_error(exc) from exc
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         with memoryview(data) as view:
