@@ -126,6 +126,7 @@ class ShapingDecision:
                     starved += 1
                 trimmed_records += remainder.records
                 trimmed_bytes += remainder.size
+        by_limit = (yield from _by_limit_in_ranges(with_data, every)) if trimmed else ()
         return cls(
             api_version=api_version,
             requested_max_bytes=requested_max_bytes,
@@ -149,13 +150,17 @@ class ShapingDecision:
             progress_exemption=exempt,
             trimmed_records=trimmed_records,
             trimmed_bytes=trimmed_bytes,
-            trimmed_by_limit=_by_limit(with_data) if trimmed else (),
+            trimmed_by_limit=by_limit,
         )
 
 
-def _by_limit(outcomes: list[PartitionOutcome]) -> tuple[tuple[str, int, int], ...]:
+def _by_limit_in_ranges(
+    outcomes: list[PartitionOutcome], every: int
+) -> Generator[None, None, tuple[tuple[str, int, int], ...]]:
     totals: dict[str, list[int]] = {}
-    for o in outcomes:
+    for walked, o in enumerate(outcomes, 1):
+        if every and walked % every == 0:
+            yield
         if not o.remainder.headers:
             continue
         for name in o.limited_by:

@@ -25,8 +25,10 @@ the least recently seen beyond that.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import Generic, TypeVar
+
+from ..protocol.codec import drain
 
 K = TypeVar("K")
 
@@ -113,14 +115,29 @@ class ServeRotation(Generic[K]):
         Returns, for each served partition, the consecutive responses it had
         waited with data before this one (0: it was not starved).
         """
+        return drain(self.observe_in_ranges(keys_with_data, served, 0))
+
+    def observe_in_ranges(
+        self, keys_with_data: Iterable[K], served: Iterable[K], every: int
+    ) -> Generator[None, None, dict[K, int]]:
+        """``observe``, yielding after every *every* partitions (0: never) of its walks.
+        The round is counted at once; only its own connection's fetch observes this
+        rotation, so nothing reads it half-updated."""
         self._round += 1
         served_set = set(served)
         waited: dict[K, int] = {}
+        walked = 0
         for key in served_set:
+            walked += 1
+            if every and walked % every == 0:
+                yield
             self._last_served[key] = self._round
             self._last_served.move_to_end(key)
             waited[key] = self._starved.pop(key, 0)
         for key in keys_with_data:
+            walked += 1
+            if every and walked % every == 0:
+                yield
             if key in served_set:
                 continue
             if key not in self._last_served:

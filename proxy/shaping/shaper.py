@@ -66,7 +66,14 @@ from .decision import ShapingDecision
 from .keys import PartitionKey, topic_key
 from .limits import Limits, ResponseLimits, clamp_request_in_ranges, response_limits_in_ranges
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
-from .trim import PartitionOutcome, Prefix, Run, TrimResult, allocate, trim_response_in_ranges
+from .trim import (
+    PartitionOutcome,
+    Prefix,
+    Run,
+    TrimResult,
+    allocate_in_ranges,
+    trim_response_in_ranges,
+)
 
 RESPONSE_LIMITS = frozenset({"response_bytes", "response_records"})
 """Limits of a whole response (``allocate``'s names): held data that reaches one fills it."""
@@ -241,7 +248,7 @@ class FetchShaper:
         upstream = yield from clamp_request_in_ranges(
             request, limits, every, max_bytes_cap=max_bytes_cap
         )
-        full = _partitions_full(prefixes, rlimits)
+        full = yield from _partitions_full_in_ranges(prefixes, rlimits, every)
         if upstream_offsets:
             upstream = yield from _with_offsets_in_ranges(
                 upstream, upstream_offsets, upstream_epochs, full, every
@@ -316,7 +323,9 @@ class FetchShaper:
         bound = max(1, len(prepared.client_offsets) // 2)
         if any(n >= bound and k not in prefixes for k, n in self.waiting.items()):
             return None
-        plan = allocate(runs, self.serve_rotation.order(list(runs)), prepared.response_limits)
+        plan = yield from allocate_in_ranges(
+            runs, self.serve_rotation.order(list(runs)), prepared.response_limits, every
+        )
         # A batch kept back by the response's limits alone: nothing more fits.  (One
         # kept back by its partition's limits too says nothing of other partitions.)
         filled = any(held and held <= RESPONSE_LIMITS for _, _, held in plan.values())
@@ -469,7 +478,7 @@ class FetchShaper:
                 kept.append((key, outcome))
             delivered += outcome.delivered_bytes
             whole += outcome.upstream_bytes - outcome.dropped_partial_bytes
-        waited = self.serve_rotation.observe(list(result.serve_order), served)
+        waited = yield from self.serve_rotation.observe_in_ranges(result.serve_order, served, every)
         self.upstream_rotation.observe(served)
         buffered = 0
         for walked, (key, outcome) in enumerate(kept, 1):
@@ -596,13 +605,16 @@ def _withhold(response: Any, keys: set[PartitionKey]) -> Any:
     return dataclasses.replace(response, responses=tuple(topics))
 
 
-def _partitions_full(
-    prefixes: Mapping[PartitionKey, Prefix], limits: ResponseLimits
-) -> frozenset[PartitionKey]:
+def _partitions_full_in_ranges(
+    prefixes: Mapping[PartitionKey, Prefix], limits: ResponseLimits, every: int
+) -> Generator[None, None, frozenset[PartitionKey]]:
     """Partitions whose held batches already reach their partition limit (bytes or
-    records): the next response cannot take more of them, so upstream is not asked."""
+    records): the next response cannot take more of them, so upstream is not asked.
+    Yields after every *every* partitions (0: never)."""
     full = []
-    for key, prefix in prefixes.items():
+    for walked, (key, prefix) in enumerate(prefixes.items(), 1):
+        if every and walked % every == 0:
+            yield
         cap = limits.bytes_for(key)
         records = limits.partition_records
         run = prefix.run

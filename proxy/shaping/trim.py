@@ -299,11 +299,24 @@ def allocate(
 
     Returns key -> (batch count, exempt, limits that held batches back).
     """
+    return drain(allocate_in_ranges(runs, order, limits, 0))
+
+
+def allocate_in_ranges(
+    runs: Mapping[PartitionKey, Run],
+    order: Sequence[PartitionKey],
+    limits: ResponseLimits,
+    every: int,
+) -> Generator[None, None, dict[PartitionKey, tuple[int, bool, frozenset[str]]]]:
+    """``allocate``, yielding after every *every* partitions (0: never); it reads only
+    its arguments."""
     remaining_bytes = _fmin(limits.response_bytes)
     remaining_records = _fmin(limits.response_records)
     first = True
     out: dict[PartitionKey, tuple[int, bool, frozenset[str]]] = {}
-    for key in order:
+    for walked, key in enumerate(order, 1):
+        if every and walked % every == 0:
+            yield
         run = runs[key]
         part_bytes = _fmin(limits.bytes_for(key))
         part_records = _fmin(limits.partition_records)
@@ -425,7 +438,7 @@ def trim_response_in_ranges(
     serve = list(order(with_data)) if order is not None else with_data
     if len(serve) != len(with_data) or set(serve) != set(with_data):
         raise ValueError("serve order must be a permutation of the partitions with data")
-    plan = allocate(runs, serve, limits)
+    plan = yield from allocate_in_ranges(runs, serve, limits, every)
 
     outcomes: dict[PartitionKey, PartitionOutcome] = {}
     marks: dict[PartitionKey, tuple[int, int, int]] = {}
