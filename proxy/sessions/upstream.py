@@ -607,16 +607,15 @@ def _client_topic(cp: _ClientPartition) -> str | uuid.UUID | None:
     return cp.topic_id if cp.topic_name is None else cp.topic_name
 
 
-def _dedupe(partitions: list[_ClientPartition]) -> list[_ClientPartition]:
-    """One entry per (topic, partition), at its first position (a broker keys fetch data by it)."""
+def _dedupe(partitions: list[_ClientPartition]) -> Iterator[_ClientPartition]:
+    """One entry per (topic, partition), at its first position (a broker keys fetch data by
+    it), as the caller walks them (so a walk in ranges dedupes in ranges too)."""
     seen: set[tuple[str | uuid.UUID | None, int]] = set()
-    out = []
     for cp in partitions:
         ident = (_client_topic(cp), cp.partition)
         if ident not in seen:
             seen.add(ident)
-            out.append(cp)
-    return out
+            yield cp
 
 
 def consumer_fetch(
