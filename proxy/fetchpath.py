@@ -92,8 +92,8 @@ memory-budget grant's size) is read or updated at one point, before
 the first range or after the last.  A connection closed between slices drops
 the rest (``close``).  A small fetch takes no extra turn.  Still uncut, and
 growing with the partitions (``bench/fetch_stall.py``, 20,000 partitions, an
-idle core): the upstream session's grouping of the request and of the client's
-response, the serve and upstream rotations' observe of the partitions with data; the cycle
+idle core): the upstream session's grouping of the request; the upstream rotation's
+order and observe (a sort of a full fetch's partitions, 10-30 ms at 20,000); the cycle
 collector's full collections run on a timer only (``server.cli``); the typed fetch model of issue 17 shrinks every stage.
 kio's Fetch schemas (every version) are imported when the ``FetchPath`` is made, at
 start (``messages.load_fetch_schemas``: about 0.3 s of CPU, 1.6 MiB), not on the loop
