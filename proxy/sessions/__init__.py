@@ -7,5 +7,8 @@ client gets out).  Upstream, the proxy as a session client toward its broker:
 ``upstream_session`` (the session) and ``upstream`` (full fetches served
 through it, complete full responses synthesised).  Both halves speak KIP-227's
 vocabulary from ``kip227`` (session ids, epochs and their rules, the Fetch
-versions, the replica id).  ``proxy.fetchpath`` calls them in order.
+versions, the replica id) and build the client's Fetch and its answer with
+``client_fetch`` (the consumer's request, topic grouping, ``ClientReply``,
+``TranslationError``); neither half imports the other.  ``proxy.fetchpath``
+calls them in order.
 """

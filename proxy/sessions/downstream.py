@@ -63,6 +63,7 @@ from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
+from .client_fetch import ClientReply, TranslationError, consumer_fetch, group_runs
 from .downstream_cache import (
     FetchContext,
     FetchSession,
@@ -85,7 +86,6 @@ from .kip227 import (
     replica_id,
 )
 from .topic_ids import TopicIdMap
-from .upstream import ClientReply, TranslationError, consumer_fetch, group_runs
 
 DEFAULT_MAX_SESSION_PARTITIONS = 10_000
 """Partitions one client session may hold (setting ``max_fetch_session_partitions``)."""

@@ -64,6 +64,7 @@ from ..protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from ..protocol.messages import convert, field_names, make, request_module, response_module
+from .client_fetch import ClientReply, TranslationError, consumer_fetch, group_runs
 from .kip227 import (
     FIRST_TOPIC_ID_VERSION,
     LAST_TOPIC_NAME_VERSION,
@@ -114,13 +115,6 @@ class UpstreamFetch:
     """Topic names whose ids are unknown; the relay should learn them from Metadata."""
 
 
-@dataclass(frozen=True, slots=True)
-class ClientReply:
-    """Answer the client with ``response`` (a kio FetchResponse at the client's version)."""
-
-    response: Any
-
-
 @dataclass(slots=True)
 class _ClientPartition:
     topic_name: str | None
@@ -157,10 +151,6 @@ class TranslatorStats:
     invalid_responses: int = 0
     """Upstream responses that broke the session rules."""
     last_problem: str | None = None
-
-
-class TranslationError(Exception):
-    """The caller used the translator out of order, or gave it a fetch it cannot serve."""
 
 
 class FetchTranslator:
@@ -616,49 +606,6 @@ def _dedupe(partitions: list[_ClientPartition]) -> Iterator[_ClientPartition]:
         if ident not in seen:
             seen.add(ident)
             yield cp
-
-
-def consumer_fetch(
-    mod: ModuleType,
-    client: Any,
-    *,
-    session_id: int,
-    session_epoch: int,
-    topics: Any,
-    forgotten: Any,
-) -> Any:
-    """A consumer's FetchRequest of module *mod* with *client*'s request-wide settings
-    (wait, sizes, isolation, rack, cluster; Kafka's defaults where its version has none)
-    and the given session and partitions."""
-    return make(
-        mod.FetchRequest,
-        replica_id=-1,
-        max_wait=client.max_wait,
-        min_bytes=client.min_bytes,
-        max_bytes=getattr(client, "max_bytes", 2**31 - 1),
-        isolation_level=getattr(client, "isolation_level", 0),
-        session_id=session_id,
-        session_epoch=session_epoch,
-        topics=topics,
-        forgotten_topics_data=forgotten,
-        rack_id=getattr(client, "rack_id", ""),
-        cluster_id=getattr(client, "cluster_id", None),
-    )
-
-
-def group_runs(items: Any, key: Any) -> Iterator[tuple[Any, list[Any]]]:
-    """Consecutive runs of *items* with equal ``key(item)`` (how a broker groups topics)."""
-    run: list[Any] = []
-    current: Any = None
-    for item in items:
-        k = key(item)
-        if run and k != current:
-            yield current, run
-            run = []
-        current = k
-        run.append(item)
-    if run:
-        yield current, run
 
 
 def _topic_response(mod: ModuleType, ref: Any, partitions: list[Any]) -> Any:

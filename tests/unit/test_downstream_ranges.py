@@ -20,10 +20,10 @@ from support.fetch_messages import counted, fetch_request, fetch_response, parti
 
 from proxy.protocol import codec
 from proxy.protocol.messages import make, request_module, response_module
+from proxy.sessions.client_fetch import ClientReply
 from proxy.sessions.downstream import DownstreamFetch, DownstreamSessions
 from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.topic_ids import TopicIdMap
-from proxy.sessions.upstream import ClientReply
 
 EVERY = 7
 

@@ -22,11 +22,12 @@ from kio.schema.errors import ErrorCode
 from proxy.protocol.codec import request_schema, response_schema
 from proxy.protocol.messages import make
 from proxy.sessions import downstream
+from proxy.sessions.client_fetch import ClientReply
 from proxy.sessions.downstream import DownstreamFetch, DownstreamSessions
 from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
-from proxy.sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch
+from proxy.sessions.upstream import FetchTranslator, UpstreamFetch
 from proxy.sessions.upstream_session import PartitionKey
 from proxy.shaping.limits import Limits, ResponseLimits
 from proxy.shaping.shaper import FetchShaper

@@ -17,12 +17,11 @@ from support.session_broker_model import ModelBroker
 
 from proxy.protocol.codec import request_schema
 from proxy.protocol.messages import make
+from proxy.sessions.client_fetch import ClientReply, TranslationError
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
 from proxy.sessions.upstream import (
-    ClientReply,
     FetchTranslator,
-    TranslationError,
     UpstreamFetch,
     is_sessionless_consumer_fetch,
 )

@@ -17,7 +17,8 @@ from support.dev_upstream import PARTITIONS, Upstream, client_fetch
 
 from proxy.protocol import records
 from proxy.protocol.codec import encode_request, encode_response
-from proxy.sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch
+from proxy.sessions.client_fetch import ClientReply
+from proxy.sessions.upstream import FetchTranslator, UpstreamFetch
 
 
 def serve(tr: FetchTranslator, up: Upstream, request: Any) -> tuple[Any, list[Any]]:

@@ -25,9 +25,10 @@ from devbroker.fetch import NodeFetcher
 from proxy.protocol import records
 from proxy.protocol.codec import request_schema
 from proxy.protocol.messages import make
+from proxy.sessions.client_fetch import ClientReply
 from proxy.sessions.downstream import DownstreamSessions
 from proxy.sessions.downstream_cache import FetchSessionCache
-from proxy.sessions.upstream import ClientReply, FetchTranslator, UpstreamFetch
+from proxy.sessions.upstream import FetchTranslator, UpstreamFetch
 from proxy.sessions.upstream_session import (
     FetchParams,
     FetchSessionClient,

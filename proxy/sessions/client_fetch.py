@@ -1,0 +1,73 @@
+"""The client's Fetch and the answer built for it, shared by both halves of ``sessions``.
+
+Downstream (:mod:`proxy.sessions.downstream`, the proxy as the broker toward its
+clients) and upstream (:mod:`proxy.sessions.upstream`, full fetches served through
+the proxy's session with its broker) both build a consumer's FetchRequest carrying
+the client's request-wide settings (:func:`consumer_fetch`), group partitions into
+topic entries the way a broker does (:func:`group_runs`), answer the client with a
+:class:`ClientReply`, and refuse a fetch they cannot serve with
+:class:`TranslationError`.  They live here so that neither half imports the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..protocol.messages import make
+
+
+@dataclass(frozen=True, slots=True)
+class ClientReply:
+    """Answer the client with ``response`` (a kio FetchResponse at the client's version)."""
+
+    response: Any
+
+
+class TranslationError(Exception):
+    """A half of ``sessions`` was used out of order, or given a fetch it cannot serve."""
+
+
+def consumer_fetch(
+    mod: ModuleType,
+    client: Any,
+    *,
+    session_id: int,
+    session_epoch: int,
+    topics: Any,
+    forgotten: Any,
+) -> Any:
+    """A consumer's FetchRequest of module *mod* with *client*'s request-wide settings
+    (wait, sizes, isolation, rack, cluster; Kafka's defaults where its version has none)
+    and the given session and partitions."""
+    return make(
+        mod.FetchRequest,
+        replica_id=-1,
+        max_wait=client.max_wait,
+        min_bytes=client.min_bytes,
+        max_bytes=getattr(client, "max_bytes", 2**31 - 1),
+        isolation_level=getattr(client, "isolation_level", 0),
+        session_id=session_id,
+        session_epoch=session_epoch,
+        topics=topics,
+        forgotten_topics_data=forgotten,
+        rack_id=getattr(client, "rack_id", ""),
+        cluster_id=getattr(client, "cluster_id", None),
+    )
+
+
+def group_runs(items: Any, key: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """Consecutive runs of *items* with equal ``key(item)`` (how a broker groups topics)."""
+    run: list[Any] = []
+    current: Any = None
+    for item in items:
+        k = key(item)
+        if run and k != current:
+            yield current, run
+            run = []
+        current = k
+        run.append(item)
+    if run:
+        yield current, run
