@@ -15,13 +15,14 @@ The endpoint is off by default (it reveals topic names and client ids); the
 proxy passes ``Proxy.debug_sessions`` as ``ObserveApp(debug_sessions=...)`` when
 the config's ``debug_sessions`` is true.
 
-How the proxy finds sessions: :func:`upstream_session` asks each live
-connection's fetch handler (a handler may expose ``upstream_session``, None
-before its first fetch; the session handlers keep it at
-``server.translator.session``), and :func:`session_cache` finds the downstream
-``FetchSessionCache`` it serves clients' sessions from (``session_cache`` or
-``sessions``).  :class:`SessionGauges` sets the fetch-session gauges from the
-same state when Prometheus scrapes (``Proxy.metrics_refreshers``).
+How the proxy finds sessions: each live connection's fetch handler that holds
+sessions is a :class:`SessionHolder` (``proxy.fetchpath.FetchPathHandler``, checked
+by mypy below): its ``upstream_session`` (None before its first fetch) and its
+``session_cache``, the downstream ``FetchSessionCache`` it serves clients'
+sessions from.  Any other handler (the pass-through relay's) holds none:
+:func:`upstream_session` and :func:`session_cache` give None for it.
+:class:`SessionGauges` sets the fetch-session gauges from the same state when
+Prometheus scrapes (``Proxy.metrics_refreshers``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..sessions.resets import Side
 from .metrics import Metrics
@@ -54,6 +55,62 @@ class SessionView(Protocol):
     def session_partitions(self) -> Sequence[Any]: ...
 
 
+class SessionCacheView(Protocol):
+    """What a downstream session cache exposes (``proxy.sessions.downstream_cache.FetchSessionCache``)."""
+
+    @property
+    def num_sessions(self) -> int: ...
+    @property
+    def num_partitions(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+
+
+class DownstreamSessionView(Protocol):
+    """One session a client holds with the proxy (``downstream_cache.FetchSession``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def privileged(self) -> bool: ...
+
+
+class DownstreamSessionsView(Protocol):
+    """A downstream session cache, listed (``FetchSessionCache.sessions``)."""
+
+    def sessions(self) -> Iterable[DownstreamSessionView]: ...
+
+
+@runtime_checkable
+class SessionHolder(Protocol):
+    """A connection's fetch handler that holds fetch sessions (``FetchPathHandler``)."""
+
+    @property
+    def upstream_session(self) -> SessionView | None:
+        """The KIP-227 session the connection holds upstream (None before its first fetch)."""
+        ...
+
+    @property
+    def session_cache(self) -> SessionCacheView | None:
+        """The downstream session cache the connection serves clients' sessions from."""
+        ...
+
+
+if TYPE_CHECKING:
+    from ..fetchpath import FetchPathHandler
+    from ..sessions.downstream_cache import FetchSessionCache
+
+    def _fetch_path_handlers_hold_sessions(handler: FetchPathHandler) -> SessionHolder:
+        return handler  # mypy: FetchPathHandler is a SessionHolder
+
+    def _caches_are_listed(cache: FetchSessionCache) -> DownstreamSessionsView:
+        return cache
+
+
 @dataclass(frozen=True, slots=True)
 class SessionEntry:
     connection: str
@@ -70,7 +127,7 @@ def sessions_snapshot(
     limit: int = DEFAULT_LIMIT,
     with_partitions: bool = False,
     partition_limit: int = DEFAULT_PARTITION_LIMIT,
-    downstream: Iterable[Any] | None = None,
+    downstream: Iterable[DownstreamSessionsView] | None = None,
 ) -> dict[str, Any]:
     """Upstream sessions from ``entries``; ``downstream``: the client-side session caches."""
     rows = []
@@ -101,7 +158,9 @@ def sessions_snapshot(
     return snapshot
 
 
-def downstream_snapshot(caches: Iterable[Any], *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
+def downstream_snapshot(
+    caches: Iterable[DownstreamSessionsView], *, limit: int = DEFAULT_LIMIT
+) -> dict[str, Any]:
     """The sessions in downstream caches (``FetchSessionCache``: ``sessions()`` with id,
     epoch, size, privileged), most partitions first, at most ``limit``."""
     rows = [
@@ -125,37 +184,12 @@ def downstream_snapshot(caches: Iterable[Any], *, limit: int = DEFAULT_LIMIT) ->
 
 def upstream_session(handler: object) -> SessionView | None:
     """The upstream fetch session a connection's fetch handler holds (None: none yet)."""
-    session = getattr(handler, "upstream_session", None)
-    if session is None:
-        translator = getattr(getattr(handler, "server", None), "translator", None)
-        session = getattr(translator, "session", None)
-    if session is None or not all(
-        hasattr(session, name) for name in ("next_metadata", "session_partitions")
-    ):
-        return None
-    return session  # type: ignore[no-any-return]
-
-
-class SessionCacheView(Protocol):
-    """What a downstream session cache exposes (``proxy.sessions.downstream_cache.FetchSessionCache``)."""
-
-    @property
-    def num_sessions(self) -> int: ...
-    @property
-    def num_partitions(self) -> int: ...
-    @property
-    def evictions(self) -> int: ...
+    return handler.upstream_session if isinstance(handler, SessionHolder) else None
 
 
 def session_cache(handler: object) -> SessionCacheView | None:
     """The downstream session cache a fetch handler serves clients' sessions from, if any."""
-    for name in ("session_cache", "sessions"):
-        cache = getattr(handler, name, None)
-        if cache is not None and all(
-            hasattr(cache, a) for a in ("num_sessions", "num_partitions", "evictions")
-        ):
-            return cache  # type: ignore[no-any-return]
-    return None
+    return handler.session_cache if isinstance(handler, SessionHolder) else None
 
 
 class SessionGauges:
@@ -171,11 +205,13 @@ class SessionGauges:
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self._evictions_seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._evictions_seen: weakref.WeakKeyDictionary[SessionCacheView, int] = (
+            weakref.WeakKeyDictionary()
+        )
 
-    def refresh(self, handlers: Iterable[object], caches: Iterable[object] = ()) -> None:
+    def refresh(self, handlers: Iterable[object], caches: Iterable[SessionCacheView] = ()) -> None:
         active = partitions = 0
-        found: dict[int, Any] = {id(cache): cache for cache in caches}
+        found: dict[int, SessionCacheView] = {id(cache): cache for cache in caches}
         for handler in handlers:
             session = upstream_session(handler)
             if session is not None and session.next_metadata.session_id != 0:

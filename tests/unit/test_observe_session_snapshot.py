@@ -78,27 +78,16 @@ class FakeCache:
 
 
 @dataclass
-class FakeTranslator:
-    session: FakeSession
-
-
-@dataclass
-class FakeServer:
-    translator: FakeTranslator
-
-
-@dataclass
 class FakeHandler:
-    """Shaped like the session handlers: ``server.translator.session`` and ``sessions``."""
+    """Shaped like the fetch path's handlers (a ``SessionHolder``)."""
 
-    server: FakeServer | None
-    sessions: FakeCache
+    upstream_session: FakeSession | None
+    session_cache: FakeCache
 
 
 def handler(session_id: int, partitions: int, cache: FakeCache) -> FakeHandler:
     keys = tuple(PartitionKey("t", p) for p in range(partitions))
-    session = FakeSession(SessionMetadata(session_id, 1), keys)
-    return FakeHandler(FakeServer(FakeTranslator(session)), cache)
+    return FakeHandler(FakeSession(SessionMetadata(session_id, 1), keys), cache)
 
 
 def test_session_gauges_read_live_handlers_at_scrape_time() -> None:
@@ -164,3 +153,18 @@ def test_snapshot_lists_downstream_sessions_bounded() -> None:
     ]
     assert len(down["sessions"]) == 3
     assert "downstream" not in sessions_snapshot([])
+
+
+def test_the_fetch_paths_handlers_hold_sessions_and_the_pass_through_none() -> None:
+    from proxy.fetchpath import FetchPath, FetchPathConfig
+    from proxy.observe.session_snapshot import SessionHolder, session_cache, upstream_session
+    from proxy.relay.relay import PassThroughFetch
+
+    path = FetchPath(FetchPathConfig())
+    h = path.handler(1)
+    assert isinstance(h, SessionHolder)
+    assert upstream_session(h) is None  # no fetch yet
+    assert session_cache(h) is path.sessions_for(1)
+    relay = PassThroughFetch()
+    assert not isinstance(relay, SessionHolder)
+    assert upstream_session(relay) is None and session_cache(relay) is None
