@@ -71,7 +71,7 @@ class FetchWaitAdapter:
         return self._pending.complete()
 
     def poll_in_ranges(self, now: float, every: int) -> Ranges[bool]:
-        """``poll``, yielding after every *every* partitions (see ``fetch.Ranges``)."""
+        """``poll``, yielding after every *every* partitions (``downstream_cache.Ranges``)."""
         ready = yield from self._pending.poll_in_ranges(every)
         return bool(ready) or now >= self._deadline
 
