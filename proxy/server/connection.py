@@ -96,7 +96,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import structlog
 import trio
@@ -130,6 +130,16 @@ UPSTREAM_CLOSE_FLUSH_SECONDS = 5.0
 """When the broker closes, how long the responses it sent before may take to reach the client."""
 
 log = structlog.get_logger("proxy.server")
+
+
+@runtime_checkable
+class ImmediateWrites(Protocol):
+    """A client stream that wraps another (``proxy.server.proxy.DrainableStream``) and says
+    whether a response may be written to its socket at once, outside the writer task."""
+
+    def immediate_sender(self) -> Callable[[Buffer], int] | None:
+        """The socket's ``send_now``, or None: every write goes through the writer task."""
+        ...
 
 
 class FetchEdge(Protocol):
@@ -606,10 +616,9 @@ class Connection:
         client = self.client
         if isinstance(client, LeanSocketStream):
             return client.send_now
-        if getattr(client, "draining", False):
-            return None
-        inner = getattr(client, "stream", None)  # the DrainableStream's own stream
-        return inner.send_now if isinstance(inner, LeanSocketStream) else None
+        if isinstance(client, ImmediateWrites):
+            return client.immediate_sender()
+        return None
 
     async def _writer_loop(self) -> None:
         """Write the queued responses in order; each buffer is let go once written.

@@ -37,7 +37,7 @@ from ..fetchpath import FetchPath, FetchPathHandler
 from ..protocol import codec
 from ..protocol.apis import API_VERSIONS, METADATA
 from ..protocol.errors import ProtocolError
-from ..protocol.framing import FrameDecoder, encode_frame
+from ..protocol.framing import Buffer, FrameDecoder, encode_frame
 from ..protocol.messages import make, request_module
 from ..relay import rewrite
 from ..relay.addresses import AddressBook
@@ -49,7 +49,7 @@ from ..sessions.downstream import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
 from .replicas import ReplicaLinks
 from .silent import SilentSockets
-from .sockets import lean
+from .sockets import LeanSocketStream, lean
 from .upstream import LazyUpstream, client_ssl_context, open_upstream, server_ssl_context
 
 log = structlog.get_logger("proxy.server")
@@ -1004,6 +1004,13 @@ class DrainableStream(trio.abc.Stream):
         self._parked = False
         self._reading: trio.CancelScope | None = None
         self._changed = trio.Event()
+
+    def immediate_sender(self) -> Callable[[Buffer], int] | None:
+        """The plain TCP socket's ``send_now`` (``connection.ImmediateWrites``); None while
+        draining, when ``serve()`` must see every write, or for a TLS stream."""
+        if self.draining or not isinstance(self.stream, LeanSocketStream):
+            return None
+        return self.stream.send_now
 
     def drain(self) -> None:
         self.draining = True
