@@ -143,8 +143,9 @@ def own_api_versions_frame(correlation_id: int) -> bytes:
     """An ApiVersions v99: above every version the proxy knows, so it answers it alone, as
     Kafka's broker does (a v0 UNSUPPORTED_VERSION with its range; the client then asks
     again lower), without the upstream broker.  Its round trip is the proxy's own: a
-    relayed ApiVersions also waits for the broker, and the dev cluster, one Python process
-    serving the attack's own large fetches and sessions too, stalls for seconds."""
+    relayed ApiVersions also waits for the broker, which serves the attack's own large
+    fetches and sessions too (the dev cluster stalled for seconds under them before
+    b0dee7d sliced its work)."""
     client = b"own-prober"
     header = struct.pack(">hhih", 18, OWN_PROBE_VERSION, correlation_id, len(client)) + client
     return _frame(header + b"\x00" + b"\x00\x00\x00")
