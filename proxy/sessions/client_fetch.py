@@ -11,7 +11,7 @@ topic entries the way a broker does (:func:`group_runs`), answer the client with
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -71,3 +71,28 @@ def group_runs(items: Any, key: Any) -> Iterator[tuple[Any, list[Any]]]:
         run.append(item)
     if run:
         yield current, run
+
+
+def topic_entries_in_ranges(
+    mod: Any, answered: Iterable[tuple[Any, Any]], topics: list[Any], every: int = 0
+) -> Iterator[None]:
+    """The response's topic entries, one per run of a topic as a broker groups them
+    (:func:`group_runs`), appended to *topics* from ``(topic ref, partition data)`` pairs
+    in the answer's order; yields every *every* pairs (0: never)."""
+    run: list[Any] = []
+    current: Any = None
+    for i, (ref, pd) in enumerate(answered, 1):
+        if every and i % every == 0:
+            yield
+        if run and ref != current:
+            topics.append(topic_response(mod, current, run))
+            run = []
+        current = ref
+        run.append(pd)
+    if run:
+        topics.append(topic_response(mod, current, run))
+
+
+def topic_response(mod: Any, ref: Any, partitions: list[Any]) -> Any:
+    """A ``FetchableTopicResponse`` of *ref* (a name, or a topic id from v13 on)."""
+    return make(mod.FetchableTopicResponse, topic=ref, topic_id=ref, partitions=tuple(partitions))

@@ -63,7 +63,13 @@ from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
-from .client_fetch import ClientReply, TranslationError, consumer_fetch, group_runs
+from .client_fetch import (
+    ClientReply,
+    TranslationError,
+    consumer_fetch,
+    group_runs,
+    topic_entries_in_ranges,
+)
 from .downstream_cache import (
     FetchContext,
     FetchSession,
@@ -513,20 +519,10 @@ def _response(
 ) -> Ranges[Any]:
     mod = response_module(FETCH, version)
     on_ids = version >= FIRST_TOPIC_ID_VERSION
-    topics = []
-    run: list[Any] = []
-    current: Any = None
-    for i, (tp, pd) in enumerate(result.partitions, 1):
-        if every and i % every == 0:
-            yield
-        ref = _ref(tp, on_ids)
-        if run and ref != current:  # one entry per run of a topic, as a broker groups them
-            topics.append(_topic_response(mod, current, run))
-            run = []
-        current = ref
-        run.append(pd)
-    if run:
-        topics.append(_topic_response(mod, current, run))
+    topics: list[Any] = []
+    # one entry per run of a topic, as a broker groups them
+    pairs = ((_ref(tp, on_ids), pd) for tp, pd in result.partitions)
+    yield from topic_entries_in_ranges(mod, pairs, topics, every)
     return make(
         mod.FetchResponse,
         throttle_time=full.throttle_time if full is not None else timedelta(0),
@@ -535,7 +531,3 @@ def _response(
         responses=tuple(topics),
         node_endpoints=getattr(full, "node_endpoints", ()) if full is not None else (),
     )
-
-
-def _topic_response(mod: Any, ref: str | uuid.UUID | None, partitions: list[Any]) -> Any:
-    return make(mod.FetchableTopicResponse, topic=ref, topic_id=ref, partitions=tuple(partitions))

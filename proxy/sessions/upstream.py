@@ -64,7 +64,13 @@ from ..protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from ..protocol.messages import convert, field_names, make, request_module, response_module
-from .client_fetch import ClientReply, TranslationError, consumer_fetch, group_runs
+from .client_fetch import (
+    ClientReply,
+    TranslationError,
+    consumer_fetch,
+    group_runs,
+    topic_entries_in_ranges,
+)
 from .kip227 import (
     FIRST_TOPIC_ID_VERSION,
     LAST_TOPIC_NAME_VERSION,
@@ -518,19 +524,8 @@ class FetchTranslator:
             else:
                 answered.append((_client_topic(cp), pd))
         answered += refused
-        topics = []
-        run: list[Any] = []
-        current: Any = None
-        for i, (ref, pd) in enumerate(answered, 1):  # group_runs, in ranges
-            if every and i % every == 0:
-                yield
-            if run and ref != current:
-                topics.append(_topic_response(mod, current, run))
-                run = []
-            current = ref
-            run.append(pd)
-        if run:
-            topics.append(_topic_response(mod, current, run))
+        topics: list[Any] = []
+        yield from topic_entries_in_ranges(mod, answered, topics, every)
         endpoints = ()
         if hasattr(mod, "NodeEndpoint"):
             endpoints = tuple(
@@ -606,10 +601,6 @@ def _dedupe(partitions: list[_ClientPartition]) -> Iterator[_ClientPartition]:
         if ident not in seen:
             seen.add(ident)
             yield cp
-
-
-def _topic_response(mod: ModuleType, ref: Any, partitions: list[Any]) -> Any:
-    return make(mod.FetchableTopicResponse, topic=ref, topic_id=ref, partitions=tuple(partitions))
 
 
 def _unknown_topic(cp: _ClientPartition) -> int:
