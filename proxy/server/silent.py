@@ -50,6 +50,7 @@ others wait behind (70-80 µs of CPU each when the peer closed, a few hundred wh
 close writes a log line: an expired deadline)."""
 
 _EPOLL = getattr(select, "epoll", None)
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _WATCHED = (
     getattr(select, "EPOLLIN", 1)
     | getattr(select, "EPOLLRDHUP", 0)
@@ -185,20 +186,26 @@ class SilentSockets(Generic[T]):
         return done >= self.per_turn
 
     def _first_byte(self, sock: socket.socket, item: T) -> None:
-        try:
-            data = sock.recv(1, socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0))
-        except BlockingIOError:  # woken without data: watch again
+        if not self._peeked(sock, item):  # woken without data: watch again
             self._items[sock.fileno()] = (sock, item)
             if self._epoll is not None:
                 self._epoll.register(sock.fileno(), _WATCHED)
-            return
+
+    def _peeked(self, sock: socket.socket, item: T) -> bool:
+        """Calls back on what a peek at the first byte finds (data, the peer's close or a
+        reset) and says so; False: nothing there yet (the caller watches it again)."""
+        try:
+            data = sock.recv(1, socket.MSG_PEEK | _DONTWAIT)
+        except BlockingIOError:
+            return False
         except OSError as exc:
             self.on_end(item, sock, exc)
-            return
+            return True
         if data:
             self.on_data(item, sock)
         else:
             self.on_end(item, sock, None)
+        return True
 
     async def _watch_one(
         self, fd: int, sock: socket.socket, item: T, scope: trio.CancelScope
@@ -212,20 +219,10 @@ class SilentSockets(Generic[T]):
                 if self._items.pop(fd, None) is None:
                     return
                 del self._tasks[fd]
-                try:
-                    data = sock.recv(1, socket.MSG_PEEK)
-                except BlockingIOError:
-                    self._items[fd] = (sock, item)
-                    self._tasks[fd] = scope
-                    continue
-                except OSError as exc:
-                    self.on_end(item, sock, exc)
+                if self._peeked(sock, item):
                     return
-                if data:
-                    self.on_data(item, sock)
-                else:
-                    self.on_end(item, sock, None)
-                return
+                self._items[fd] = (sock, item)
+                self._tasks[fd] = scope
         if scope.cancelled_caught and self._items.get(fd, (None, None))[1] is item:
             del self._items[fd]
             del self._tasks[fd]
