@@ -44,7 +44,7 @@ from proxy.protocol import codec
 from proxy.protocol.messages import make, request_module
 from proxy.relay.relay import Relay
 from proxy.server.cli import only_young_collections
-from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.as_broker_cache import FetchSessionCache
 
 
 def _request(n: int) -> bytes:

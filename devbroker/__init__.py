@@ -10,7 +10,7 @@ orders:12`` (or ``python -m devbroker ...``; node i on port+i; the first stdout
 line is ``bootstrap=HOST:PORT``).
 
 A package of its own beside ``proxy``, which it builds on (``proxy.protocol``
-for framing and the codec, ``proxy.sessions.downstream_cache`` for the KIP-227 session
+for framing and the codec, ``proxy.sessions.as_broker_cache`` for the KIP-227 session
 cache); nothing in ``proxy`` imports it, and the sidecar image leaves it out.
 
 Modules, edge first:
@@ -30,7 +30,7 @@ Modules, edge first:
 - ``transactions``: the transaction coordinator (InitProducerId with a
   transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, markers);
 - ``fetch``: Fetch, with KIP-74 reads and KIP-227 sessions
-  (``proxy.sessions.downstream_cache``, in ``session_cache``: Kafka's eight cache shards);
+  (``proxy.sessions.as_broker_cache``, in ``session_cache``: Kafka's eight cache shards);
 - ``jvm_order``: the hash orders Kafka answers some multi-partition requests in;
 - ``state`` and ``log``: topics, partitions, leaders and raw-batch logs;
 - ``build``: version-independent construction of kio messages.

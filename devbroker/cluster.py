@@ -12,7 +12,7 @@ changed cluster state or their deadline passes.
 
 A Fetch is served in slices: decoded, begun, read, answered and encoded
 ``SLICE_PARTITIONS`` partitions at a time (the ``*_in_ranges`` walks of
-``node``, ``fetch``, ``proxy.sessions.downstream_cache`` and ``proxy.protocol.codec``),
+``node``, ``fetch``, ``proxy.sessions.as_broker_cache`` and ``proxy.protocol.codec``),
 with a checkpoint between two slices, so that one large Fetch (or many) does not
 keep the loop from the other connections; the slices of all requests run in the
 cluster's :class:`Lane`, one request at a time, the oldest first.  The answers
@@ -46,7 +46,7 @@ from proxy.protocol.framing import (
     encode_frame,
     frame_chunks,
 )
-from proxy.sessions.downstream_cache import Ranges
+from proxy.sessions.as_broker_cache import Ranges
 
 from .fetch import NodeFetcher
 from .membership import GroupCoordinator

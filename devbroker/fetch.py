@@ -9,7 +9,7 @@ Kafka's broker:
 - ``begin`` is ``KafkaApis.handleFetchRequest`` up to the read: the request's
   partitions are resolved (names for < v13, topic ids for v13+), the session
   context is made (``FetchManager.newContext``: session table, epoch checks,
-  session update, see :mod:`proxy.sessions.downstream_cache`, in the cache shard of
+  session update, see :mod:`proxy.sessions.as_broker_cache`, in the cache shard of
   :mod:`.session_cache`), and partitions that are
   unknown are set aside with UNKNOWN_TOPIC_ID / UNKNOWN_TOPIC_OR_PARTITION.
 - ``poll`` is ``ReplicaManager.fetchMessages`` (first call: read the logs and
@@ -83,7 +83,7 @@ from proxy.protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from proxy.protocol.messages import make, response_module
-from proxy.sessions.downstream_cache import (
+from proxy.sessions.as_broker_cache import (
     FetchContext,
     PartitionOutcome,
     PartitionRequest,

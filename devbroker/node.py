@@ -28,7 +28,7 @@ from proxy.protocol import codec
 from proxy.protocol.apis import API_VERSIONS, FETCH
 from proxy.protocol.codec import drain
 from proxy.protocol.errors import ProtocolError
-from proxy.sessions.downstream_cache import Ranges
+from proxy.sessions.as_broker_cache import Ranges
 
 from . import admin, produce
 from .membership import GroupCoordinator, GroupWait
@@ -71,7 +71,7 @@ class FetchWaitAdapter:
         return self._pending.complete()
 
     def poll_in_ranges(self, now: float, every: int) -> Ranges[bool]:
-        """``poll``, yielding after every *every* partitions (``downstream_cache.Ranges``)."""
+        """``poll``, yielding after every *every* partitions (``as_broker_cache.Ranges``)."""
         ready = yield from self._pending.poll_in_ranges(every)
         return bool(ready) or now >= self._deadline
 

@@ -12,7 +12,7 @@ an id that maps to no shard (below ``-(R-1)`` or at ``8 * R`` and above) makes
 ``FetchManager.newContext`` throw, and Kafka answers the whole fetch with
 UNKNOWN_SERVER_ERROR (:class:`SessionIdOutOfRange`).
 
-Each shard is a :class:`proxy.sessions.downstream_cache.FetchSessionCache` (the shard
+Each shard is a :class:`proxy.sessions.as_broker_cache.FetchSessionCache` (the shard
 logic itself); this module adds the routing.  Sans-I/O.
 """
 
@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from proxy.sessions.downstream_cache import (
+from proxy.sessions.as_broker_cache import (
     DEFAULT_EVICTION_MS,
     FINAL_EPOCH,
     INVALID_SESSION_ID,

@@ -183,19 +183,19 @@ from .protocol.messages import load_fetch_schemas
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, RackUsage, account
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
-from .sessions.client_fetch import ClientReply
-from .sessions.downstream import (
+from .sessions.as_broker import (
     DownstreamFetch,
     DownstreamSessions,
     FetchTooLarge,
     SessionPartitionBound,
 )
-from .sessions.downstream_cache import FetchSessionCache
+from .sessions.as_broker_cache import FetchSessionCache
+from .sessions.as_client import FetchTranslator, UpstreamFetch
+from .sessions.as_client_session import FetchSessionClient
+from .sessions.client_fetch import ClientReply
 from .sessions.kip227 import FIRST_TOPIC_ID_VERSION, replica_id
 from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
-from .sessions.upstream import FetchTranslator, UpstreamFetch
-from .sessions.upstream_session import FetchSessionClient
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision
 from .shaping.in_flight import PartitionsInFlight

@@ -1,7 +1,7 @@
 """The JSON behind ``/debug/sessions``: the proxy's fetch sessions, bounded.
 
 The relay keeps, per client connection, an upstream fetch-session client
-(``proxy.sessions.upstream_session.FetchSessionClient``).  :func:`sessions_snapshot` turns
+(``proxy.sessions.as_client_session.FetchSessionClient``).  :func:`sessions_snapshot` turns
 them into a JSON-ready dict: one entry per session with its connection, client
 id, broker node, session id, the epoch its next request will carry and its
 partition count (partition names only on request).  At most ``limit`` sessions
@@ -56,7 +56,7 @@ class SessionView(Protocol):
 
 
 class SessionCacheView(Protocol):
-    """What a downstream session cache exposes (``proxy.sessions.downstream_cache.FetchSessionCache``)."""
+    """What a downstream session cache exposes (``proxy.sessions.as_broker_cache.FetchSessionCache``)."""
 
     @property
     def num_sessions(self) -> int: ...
@@ -67,7 +67,7 @@ class SessionCacheView(Protocol):
 
 
 class DownstreamSessionView(Protocol):
-    """One session a client holds with the proxy (``downstream_cache.FetchSession``)."""
+    """One session a client holds with the proxy (``as_broker_cache.FetchSession``)."""
 
     @property
     def id(self) -> int: ...
@@ -102,7 +102,7 @@ class SessionHolder(Protocol):
 
 if TYPE_CHECKING:
     from ..fetchpath import FetchPathHandler
-    from ..sessions.downstream_cache import FetchSessionCache
+    from ..sessions.as_broker_cache import FetchSessionCache
 
     def _fetch_path_handlers_hold_sessions(handler: FetchPathHandler) -> SessionHolder:
         return handler  # mypy: FetchPathHandler is a SessionHolder

@@ -45,7 +45,7 @@ from ..relay.apiversions import kio_range
 from ..relay.connection_slots import ConnectionSlots
 from ..relay.relay import FetchHandler, FetchHandlerFactory, Relay
 from ..relay.request_memory import RequestMemory
-from ..sessions.downstream import limit_session_partitions
+from ..sessions.as_broker import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
 from .replicas import ReplicaLinks
 from .silent import SilentSockets

@@ -1,7 +1,7 @@
 """The client's Fetch and the answer built for it, shared by both halves of ``sessions``.
 
-Downstream (:mod:`proxy.sessions.downstream`, the proxy as the broker toward its
-clients) and upstream (:mod:`proxy.sessions.upstream`, full fetches served through
+Downstream (:mod:`proxy.sessions.as_broker`, the proxy as the broker toward its
+clients) and upstream (:mod:`proxy.sessions.as_client`, full fetches served through
 the proxy's session with its broker) both build a consumer's FetchRequest carrying
 the client's request-wide settings (:func:`consumer_fetch`), group partitions into
 topic entries the way a broker does (:func:`group_runs`), answer the client with a

@@ -1,8 +1,8 @@
 """KIP-227's vocabulary, which both halves of the sessions package speak.
 
-Downstream (``downstream_cache``, ``downstream``: the proxy as the broker toward its
-clients) and upstream (``upstream_session``, ``upstream``: the proxy as a session
-client toward its broker) read and write the same fields of a Fetch: its version, its
+``as_broker_cache`` and ``as_broker`` (the proxy as the broker toward its clients) and
+``as_client_session`` and ``as_client`` (the proxy as a session client toward its
+broker) read and write the same fields of a Fetch: its version, its
 session id and epoch, its replica id.  Their values and rules are here, once, as
 Kafka spells them (``FetchMetadata``: ``INVALID_SESSION_ID``, ``INITIAL_EPOCH``,
 ``FINAL_EPOCH``, ``nextEpoch``, ``isFull``).

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .upstream_session import PartitionKey
+from .as_client_session import PartitionKey
 
 
 @dataclass(frozen=True, slots=True)

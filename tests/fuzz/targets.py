@@ -43,7 +43,7 @@ from proxy.protocol.framing import FrameDecoder
 from proxy.relay import apiversions, rewrite
 from proxy.relay.addresses import AddressBook
 from proxy.relay.relay import Relay, _sasl_v0_mechanism, produce_acks
-from proxy.sessions import downstream_cache, upstream_session
+from proxy.sessions import as_broker_cache, as_client_session
 
 from . import corpus
 
@@ -381,13 +381,13 @@ def relay(data: bytes) -> None:
 
 _IDS = [uuid.UUID(int=i + 1) for i in range(3)]
 _UNIVERSE = [
-    downstream_cache.TopicIdPartition(topic_id, name, p)
+    as_broker_cache.TopicIdPartition(topic_id, name, p)
     for topic_id, name in ((None, "a"), (None, "b"), (_IDS[0], "a"), (_IDS[1], None))
     for p in range(3)
 ]
 
 
-def _tps(r: Reader, on_ids: bool) -> list[downstream_cache.TopicIdPartition]:
+def _tps(r: Reader, on_ids: bool) -> list[as_broker_cache.TopicIdPartition]:
     mask = r.u16()
     return [
         tp
@@ -396,8 +396,8 @@ def _tps(r: Reader, on_ids: bool) -> list[downstream_cache.TopicIdPartition]:
     ]
 
 
-def _outcome(r: Reader) -> downstream_cache.PartitionOutcome:
-    return downstream_cache.PartitionOutcome(
+def _outcome(r: Reader) -> as_broker_cache.PartitionOutcome:
+    return as_broker_cache.PartitionOutcome(
         error_code=r.pick([0, 0, 0, 1, 6]),
         high_watermark=r.pick([-1, 0, 10, 11, 2**63 - 1]),
         log_start_offset=r.pick([-1, 0, 5]),
@@ -407,7 +407,7 @@ def _outcome(r: Reader) -> downstream_cache.PartitionOutcome:
     )
 
 
-def _check_cache(cache: downstream_cache.FetchSessionCache) -> None:
+def _check_cache(cache: as_broker_cache.FetchSessionCache) -> None:
     sessions = cache.sessions()
     assert len(sessions) <= cache.max_slots, "more sessions than slots"
     assert cache.num_partitions == sum(s.cached_size for s in sessions), "partition count drifted"
@@ -421,14 +421,14 @@ def session_broker(data: bytes) -> None:
     """FetchSessionCache (the proxy toward session-using clients) under any request sequence."""
     r = Reader(data)
     now = [0.0]
-    cache = downstream_cache.FetchSessionCache(
+    cache = as_broker_cache.FetchSessionCache(
         max_slots=1 + r.u8() % 3,
         eviction_ms=r.pick([0, 1000, 120_000]),
         clock=lambda: now[0],
         rng=random.Random(r.u8()),
     )
     names = {_IDS[0]: "a", _IDS[2]: "c"}
-    open_contexts: list[downstream_cache.FetchContext] = []
+    open_contexts: list[as_broker_cache.FetchContext] = []
     while r.left:
         op = r.u8() % 4
         if op == 0:
@@ -445,7 +445,7 @@ def session_broker(data: bytes) -> None:
                 session_id,
                 epoch,
                 bool(r.u8() & 1),
-                {tp: downstream_cache.PartitionRequest(r.u8(), 1000) for tp in _tps(r, on_ids)},
+                {tp: as_broker_cache.PartitionRequest(r.u8(), 1000) for tp in _tps(r, on_ids)},
                 _tps(r, on_ids),
                 names,
             )
@@ -457,7 +457,7 @@ def session_broker(data: bytes) -> None:
             parts = context.partitions()
             for tp, _ in parts:
                 assert context.get_fetch_offset(tp) is not None or isinstance(
-                    context, downstream_cache.SessionErrorContext
+                    context, as_broker_cache.SessionErrorContext
                 )
             if r.u8() % 5 == 0:
                 context.throttled_response()
@@ -470,14 +470,14 @@ def session_broker(data: bytes) -> None:
 
 # -- the proxy as a session client upstream ------------------------------------------------------
 
-_KEYS_BY_NAME = [upstream_session.PartitionKey(t, p) for t in ("a", "b") for p in range(3)]
-_KEYS_BY_ID = [upstream_session.PartitionKey(t, p) for t in _IDS[:2] for p in range(3)]
+_KEYS_BY_NAME = [as_client_session.PartitionKey(t, p) for t in ("a", "b") for p in range(3)]
+_KEYS_BY_ID = [as_client_session.PartitionKey(t, p) for t in _IDS[:2] for p in range(3)]
 
 
 def session_client(data: bytes) -> None:
     """FetchSessionClient under any sequence of wanted partitions and upstream responses."""
     r = Reader(data)
-    session = upstream_session.FetchSessionClient(sessionless_backoff=r.u8() % 3)
+    session = as_client_session.FetchSessionClient(sessionless_backoff=r.u8() % 3)
     while r.left:
         op = r.u8() % 4
         if session.in_flight is None and op < 2:
@@ -485,7 +485,7 @@ def session_client(data: bytes) -> None:
             keys = _KEYS_BY_ID if on_ids else _KEYS_BY_NAME
             mask = r.u8()
             wanted = {
-                k: upstream_session.FetchParams(r.u8() % 3, 1000)
+                k: as_client_session.FetchParams(r.u8() % 3, 1000)
                 for i, k in enumerate(keys)
                 if mask >> i & 1
             }
@@ -511,7 +511,7 @@ def session_client(data: bytes) -> None:
             )
             nxt = session.next_metadata
             if error == 70:
-                assert nxt == upstream_session.INITIAL, (
+                assert nxt == as_client_session.INITIAL, (
                     "session not found must restart from scratch"
                 )
             elif error:

@@ -31,7 +31,7 @@ def _fetch_v4(topics_count: int) -> bytes:
 
 def test_null_topics_array_in_a_client_fetch_is_a_protocol_error() -> None:
     """kio decodes a count of -1 as None even where the schema has no nullable array; the
-    session path then iterates None (TypeError in proxy/sessions/downstream.py)."""
+    session path then iterates None (TypeError in proxy/sessions/as_broker.py)."""
     frame = _fetch_v4(-1)
     with pytest.raises(ProtocolError):
         targets.relay(b"\0" + targets.event(targets.CLIENT, frame))
@@ -39,7 +39,7 @@ def test_null_topics_array_in_a_client_fetch_is_a_protocol_error() -> None:
 
 def test_null_partitions_in_an_upstream_fetch_response_is_a_protocol_error() -> None:
     """Same root cause upstream: a Fetch response whose partitions array is null reaches
-    proxy/protocol/fetch_views.py (records_as_views) and proxy/sessions/upstream.py as None."""
+    proxy/protocol/fetch_views.py (records_as_views) and proxy/sessions/as_client.py as None."""
     req, _ = seeds.fetch_exchange(4, random.Random(0))
     # FetchResponse v4: throttle, responses[1] = {topic "t", partitions: null}
     response = struct.pack(">iii", 0, 0, 1) + struct.pack(">h", 1) + b"t" + struct.pack(">i", -1)

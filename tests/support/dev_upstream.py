@@ -6,7 +6,7 @@
     up.answer(up.direct, request)         # as it answers a sessionless client
 
 :class:`Upstream` is ``devbroker.fetch.NodeFetcher`` over a ``ClusterState`` with
-``proxy.sessions.downstream_cache.FetchSessionCache``: an upstream written from
+``proxy.sessions.as_broker_cache.FetchSessionCache``: an upstream written from
 Kafka's broker, independent of the translator under test.  Every request and
 response goes through the codec both ways, so what is compared is what the wire
 would carry.
@@ -27,7 +27,7 @@ from proxy.protocol.codec import (
     encode_response,
 )
 from proxy.protocol.messages import make, request_module
-from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.sessions.topic_ids import TopicIdMap
 
 from .batches import make_batch

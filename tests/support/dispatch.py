@@ -11,7 +11,7 @@ from devbroker.node import NodeDispatcher
 from devbroker.outcome import Close, NoReply, Outcome, Reply, Wait
 from devbroker.state import ClusterState
 from proxy.protocol import codec
-from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.as_broker_cache import FetchSessionCache
 
 
 class Harness:

@@ -27,7 +27,7 @@ from proxy.protocol import codec
 from proxy.protocol.framing import payload_bytes
 from proxy.protocol.records import iter_batches
 from proxy.relay.relay import Relay
-from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.as_broker_cache import FetchSessionCache
 
 from .dev_upstream import batch, client_fetch
 

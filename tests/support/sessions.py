@@ -28,7 +28,7 @@ from proxy.protocol.apis import FETCH
 from proxy.protocol.framing import FrameDecoder
 from proxy.server import proxy as proxy_module
 from proxy.server.proxy import Proxy
-from proxy.sessions.upstream import TranslatorStats
+from proxy.sessions.as_client import TranslatorStats
 
 from .kafka import KafkaCluster
 from .stack import ProxyStack

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from devbroker.fetch import NodeFetcher, end_offset_for_epoch
 from devbroker.state import ClusterState, TopicState
 from proxy.protocol import codec, records
-from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.as_broker_cache import FetchSessionCache
 
 HEADER = records.HEADER_SIZE
 

@@ -17,7 +17,7 @@ from devbroker.session_cache import (
     ShardedSessionCache,
     shard_index,
 )
-from proxy.sessions.downstream_cache import PartitionOutcome, PartitionRequest, TopicIdPartition
+from proxy.sessions.as_broker_cache import PartitionOutcome, PartitionRequest, TopicIdPartition
 
 FETCH = 1
 TID = uuid.UUID(int=42)

@@ -20,9 +20,9 @@ from support.fetch_messages import counted, fetch_request, fetch_response, parti
 
 from proxy.protocol import codec
 from proxy.protocol.messages import make, request_module, response_module
+from proxy.sessions.as_broker import DownstreamFetch, DownstreamSessions
+from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.sessions.client_fetch import ClientReply
-from proxy.sessions.downstream import DownstreamFetch, DownstreamSessions
-from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.topic_ids import TopicIdMap
 
 EVERY = 7

@@ -21,14 +21,14 @@ from kio.schema.errors import ErrorCode
 
 from proxy.protocol.codec import request_schema, response_schema
 from proxy.protocol.messages import make
-from proxy.sessions import downstream
+from proxy.sessions import as_broker
+from proxy.sessions.as_broker import DownstreamFetch, DownstreamSessions
+from proxy.sessions.as_broker_cache import FetchSessionCache
+from proxy.sessions.as_client import FetchTranslator, UpstreamFetch
+from proxy.sessions.as_client_session import PartitionKey
 from proxy.sessions.client_fetch import ClientReply
-from proxy.sessions.downstream import DownstreamFetch, DownstreamSessions
-from proxy.sessions.downstream_cache import FetchSessionCache
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
-from proxy.sessions.upstream import FetchTranslator, UpstreamFetch
-from proxy.sessions.upstream_session import PartitionKey
 from proxy.shaping.limits import Limits, ResponseLimits
 from proxy.shaping.shaper import FetchShaper
 from proxy.shaping.trim import Run, trim_response
@@ -86,8 +86,8 @@ def rebuilt(request: Any, result: DownstreamFetch) -> Any:
     """What the sessionless request was before the shortcut: every topic built anew."""
     mod = _mod(int(request.__version__), "request")
     effective = result.context.partitions()
-    topics = downstream._rebuilt_topics(mod, effective, on_ids=False)
-    return downstream.make(
+    topics = as_broker._rebuilt_topics(mod, effective, on_ids=False)
+    return as_broker.make(
         mod.FetchRequest,
         replica_id=-1,
         max_wait=request.max_wait,
@@ -339,7 +339,7 @@ def test_a_partition_at_the_clients_version_is_passed_on_as_converting_would_bui
     version: int,
 ) -> None:
     from proxy.protocol.messages import convert
-    from proxy.sessions.upstream import _convert_partition
+    from proxy.sessions.as_client import _convert_partition
 
     mod = _mod(version, "response")
     extra: dict[str, Any] = {}

@@ -23,7 +23,7 @@ from support.fetch_world import ALL, Conn, World
 from proxy.config import FetchPathConfig
 from proxy.protocol import codec
 from proxy.protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
-from proxy.sessions import downstream_cache
+from proxy.sessions import as_broker_cache
 
 
 @pytest.mark.parametrize("client_id", ["billing-consumer-7", "", None])
@@ -125,7 +125,7 @@ def test_session_ids_come_from_the_operating_systems_csprng(
             drawn.append(value := super().randrange(*args, **kwargs))
             return value
 
-    monkeypatch.setattr(downstream_cache.secrets, "SystemRandom", Recording)
+    monkeypatch.setattr(as_broker_cache.secrets, "SystemRandom", Recording)
     w = World()
     sid = int(session_fetch(Conn(w), 1, ALL, 0, 0).session_id)
     assert drawn == [sid]

@@ -18,7 +18,7 @@ from proxy.config import FetchPathConfig
 from proxy.protocol import codec
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import payload_bytes
-from proxy.sessions.downstream import DEFAULT_MAX_FETCH_PARTITIONS, FetchTooLarge
+from proxy.sessions.as_broker import DEFAULT_MAX_FETCH_PARTITIONS, FetchTooLarge
 
 
 def big_world(n: int) -> tuple[World, list[tuple[str, int, int]]]:

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.observe.http import ObserveApp, Readiness
 from proxy.observe.session_snapshot import SessionEntry, sessions_snapshot
-from proxy.sessions.upstream_session import FetchSessionClient, PartitionKey, SessionMetadata
+from proxy.sessions.as_client_session import FetchSessionClient, PartitionKey, SessionMetadata
 
 
 @dataclass

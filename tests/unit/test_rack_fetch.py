@@ -32,7 +32,7 @@ from proxy.protocol.records import iter_batches
 from proxy.relay import rack_fetch
 from proxy.relay.rack_fetch import RackFetch, patch_request, upstream_rack
 from proxy.relay.relay import PassThroughFetch, Relay
-from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.shaping.limits import InvalidLimits, Limits
 from proxy.shaping.policy import Policy, rack_override
 

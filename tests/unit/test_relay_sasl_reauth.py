@@ -31,7 +31,7 @@ from proxy.protocol.apis import FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHA
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import payload_bytes
 from proxy.relay.relay import ClientRequest, Relay, Upstream
-from proxy.sessions.downstream_cache import FetchSessionCache
+from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.shaping.limits import Limits
 
 SASL_AUTHENTICATION_FAILED = 58

@@ -1,4 +1,4 @@
-"""The broker side of KIP-227 fetch sessions (proxy.sessions.downstream_cache), against Kafka's FetchSession.scala."""
+"""The broker side of KIP-227 fetch sessions (proxy.sessions.as_broker_cache), against Kafka's FetchSession.scala."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from proxy.protocol.error_codes import (
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
 )
-from proxy.sessions.downstream_cache import (
+from proxy.sessions.as_broker_cache import (
     FetchContext,
     FetchSessionCache,
     FullFetchContext,

@@ -13,8 +13,7 @@ from proxy.protocol.error_codes import (
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
 )
-from proxy.sessions.kip227 import MAX_EPOCH, next_epoch
-from proxy.sessions.upstream_session import (
+from proxy.sessions.as_client_session import (
     FetchParams,
     FetchSessionClient,
     PartitionKey,
@@ -22,6 +21,7 @@ from proxy.sessions.upstream_session import (
     SessionStateError,
     Verdict,
 )
+from proxy.sessions.kip227 import MAX_EPOCH, next_epoch
 
 A0 = PartitionKey("a", 0)
 A1 = PartitionKey("a", 1)

@@ -25,10 +25,10 @@ from support.fetch_messages import (
 )
 
 from proxy.protocol.messages import make, request_module, response_module
-from proxy.sessions import upstream
+from proxy.sessions import as_client
+from proxy.sessions.as_client import FetchTranslator
+from proxy.sessions.as_client_session import FetchParams, FetchSessionClient, PartitionKey
 from proxy.sessions.topic_ids import TopicIdMap
-from proxy.sessions.upstream import FetchTranslator
-from proxy.sessions.upstream_session import FetchParams, FetchSessionClient, PartitionKey
 
 EVERY = 500
 FetchPartition = request_module(1, 12).FetchPartition
@@ -175,13 +175,13 @@ def test_the_client_partitions_are_deduplicated_range_by_range(
     translator = FetchTranslator(TopicIdMap(), upstream_max_version=12)
     begun = translator.begin(_client_fetch(n))
     calls = [0]
-    client_topic = upstream._client_topic
+    client_topic = as_client._client_topic
 
     def counting(cp: Any) -> Any:
         calls[0] += 1
         return client_topic(cp)
 
-    monkeypatch.setattr(upstream, "_client_topic", counting)
+    monkeypatch.setattr(as_client, "_client_topic", counting)
     steps = translator.complete_in_ranges(_upstream_answer(begun.request), EVERY)
     per_range = []
     while True:

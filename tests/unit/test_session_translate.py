@@ -17,15 +17,15 @@ from support.session_broker_model import ModelBroker
 
 from proxy.protocol.codec import request_schema
 from proxy.protocol.messages import make
-from proxy.sessions.client_fetch import ClientReply, TranslationError
-from proxy.sessions.partition_cache import PartitionStateCache
-from proxy.sessions.topic_ids import TopicIdMap
-from proxy.sessions.upstream import (
+from proxy.sessions.as_client import (
     FetchTranslator,
     UpstreamFetch,
     is_sessionless_consumer_fetch,
 )
-from proxy.sessions.upstream_session import PartitionKey, SessionMetadata
+from proxy.sessions.as_client_session import PartitionKey, SessionMetadata
+from proxy.sessions.client_fetch import ClientReply, TranslationError
+from proxy.sessions.partition_cache import PartitionStateCache
+from proxy.sessions.topic_ids import TopicIdMap
 
 TOPICS = {"a": 3, "b": 2, "c": 1}
 

@@ -1,6 +1,6 @@
 """The translator against the dev broker's own sans-I/O Fetch path and session cache.
 
-A second, independent broker model (devbroker.fetch + proxy.sessions.downstream_cache,
+A second, independent broker model (devbroker.fetch + proxy.sessions.as_broker_cache,
 written from Kafka's broker) with real RecordBatch v2 bytes: for any sequence of
 appends, session evictions and client fetches, the full response the translator
 synthesizes from the upstream session equals what the same broker answers the
@@ -17,8 +17,8 @@ from support.dev_upstream import PARTITIONS, Upstream, client_fetch
 
 from proxy.protocol import records
 from proxy.protocol.codec import encode_request, encode_response
+from proxy.sessions.as_client import FetchTranslator, UpstreamFetch
 from proxy.sessions.client_fetch import ClientReply
-from proxy.sessions.upstream import FetchTranslator, UpstreamFetch
 
 
 def serve(tr: FetchTranslator, up: Upstream, request: Any) -> tuple[Any, list[Any]]:

@@ -25,16 +25,16 @@ from devbroker.fetch import NodeFetcher
 from proxy.protocol import records
 from proxy.protocol.codec import request_schema
 from proxy.protocol.messages import make
-from proxy.sessions.client_fetch import ClientReply
-from proxy.sessions.downstream import DownstreamSessions
-from proxy.sessions.downstream_cache import FetchSessionCache
-from proxy.sessions.upstream import FetchTranslator, UpstreamFetch
-from proxy.sessions.upstream_session import (
+from proxy.sessions.as_broker import DownstreamSessions
+from proxy.sessions.as_broker_cache import FetchSessionCache
+from proxy.sessions.as_client import FetchTranslator, UpstreamFetch
+from proxy.sessions.as_client_session import (
     FetchParams,
     FetchSessionClient,
     PartitionKey,
     SessionRequest,
 )
+from proxy.sessions.client_fetch import ClientReply
 
 
 def session_request(version: int, sreq: SessionRequest) -> Any:

@@ -1,7 +1,7 @@
 """The downstream side of fetch sessions: the proxy as the KIP-227 broker toward its clients.
 
 ``FetchSessionCache`` (the broker side of KIP-227,
-:mod:`proxy.sessions.downstream_cache`) checks the client's (session id, epoch),
+:mod:`proxy.sessions.as_broker_cache`) checks the client's (session id, epoch),
 updates its session and says which partitions this fetch covers.
 :meth:`DownstreamSessions.open` turns a client's fetch (with or without a
 session) into those partitions as one sessionless full fetch at the client's
@@ -63,14 +63,7 @@ from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
-from .client_fetch import (
-    ClientReply,
-    TranslationError,
-    consumer_fetch,
-    group_runs,
-    topic_entries_in_ranges,
-)
-from .downstream_cache import (
+from .as_broker_cache import (
     FetchContext,
     FetchSession,
     FetchSessionCache,
@@ -83,6 +76,13 @@ from .downstream_cache import (
     SessionResponse,
     TopicIdPartition,
     outcome_of_kio_partition,
+)
+from .client_fetch import (
+    ClientReply,
+    TranslationError,
+    consumer_fetch,
+    group_runs,
+    topic_entries_in_ranges,
 )
 from .kip227 import (
     FIRST_TOPIC_ID_VERSION,

@@ -64,6 +64,13 @@ from ..protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from ..protocol.messages import convert, field_names, make, request_module, response_module
+from .as_client_session import (
+    FetchParams,
+    FetchSessionClient,
+    PartitionKey,
+    SessionRequest,
+    Verdict,
+)
 from .client_fetch import (
     ClientReply,
     TranslationError,
@@ -81,13 +88,6 @@ from .kip227 import (
 )
 from .partition_cache import PartitionStateCache
 from .topic_ids import TopicIdMap
-from .upstream_session import (
-    FetchParams,
-    FetchSessionClient,
-    PartitionKey,
-    SessionRequest,
-    Verdict,
-)
 
 READ_COMMITTED = 1
 _PRE_READ_ERRORS = frozenset(
