@@ -86,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
         "target (the load run takes 10 minutes and is run on its own)",
     )
     p.add_argument(
+        "--rerender",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="measure nothing: judge the targets of an earlier run's results.json again (with "
+        "--load-compare and --load-flamegraph, for the load run made after it) and write its "
+        "BENCHMARKS.md beside it; a complete non-smoke run is also published",
+    )
+    p.add_argument(
+        "--load-flamegraph",
+        type=Path,
+        help="with --rerender: a py-spy flame graph (SVG) of the proxy under the load run, "
+        "linked from the load target when it is missed",
+    )
+    p.add_argument(
         "--merge",
         action="store_true",
         help="a partial non-smoke run puts its scenarios' sections and the Sizing section "
@@ -254,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown scenarios {sorted(unknown)}; known: {list(SCENARIOS)}", file=sys.stderr)
         return 2
+    if args.rerender is not None:
+        return rerender(args, list(SCENARIOS))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or RESULTS / (stamp + ("-smoke" if args.smoke else ""))
     out.mkdir(parents=True, exist_ok=True)
@@ -340,23 +356,69 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and not args.smoke and not publish:
         merge_published(results, out, plotted)
     if publish:
-        PARTIAL.unlink(missing_ok=True)  # every scenario is in the full run now
-        PLOTS.mkdir(exist_ok=True)
-        for name in plotted:
-            shutil.copy(out / f"{name}.png", PLOTS / f"{name}.png")
-        for t in results["targets"]:  # the flame graph of each missed target, beside its plot
-            if t.get("flamegraph"):
-                shutil.copy(out / t["flamegraph"], PLOTS / t["flamegraph"])
-        shutil.copy(json_path, PLOTS / "results.json")
-        published = REPO / "BENCHMARKS.md"
-        discussion = kept_discussion(published)
-        published.write_text(
-            report.markdown(results, PLOTS.relative_to(REPO).as_posix(), plotted)
-            + ("\n" + discussion if discussion else "")
-        )
+        publish_run(results, out, json_path, plotted)
     for t in results["targets"]:
         _log(f"target {t['status']}: {t['target']} [{t['case'] or '-'}] {t['numbers']}")
     _log(f"results in {out}" + (" (published BENCHMARKS.md, bench/plots/)" if publish else ""))
+    return 0
+
+
+def publish_run(results: dict[str, Any], out: Path, json_path: Path, plotted: set[str]) -> None:
+    """A complete run's BENCHMARKS.md at the repository root (keeping the hand-written
+    discussion), its plots, flame graphs and ``results.json`` in ``bench/plots/``."""
+    from . import report
+
+    PARTIAL.unlink(missing_ok=True)  # every scenario is in the full run now
+    PLOTS.mkdir(exist_ok=True)
+    for name in plotted:
+        shutil.copy(out / f"{name}.png", PLOTS / f"{name}.png")
+    for t in results["targets"]:  # the flame graph of each missed target, beside its plot
+        if t.get("flamegraph"):
+            shutil.copy(out / t["flamegraph"], PLOTS / t["flamegraph"])
+    shutil.copy(json_path, PLOTS / "results.json")
+    published = REPO / "BENCHMARKS.md"
+    discussion = kept_discussion(published)
+    published.write_text(
+        report.markdown(results, PLOTS.relative_to(REPO).as_posix(), plotted)
+        + ("\n" + discussion if discussion else "")
+    )
+
+
+def rerender(args: argparse.Namespace, every_scenario: list[str]) -> int:
+    """``--rerender``: the targets of an earlier run judged again, with the load run's
+    comparison (``--load-compare``) and its flame graph (``--load-flamegraph``) when given;
+    flame graphs of the run's own misses are kept.  Writes BENCHMARKS.md beside the
+    results; a complete non-smoke run (every scenario) is published as a run would be."""
+    from . import report
+
+    json_path: Path = args.rerender
+    out = json_path.parent
+    results = json.loads(json_path.read_text())
+    if args.load_compare is not None:
+        results["load_compare"] = json.loads(args.load_compare.read_text())
+    graphs = {
+        (t["target"], t["case"]): t["flamegraph"] for t in results["targets"] if t.get("flamegraph")
+    }
+    results["targets"] = report.targets(results)
+    for t in results["targets"]:
+        graph = graphs.get((t["target"], t["case"]))
+        if graph is not None and t["status"] == "missed":
+            t["flamegraph"] = graph
+        if t["scenario"] == "load" and t["status"] == "missed" and args.load_flamegraph:
+            shutil.copy(args.load_flamegraph, out / "flame-load.svg")
+            t["flamegraph"] = "flame-load.svg"
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    plotted = {p.stem for p in report.plot(results, out)}
+    (out / "BENCHMARKS.md").write_text(report.markdown(results, ".", plotted))
+    complete = list(results["scenarios"]) == every_scenario and not results["meta"]["smoke"]
+    if args.publish and complete:
+        publish_run(results, out, json_path, plotted)
+    for t in results["targets"]:
+        _log(f"target {t['status']}: {t['target']} [{t['case'] or '-'}] {t['numbers']}")
+    _log(
+        f"rerendered {json_path}"
+        + (" (published BENCHMARKS.md, bench/plots/)" if complete and args.publish else "")
+    )
     return 0
 
 

@@ -85,3 +85,36 @@ def test_idle_rounds_at_10000_partitions_and_the_load_run(report: ModuleType) ->
         "within_10_percent": False,
     }
     assert _status(report, results, "load run") == "missed"
+
+
+def test_rerender_judges_a_finished_run_again_with_the_load_run_and_keeps_its_flame_graphs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``bench.run --rerender``: the load run (10 minutes, run on its own after the full
+    run) joins the targets of an earlier run without measuring again; the run's own
+    flame graphs stay linked, the load run's is copied beside them."""
+    monkeypatch.syspath_prepend(str(REPO))
+    run = importlib.import_module("bench.run")
+    import json
+
+    results = json.loads((REPO / "bench" / "plots" / "results.json").read_text())
+    judged = importlib.import_module("bench.report").targets(results)
+    results["targets"] = [{**t, "flamegraph": "flame-kept.svg"} for t in judged]
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    pair = {"direct": 450.0, "proxy": 500.0, "proxy_over_direct": 1.11}
+    compare = {"e2e_p50_ms": pair, "e2e_p99_ms": pair, "within_10_percent": False}
+    (tmp_path / "compare.json").write_text(json.dumps(compare))
+    (tmp_path / "load.svg").write_text("<svg/>")
+    argv = ["--rerender", str(tmp_path / "results.json"), "--no-publish"]
+    argv += ["--load-compare", str(tmp_path / "compare.json")]
+    argv += ["--load-flamegraph", str(tmp_path / "load.svg")]
+    assert run.main(argv) == 0
+
+    again = json.loads((tmp_path / "results.json").read_text())
+    (load,) = [t for t in again["targets"] if t["scenario"] == "load"]
+    assert load["status"] == "missed" and load["flamegraph"] == "flame-load.svg"
+    assert (tmp_path / "flame-load.svg").read_text() == "<svg/>"
+    missed = [t for t in again["targets"] if t["status"] == "missed" and t["scenario"] != "load"]
+    assert missed and all(t.get("flamegraph") == "flame-kept.svg" for t in missed)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "p50 450.0 -> 500.0 ms (1.11x)" in text and "(./flame-load.svg)" in text
