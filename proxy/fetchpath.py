@@ -599,7 +599,7 @@ class FetchPathHandler:
         if self._waker is not None:
             self._waker()
 
-    # -- the trio edge (proxy.server.connection.FetchEdge) ------------------------------
+    # -- the trio edge's part of relay.FetchHandler (proxy.server.connection) ----------
 
     def bind_waker(self, wake: Callable[[], None]) -> None:
         """*wake()* (sync, no I/O) asks the edge to call ``resume()`` from the connection's task."""

@@ -15,55 +15,27 @@ The endpoint is off by default (it reveals topic names and client ids); the
 proxy passes ``Proxy.debug_sessions`` as ``ObserveApp(debug_sessions=...)`` when
 the config's ``debug_sessions`` is true.
 
-How the proxy finds sessions: each live connection's fetch handler that holds
-sessions is a :class:`SessionHolder` (``proxy.fetchpath.FetchPathHandler``, checked
-by mypy below): its ``upstream_session`` (None before its first fetch) and its
-``session_cache``, the downstream ``FetchSessionCache`` it serves clients'
-sessions from.  Any other handler (the pass-through relay's) holds none:
-:func:`upstream_session` and :func:`session_cache` give None for it.
-:class:`SessionGauges` sets the fetch-session gauges from the same state when
-Prometheus scrapes (``Proxy.metrics_refreshers``).
+How the proxy finds sessions: through each live connection's fetch handler, the
+relay's ``FetchHandler`` protocol (``proxy.relay.relay``): its ``upstream_session``
+(None before its first fetch, and for a handler that holds none, the pass-through
+relay's) and its ``session_cache``, the downstream ``FetchSessionCache`` it serves
+clients' sessions from (None: none).  :class:`SessionGauges` sets the fetch-session
+gauges from the same state when Prometheus scrapes (``Proxy.metrics_refreshers``).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..relay.relay import FetchHandler, SessionCacheView, SessionView
 from ..sessions.resets import Side
 from .metrics import Metrics
 
 DEFAULT_LIMIT = 1000
 DEFAULT_PARTITION_LIMIT = 100
-
-
-class _Metadata(Protocol):
-    @property
-    def session_id(self) -> int: ...
-    @property
-    def epoch(self) -> int: ...
-
-
-class SessionView(Protocol):
-    """What a session client exposes (read structurally)."""
-
-    @property
-    def next_metadata(self) -> _Metadata: ...
-    @property
-    def session_partitions(self) -> Sequence[Any]: ...
-
-
-class SessionCacheView(Protocol):
-    """What a downstream session cache exposes (``proxy.sessions.as_broker_cache.FetchSessionCache``)."""
-
-    @property
-    def num_sessions(self) -> int: ...
-    @property
-    def num_partitions(self) -> int: ...
-    @property
-    def evictions(self) -> int: ...
 
 
 class DownstreamSessionView(Protocol):
@@ -85,30 +57,11 @@ class DownstreamSessionsView(Protocol):
     def sessions(self) -> Iterable[DownstreamSessionView]: ...
 
 
-@runtime_checkable
-class SessionHolder(Protocol):
-    """A connection's fetch handler that holds fetch sessions (``FetchPathHandler``)."""
-
-    @property
-    def upstream_session(self) -> SessionView | None:
-        """The KIP-227 session the connection holds upstream (None before its first fetch)."""
-        ...
-
-    @property
-    def session_cache(self) -> SessionCacheView | None:
-        """The downstream session cache the connection serves clients' sessions from."""
-        ...
-
-
 if TYPE_CHECKING:
-    from ..fetchpath import FetchPathHandler
     from ..sessions.as_broker_cache import FetchSessionCache
 
-    def _fetch_path_handlers_hold_sessions(handler: FetchPathHandler) -> SessionHolder:
-        return handler  # mypy: FetchPathHandler is a SessionHolder
-
     def _caches_are_listed(cache: FetchSessionCache) -> DownstreamSessionsView:
-        return cache
+        return cache  # mypy: a FetchSessionCache is listed as a DownstreamSessionsView
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,16 +135,6 @@ def downstream_snapshot(
     }
 
 
-def upstream_session(handler: object) -> SessionView | None:
-    """The upstream fetch session a connection's fetch handler holds (None: none yet)."""
-    return handler.upstream_session if isinstance(handler, SessionHolder) else None
-
-
-def session_cache(handler: object) -> SessionCacheView | None:
-    """The downstream session cache a fetch handler serves clients' sessions from, if any."""
-    return handler.session_cache if isinstance(handler, SessionHolder) else None
-
-
 class SessionGauges:
     """Sets the fetch-session gauges from live state, at scrape time.
 
@@ -209,15 +152,17 @@ class SessionGauges:
             weakref.WeakKeyDictionary()
         )
 
-    def refresh(self, handlers: Iterable[object], caches: Iterable[SessionCacheView] = ()) -> None:
+    def refresh(
+        self, handlers: Iterable[FetchHandler], caches: Iterable[SessionCacheView] = ()
+    ) -> None:
         active = partitions = 0
         found: dict[int, SessionCacheView] = {id(cache): cache for cache in caches}
         for handler in handlers:
-            session = upstream_session(handler)
+            session = handler.upstream_session
             if session is not None and session.next_metadata.session_id != 0:
                 active += 1
                 partitions += len(session.session_partitions)
-            cache = session_cache(handler)
+            cache = handler.session_cache
             if cache is not None:
                 found[id(cache)] = cache
         self.metrics.set_fetch_sessions(Side.UPSTREAM, active=active, partitions=partitions)

@@ -48,10 +48,10 @@ Bounds
     and once while it waits.
 
 Plug-in point for Fetch
-    Fetch requests go to a ``FetchHandler``, one per client connection, created
-    by the zero-argument factory given to ``Proxy(fetch_handler_factory=...)``
-    (the Relay takes the instance).  It receives each Fetch as a
-    ``ClientRequest`` and an ``Upstream`` port, and may
+    Fetch requests go to a ``FetchHandler``, one per client connection (the
+    proxy's is ``proxy.fetchpath.FetchPathHandler``; the Relay takes the
+    instance).  It receives each Fetch as a ``ClientRequest`` and an
+    ``Upstream`` port, and may
 
     (a) send upstream a *different* request instead of the client's
         (``upstream.send(frame, api_key=, api_version=, on_response=)``; the frame
@@ -66,7 +66,9 @@ Plug-in point for Fetch
     relay forwards for other APIs (e.g. Metadata, to learn topic ids).  The
     default, ``PassThroughFetch``, forwards the Fetch unchanged and rewrites
     only NodeEndpoints in the response.  Handlers raise ProtocolError to close
-    the connection.
+    the connection.  The same ``FetchHandler`` protocol is what the trio edge
+    (memory budget, the connection's task) and observation (the sessions it
+    holds) speak to the handler through.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ from __future__ import annotations
 import struct
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -123,13 +125,76 @@ class Upstream(Protocol):
         """A decoded response (to be encoded by the handler) with its NodeEndpoints resolved."""
 
 
+class SessionMetadata(Protocol):
+    @property
+    def session_id(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+
+
+class SessionView(Protocol):
+    """The KIP-227 session a handler holds upstream, as observation reads it
+    (``proxy.sessions.as_client_session.FetchSessionClient``)."""
+
+    @property
+    def next_metadata(self) -> SessionMetadata: ...
+    @property
+    def session_partitions(self) -> Sequence[Any]: ...
+
+
+class SessionCacheView(Protocol):
+    """The cache of the sessions clients hold with the proxy, as observation reads it
+    (``proxy.sessions.as_broker_cache.FetchSessionCache``)."""
+
+    @property
+    def num_sessions(self) -> int: ...
+    @property
+    def num_partitions(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+
+
 class FetchHandler(Protocol):
+    """A client connection's Fetch handler: the one interface the relay, the trio edge and
+    observation speak to it through (``proxy.fetchpath.FetchPathHandler``; the relay's
+    ``PassThroughFetch`` when it is given none).
+
+    The relay's part: ``handle_fetch`` takes each client Fetch, ``observe`` sees every
+    upstream response the relay forwards for other APIs.
+
+    The edge's part (``proxy.server.connection``): the memory budget of a Fetch response is
+    asked from its length prefix before its body is read (``reserve_response``; False: the
+    upstream connection is not read until the waker says budget was released); work that
+    waited resumes in the connection's own task (``bind_waker``, ``resume``); the grants of
+    answered fetches are released once their responses are written (``written``); ``close``
+    gives back whatever the connection holds when it ends.
+
+    Observation's part (``proxy.observe.session_snapshot``): the sessions it holds, upstream
+    (None before its first fetch, or for a handler that holds none) and the cache of its
+    clients' sessions (None: it serves none).
+    """
+
     def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None: ...
 
     def observe(self, api_key: int, api_version: int, frame: bytes) -> None: ...
 
+    def bind_waker(self, wake: Callable[[], None]) -> None:
+        """*wake()* (sync, no I/O) asks the edge to call ``resume()`` from the connection's task."""
+        ...
 
-FetchHandlerFactory = Callable[[], FetchHandler]
+    def resume(self) -> None: ...
+
+    def reserve_response(self, nbytes: int) -> bool: ...
+
+    def written(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def upstream_session(self) -> SessionView | None: ...
+
+    @property
+    def session_cache(self) -> SessionCacheView | None: ...
 
 
 class PassThroughFetch:
@@ -138,8 +203,12 @@ class PassThroughFetch:
     With a ``rack_fetch.RackFetch`` (the proxy's ``rack`` setting), a consumer's Fetch
     v11+ that names no rack goes up carrying the proxy's (``rack_fetch.patch_request``)
     and its answer is read for the redirects the client is given; without one, or for
-    any other Fetch, the frame stays opaque bytes.
+    any other Fetch, the frame stays opaque bytes.  It holds no memory budget, no
+    session and nothing to give back: its edge and observation parts do nothing.
     """
+
+    upstream_session: None = None
+    session_cache: None = None
 
     def __init__(self, rack: rack_fetch.RackFetch | None = None) -> None:
         self.rack = rack
@@ -167,6 +236,21 @@ class PassThroughFetch:
         upstream.send(frame, api_key=h.api_key, api_version=h.api_version, on_response=on_response)
 
     def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
+        return None
+
+    def bind_waker(self, wake: Callable[[], None]) -> None:
+        return None
+
+    def resume(self) -> None:
+        return None
+
+    def reserve_response(self, nbytes: int) -> bool:
+        return True
+
+    def written(self) -> None:
+        return None
+
+    def close(self) -> None:
         return None
 
 

@@ -36,7 +36,7 @@ Limits (each a setting, see ``proxy.config``):
     connection reads within its share.  A connection the pool cannot serve is
     not read until memory comes back (back-pressure, never an error;
     ``proxy.relay.request_memory`` says in what order).
-``memory_budget_bytes`` (the fetch path's, ``FetchEdge.reserve_response``)
+``memory_budget_bytes`` (the fetch path's, ``FetchHandler.reserve_response``)
     a Fetch response takes its size from the memory budget once its length
     prefix is read, before its body is: while the budget cannot take it, the
     upstream connection is not read (``upstream_paused``; the broker's answers
@@ -104,7 +104,7 @@ import trio
 from ..protocol.apis import FETCH
 from ..protocol.errors import FrameTooLarge, ProtocolError
 from ..protocol.framing import Buffer, FrameDecoder, Payload, frame_chunks
-from ..relay.relay import Relay
+from ..relay.relay import FetchHandler, Relay
 from ..relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
 from .sockets import LeanSocketStream
 
@@ -142,22 +142,6 @@ class ImmediateWrites(Protocol):
         ...
 
 
-class FetchEdge(Protocol):
-    """What the connection's Fetch path (``proxy.fetchpath.FetchPathHandler``) needs from the
-    edge: memory budget for a Fetch response is asked from its length prefix before its body
-    is read (``reserve_response``; False: the upstream connection is not read until the
-    waker says budget was released), work that waited resumes in this connection's task, and
-    the grants of answered fetches are released once their responses are written."""
-
-    def bind_waker(self, wake: Callable[[], None]) -> None: ...
-
-    def resume(self) -> None: ...
-
-    def written(self) -> None: ...
-
-    def reserve_response(self, nbytes: int) -> bool: ...
-
-
 @dataclass(slots=True)
 class _Outcome:
     reason: str | None = None
@@ -181,7 +165,7 @@ class Connection:
         client_write_timeout: float = 0.0,
         on_request: Callable[[int, int, int], None] | None = None,
         meter: TrafficMeter | None = None,
-        fetch_path: FetchEdge | None = None,
+        fetch_path: FetchHandler | None = None,
         max_request_frame_bytes: int | None = None,
         request_frame_timeout: float = 0.0,
         request_memory: RequestMemory | None = None,
@@ -201,7 +185,8 @@ class Connection:
         """Counts and times every frame on both legs (proxy.observe.traffic)."""
         self.outcome = _Outcome()
         self.fetch_path = fetch_path
-        """The relay's fetch handler, when it holds memory budget (None: it holds none)."""
+        """The relay's fetch handler, when it holds memory budget (None: it holds none); the
+        edge's part of its ``FetchHandler`` protocol is what the loops below call."""
         self.background = background
         """A task that lives as long as the connection (its replica links, ``replicas.py``)."""
         self._upstream_lock = trio.Lock()
@@ -242,7 +227,7 @@ class Connection:
         """The most request bytes this connection ever held (what a test of the limits reads)."""
         self.upstream_paused = False
         """The upstream connection is not read: the Fetch response in progress waits for
-        memory budget (``FetchEdge.reserve_response``)."""
+        memory budget (``FetchHandler.reserve_response``)."""
         self.reading_paused: str | None = None
         """Why the client is not read for request memory: ``"own"`` (its requests must
         drain first) or ``"pool"`` (the process's request memory is taken); None: it is."""

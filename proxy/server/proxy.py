@@ -33,7 +33,7 @@ from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 
 from ..config import ENV_PREFIX, FetchPathConfig, HostPort, Settings
-from ..fetchpath import FetchPath, FetchPathHandler
+from ..fetchpath import FetchPath
 from ..protocol import codec
 from ..protocol.apis import API_VERSIONS, METADATA
 from ..protocol.errors import ProtocolError
@@ -43,7 +43,7 @@ from ..relay import rewrite
 from ..relay.addresses import AddressBook
 from ..relay.apiversions import kio_range
 from ..relay.connection_slots import ConnectionSlots
-from ..relay.relay import FetchHandler, FetchHandlerFactory, Relay
+from ..relay.relay import FetchHandler, Relay
 from ..relay.request_memory import RequestMemory
 from ..sessions.as_broker import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection
@@ -240,12 +240,10 @@ class Proxy:
         self,
         settings: Settings,
         *,
-        fetch_handler_factory: FetchHandlerFactory | None = None,
         metrics: Any | None = None,
         decision_log: Any | None = None,
     ) -> None:
         self.settings = settings
-        self.fetch_handler_factory = fetch_handler_factory
         self.metrics = metrics
         self.decision_log = decision_log
         """The open ``proxy.observe.decisionlog.DecisionLog`` (None: off), for fetch handlers."""
@@ -286,15 +284,11 @@ class Proxy:
         self._bootstrap_turn = 0
         self.bind_failures: dict[int, ListenError] = {}
         """Broker listeners that could not bind, by node id (retried when next announced)."""
-        self.fetch_path: FetchPath | None = None
-        """The default Fetch path (upstream sessions and shaping), unless a factory is given."""
-        if fetch_handler_factory is None:
-            self.fetch_path = FetchPath(
-                FetchPathConfig.from_raw(settings.raw),
-                metrics=metrics,
-                decision_log=decision_log,
-            )
-            self.metrics_refreshers.append(self.fetch_path.refresh_gauges)
+        self.fetch_path = FetchPath(
+            FetchPathConfig.from_raw(settings.raw), metrics=metrics, decision_log=decision_log
+        )
+        """The Fetch path (upstream sessions and shaping): one handler per client connection."""
+        self.metrics_refreshers.append(self.fetch_path.refresh_gauges)
         if metrics is not None:
             pool = self.request_memory
             self.metrics_refreshers.append(
@@ -308,7 +302,7 @@ class Proxy:
             self.metrics_refreshers.append(
                 lambda: gauges.refresh(
                     (live.relay.fetch_handler for live in list(self.live.values())),
-                    self.fetch_path.client_session_caches() if self.fetch_path else (),
+                    self.fetch_path.client_session_caches(),
                 )
             )
 
@@ -605,8 +599,6 @@ class Proxy:
         client: trio.abc.Stream = stream
         upstream: LazyUpstream | None = None
         fetch_handler: FetchHandler | None = None
-        path_handler: FetchPathHandler | None = None
-        links: ReplicaLinks | None = None
         conn: Connection | None = None
         # The broker connection opens when the first request is relayed (LazyUpstream).
         first = slot.first
@@ -617,24 +609,22 @@ class Proxy:
                     client = trio.SSLStream(stream, self.downstream_ssl, server_side=True)
                     with trio.fail_after(self.settings.connect_timeout_seconds):
                         await client.do_handshake()
-                if self.fetch_path is not None:
-                    limit_session_partitions(
-                        self.fetch_path.sessions_for(node_id),
-                        self.settings.max_fetch_session_partitions,
-                    )
-                    fetch_handler = path_handler = self.fetch_path.handler(node_id)
-                    # its own connections to preferred read replicas (never the client's)
-                    links = ReplicaLinks(
-                        self._replica_address,
-                        self.upstream_ssl,
-                        connect_timeout=self.settings.connect_timeout_seconds,
-                        max_frame_bytes=self.settings.max_frame_bytes,
-                    )
-                    links.wake = path_handler.wake
-                    links.reserve = path_handler.reserve_response
-                    path_handler.replicas = links
-                elif self.fetch_handler_factory is not None:
-                    fetch_handler = self.fetch_handler_factory()
+                limit_session_partitions(
+                    self.fetch_path.sessions_for(node_id),
+                    self.settings.max_fetch_session_partitions,
+                )
+                path_handler = self.fetch_path.handler(node_id)
+                # its own connections to preferred read replicas (never the client's)
+                links = ReplicaLinks(
+                    self._replica_address,
+                    self.upstream_ssl,
+                    connect_timeout=self.settings.connect_timeout_seconds,
+                    max_frame_bytes=self.settings.max_frame_bytes,
+                )
+                links.wake = path_handler.wake
+                links.reserve = path_handler.reserve_response
+                path_handler.replicas = links
+                fetch_handler = path_handler
                 relay = Relay(
                     self.book.resolve,
                     fetch_handler=fetch_handler,
@@ -658,8 +648,8 @@ class Proxy:
                     request_frame_timeout=self.settings.request_frame_timeout_seconds,
                     request_memory=self.request_memory,
                     meter=self._meter(node_id),
-                    fetch_path=path_handler,
-                    background=links.run if links is not None else None,
+                    fetch_path=fetch_handler,
+                    background=links.run,
                 )
                 conn.on_request = partial(_first_request_arrived, self.slots, slot, conn)
                 self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
@@ -700,10 +690,10 @@ class Proxy:
                 if upstream is not None and upstream.stream is not None:
                     self.metrics.broker_connection_closed(node_id, cause)
                 self.metrics.connection_closed(cause)
-            if path_handler is not None:
+            if fetch_handler is not None:
                 # gives back what this connection held: its memory budget grants, its
                 # partitions in flight (max_partitions_in_flight), its sessions
-                path_handler.close()
+                fetch_handler.close()
             if upstream is not None:
                 await trio.aclose_forcefully(upstream)
             if client is stream:
@@ -731,17 +721,16 @@ class Proxy:
 
     def debug_sessions(self) -> dict[str, Any]:
         """The JSON of /debug/sessions: the live connections' upstream fetch sessions."""
-        from ..observe.session_snapshot import SessionEntry, sessions_snapshot, upstream_session
+        from ..observe.session_snapshot import SessionEntry, sessions_snapshot
 
         entries = []
         for live in list(self.live.values()):
-            session = upstream_session(live.relay.fetch_handler)
+            session = live.relay.fetch_handler.upstream_session
             if session is not None:
                 entries.append(
                     SessionEntry(live.conn_id, live.connection.client_id, live.node_id, session)
                 )
-        caches = self.fetch_path.client_session_caches() if self.fetch_path is not None else []
-        return sessions_snapshot(entries, downstream=caches)
+        return sessions_snapshot(entries, downstream=self.fetch_path.client_session_caches())
 
     def refresh_metrics(self) -> None:
         """Before each scrape: run ``metrics_refreshers`` (gauges read from live state)."""
@@ -849,9 +838,8 @@ class Proxy:
                 log.info("upstream_discovered", upstream=str(address), count=len(brokers))
                 level, fields = rack_brokers(self.settings.rack, racks)
                 log.log(level, "rack_brokers", **fields)
-                if self.fetch_path is not None:  # the rack metrics know the brokers at once
-                    for node_id, rack in racks.items():
-                        self.fetch_path.racks.learn_broker(node_id, rack)
+                for node_id, rack in racks.items():  # the rack metrics know the brokers at once
+                    self.fetch_path.racks.learn_broker(node_id, rack)
                 assert self._nursery is not None
                 for node_id in sorted(brokers):
                     self._nursery.start_soon(self._probe, node_id)

@@ -63,7 +63,7 @@ class CountingLean(LeanSocketStream):
 
 
 class Budget:
-    """A FetchEdge that always has budget (what the connection asks of the fetch path)."""
+    """The edge's part of a FetchHandler that always has budget (what the connection asks)."""
 
     def __init__(self) -> None:
         self.reserved: list[int] = []

@@ -79,7 +79,7 @@ class FakeCache:
 
 @dataclass
 class FakeHandler:
-    """Shaped like the fetch path's handlers (a ``SessionHolder``)."""
+    """Shaped like the fetch path's handlers (the sessions part of ``relay.FetchHandler``)."""
 
     upstream_session: FakeSession | None
     session_cache: FakeCache
@@ -92,7 +92,7 @@ def handler(session_id: int, partitions: int, cache: FakeCache) -> FakeHandler:
 
 def test_session_gauges_read_live_handlers_at_scrape_time() -> None:
     from proxy.observe.metrics import Metrics
-    from proxy.observe.session_snapshot import SessionGauges, session_cache, upstream_session
+    from proxy.observe.session_snapshot import SessionGauges
 
     metrics = Metrics(process_metrics=False)
     value = metrics.registry.get_sample_value
@@ -104,7 +104,6 @@ def test_session_gauges_read_live_handlers_at_scrape_time() -> None:
         handler(0, 0, other),  # no upstream session open (id 0)
         FakeHandler(None, other),  # not fetched yet
     ]
-    assert upstream_session(handlers[3]) is None and session_cache(handlers[3]) is other
     gauges.refresh(handlers)
     P = "kafka_fetch_proxy_"
     assert value(P + "fetch_sessions_active", {"side": "upstream"}) == 2
@@ -157,14 +156,18 @@ def test_snapshot_lists_downstream_sessions_bounded() -> None:
 
 def test_the_fetch_paths_handlers_hold_sessions_and_the_pass_through_none() -> None:
     from proxy.fetchpath import FetchPath, FetchPathConfig
-    from proxy.observe.session_snapshot import SessionHolder, session_cache, upstream_session
-    from proxy.relay.relay import PassThroughFetch
+    from proxy.observe.metrics import Metrics
+    from proxy.observe.session_snapshot import SessionGauges
+    from proxy.relay.relay import FetchHandler, PassThroughFetch
 
     path = FetchPath(FetchPathConfig())
-    h = path.handler(1)
-    assert isinstance(h, SessionHolder)
-    assert upstream_session(h) is None  # no fetch yet
-    assert session_cache(h) is path.sessions_for(1)
-    relay = PassThroughFetch()
-    assert not isinstance(relay, SessionHolder)
-    assert upstream_session(relay) is None and session_cache(relay) is None
+    h: FetchHandler = path.handler(1)
+    assert h.upstream_session is None  # no fetch yet
+    assert h.session_cache is path.sessions_for(1)
+    relay: FetchHandler = PassThroughFetch()
+    assert relay.upstream_session is None and relay.session_cache is None
+    metrics = Metrics(process_metrics=False)
+    SessionGauges(metrics).refresh([h, relay])  # both read through the one protocol
+    value = metrics.registry.get_sample_value
+    assert value("kafka_fetch_proxy_fetch_sessions_active", {"side": "upstream"}) == 0
+    assert value("kafka_fetch_proxy_fetch_sessions_active", {"side": "downstream"}) == 0

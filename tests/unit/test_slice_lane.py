@@ -22,7 +22,7 @@ from proxy.server.connection import Connection
 
 
 class SlicedFetch:
-    """A FetchEdge whose fetch takes *slices* resumes, each asking for the next."""
+    """The edge's part of a FetchHandler: its fetch takes *slices* resumes, each asks the next."""
 
     def __init__(self, name: str, slices: int, log: list[str]) -> None:
         self.name, self.left, self.log = name, slices, log
