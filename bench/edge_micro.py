@@ -83,7 +83,6 @@ class _Pair:
             lean(trio.SocketStream(c)),
             relay,
             max_frame_bytes=100 << 20,
-            fetch_path=handler,
         )
         self.answered = 0
 

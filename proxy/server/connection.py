@@ -36,7 +36,7 @@ Limits (each a setting, see ``proxy.config``):
     connection reads within its share.  A connection the pool cannot serve is
     not read until memory comes back (back-pressure, never an error;
     ``proxy.relay.request_memory`` says in what order).
-``memory_budget_bytes`` (the fetch path's, ``FetchHandler.reserve_response``)
+``memory_budget_bytes`` (the relay's fetch handler's, ``FetchHandler.reserve_response``)
     a Fetch response takes its size from the memory budget once its length
     prefix is read, before its body is: while the budget cannot take it, the
     upstream connection is not read (``upstream_paused``; the broker's answers
@@ -165,7 +165,6 @@ class Connection:
         client_write_timeout: float = 0.0,
         on_request: Callable[[int, int, int], None] | None = None,
         meter: TrafficMeter | None = None,
-        fetch_path: FetchHandler | None = None,
         max_request_frame_bytes: int | None = None,
         request_frame_timeout: float = 0.0,
         request_memory: RequestMemory | None = None,
@@ -184,9 +183,9 @@ class Connection:
         self.meter = meter
         """Counts and times every frame on both legs (proxy.observe.traffic)."""
         self.outcome = _Outcome()
-        self.fetch_path = fetch_path
-        """The relay's fetch handler, when it holds memory budget (None: it holds none); the
-        edge's part of its ``FetchHandler`` protocol is what the loops below call."""
+        self.fetch_handler: FetchHandler = relay.fetch_handler
+        """The relay's fetch handler: the loops below call the edge's part of its
+        ``FetchHandler`` protocol (memory budget, its waker, the responses written)."""
         self.background = background
         """A task that lives as long as the connection (its replica links, ``replicas.py``)."""
         self._upstream_lock = trio.Lock()
@@ -269,8 +268,7 @@ class Connection:
                 nursery.start_soon(self._guard, self._client_loop, scope)
                 nursery.start_soon(self._guard, self._upstream_loop, scope)
                 nursery.start_soon(self._guard, self._writer_loop, scope)
-                if self.fetch_path is not None:
-                    nursery.start_soon(self._guard, self._wake_loop, scope)
+                nursery.start_soon(self._guard, self._wake_loop, scope)
                 if self.background is not None:
                     nursery.start_soon(self._guard, self.background, scope)
                 if self.idle_timeout > 0:
@@ -471,7 +469,7 @@ class Connection:
     async def _upstream_loop(self) -> None:
         decoder = FrameDecoder(self.max_frame_bytes)
         relay = self.relay
-        fetch_path = self.fetch_path
+        fetch_handler = self.fetch_handler
         size = RECEIVE_BYTES
         reserved = False  # the frame in progress has its memory budget (a Fetch response's)
         again = False  # the last read waited and filled its buffer: more may be there now
@@ -484,8 +482,7 @@ class Connection:
             # before its body is read; while the budget cannot take it, this upstream
             # connection is not read (its other answers are behind it in order anyway).
             if (
-                fetch_path is not None
-                and not reserved
+                not reserved
                 and (missing := decoder.missing) is not None
                 and relay.next_response_key == FETCH
             ):
@@ -495,7 +492,7 @@ class Connection:
                 # that stops reading holds at most that much (or one response).
                 while not self._client_has_room(frame_size):
                     await self._changed.park()
-                while not fetch_path.reserve_response(frame_size):
+                while not fetch_handler.reserve_response(frame_size):
                     self.upstream_paused = True
                     await self._changed.park()
                 self.upstream_paused = False
@@ -503,11 +500,7 @@ class Connection:
             want = size
             if reserved and (missing := decoder.missing):
                 want = min(size, missing)  # to its end: what follows is not reserved yet
-            elif (
-                fetch_path is not None
-                and decoder.missing is None
-                and relay.next_response_key in (FETCH, None)
-            ):
+            elif decoder.missing is None and relay.next_response_key in (FETCH, None):
                 # A Fetch response (or one to a request sent while this read waits) is
                 # next: read its length prefix alone, so none of its body is in memory
                 # before its budget is taken (a connection waiting for budget would hold
@@ -587,9 +580,8 @@ class Connection:
                 chunks.pop()
             if done is not None and meter is not None:
                 meter.client_written(done, trio.current_time())
-            if self.fetch_path is not None:
-                # Every response answered so far is written: its memory budget is free.
-                self.fetch_path.written()
+            # Every response answered so far is written: its memory budget is free.
+            self.fetch_handler.written()
         finally:
             if moved:
                 self._last_active = trio.current_time()
@@ -632,9 +624,8 @@ class Connection:
                         self.meter.client_written(done, trio.current_time())
             finally:
                 self._writing_client = False
-            if self.fetch_path is not None:
-                # Every response answered so far is written: its memory budget is free.
-                self.fetch_path.written()
+            # Every response answered so far is written: its memory budget is free.
+            self.fetch_handler.written()
 
     async def _write_chunks(self, chunks: list[Buffer]) -> bool:
         """Write *chunks* (in reverse order: the next one last), letting each go once
@@ -679,14 +670,13 @@ class Connection:
         once would otherwise hold the loop for 54 slices per batch, and all be
         decoded at once).
         """
-        fetch_path = self.fetch_path
-        assert fetch_path is not None
+        fetch_handler = self.fetch_handler
         wakeup = trio.Event()
 
         def wake() -> None:
             wakeup.set()
 
-        fetch_path.bind_waker(wake)
+        fetch_handler.bind_waker(wake)
         lane = _slice_lane()
         while True:
             await wakeup.wait()
@@ -694,7 +684,7 @@ class Connection:
                 turn_ends = trio.current_time() + SLICE_LANE_TURN_SECONDS
                 while True:
                     wakeup = trio.Event()
-                    fetch_path.resume()
+                    fetch_handler.resume()
                     self._notify()  # an upstream loop waiting for budget asks again
                     self._take_replies()
                     if not wakeup.is_set() or self.relay.upstream_queued:

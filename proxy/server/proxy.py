@@ -648,7 +648,6 @@ class Proxy:
                     request_frame_timeout=self.settings.request_frame_timeout_seconds,
                     request_memory=self.request_memory,
                     meter=self._meter(node_id),
-                    fetch_path=fetch_handler,
                     background=links.run,
                 )
                 conn.on_request = partial(_first_request_arrived, self.slots, slot, conn)

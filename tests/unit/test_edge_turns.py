@@ -10,7 +10,6 @@ the socket); counted, never timed.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 
 import pytest
 import trio
@@ -18,7 +17,7 @@ import trio.testing
 
 from proxy.protocol.apis import FETCH
 from proxy.protocol.framing import FrameDecoder, encode_frame
-from proxy.relay.relay import Relay
+from proxy.relay.relay import PassThroughFetch, Relay
 from proxy.server.connection import Connection
 from proxy.server.sockets import LeanSocketStream
 
@@ -62,18 +61,14 @@ class CountingLean(LeanSocketStream):
         await super().send_all(data)
 
 
-class Budget:
-    """The edge's part of a FetchHandler that always has budget (what the connection asks)."""
+class Budget(PassThroughFetch):
+    """A FetchHandler that relays fetches as they are and always has budget for their
+    responses (what the connection asks of it is counted)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.reserved: list[int] = []
         self.written_calls = 0
-
-    def bind_waker(self, wake: Callable[[], None]) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
 
     def written(self) -> None:
         self.written_calls += 1
@@ -84,7 +79,7 @@ class Budget:
 
 
 def fetch_request(cid: int) -> bytes:
-    """A frame with Fetch's API key, relayed opaquely (the relay has no fetch handler)."""
+    """A frame with Fetch's API key, relayed opaquely (by the pass-through fetch handler)."""
     return struct.pack(">hhi", FETCH, 12, cid) + b"\x00\x03app" + b"\x00" * 8
 
 
@@ -112,9 +107,8 @@ async def test_a_fetch_response_is_read_behind_its_prefix_and_written_by_the_rea
         conn = Connection(
             client_side,
             upstream_side,
-            Relay(lambda node, host, port: (host, port)),
+            Relay(lambda node, host, port: (host, port), fetch_handler=budget),
             max_frame_bytes=1 << 20,
-            fetch_path=budget,
         )
         body = bytes(range(256)) * (body_bytes // 256) + b"z" * (body_bytes % 256)
         async with trio.open_nursery() as nursery:

@@ -36,7 +36,7 @@ from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
 from proxy.protocol.errors import FrameTooLarge
 from proxy.protocol.framing import FrameDecoder, encode_frame
-from proxy.relay.relay import ClientRequest, Relay, Upstream
+from proxy.relay.relay import ClientRequest, PassThroughFetch, Relay, Upstream
 from proxy.relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
 from proxy.server.connection import Connection
 from proxy.server.proxy import Proxy
@@ -310,8 +310,9 @@ def test_any_interleaving_drains_every_connection_within_the_bounds(seed: int) -
 # --- the relay: what it holds of a request, and how many copies -----------------------------
 
 
-class ForwardingFetch:
-    """A fetch handler that sends the client's fetch upstream as it is."""
+class ForwardingFetch(PassThroughFetch):
+    """A fetch handler that sends the client's fetch upstream as it is (the pass-through's
+    edge part: it holds no memory budget)."""
 
     def handle_fetch(self, request: ClientRequest, upstream: Upstream) -> None:
         upstream.send(
@@ -320,9 +321,6 @@ class ForwardingFetch:
             api_version=request.header.api_version,
             on_response=request.reply,
         )
-
-    def observe(self, api_key: int, api_version: int, frame: bytes) -> None:
-        return None
 
 
 class HoldingFetch:

@@ -17,14 +17,15 @@ from collections.abc import Callable
 import trio
 import trio.testing
 
-from proxy.relay.relay import Relay
+from proxy.relay.relay import PassThroughFetch, Relay
 from proxy.server.connection import Connection
 
 
-class SlicedFetch:
-    """The edge's part of a FetchHandler: its fetch takes *slices* resumes, each asks the next."""
+class SlicedFetch(PassThroughFetch):
+    """A FetchHandler whose fetch takes *slices* resumes, each asking for the next."""
 
     def __init__(self, name: str, slices: int, log: list[str]) -> None:
+        super().__init__()
         self.name, self.left, self.log = name, slices, log
         self.wake: Callable[[], None] = lambda: None
 
@@ -38,18 +39,12 @@ class SlicedFetch:
             if self.left:
                 self.wake()
 
-    def written(self) -> None:
-        pass
-
-    def reserve_response(self, nbytes: int) -> bool:
-        return True
-
 
 def connection(fetch: SlicedFetch) -> Connection:
     client, _ = trio.testing.memory_stream_pair()
     upstream, _ = trio.testing.memory_stream_pair()
     return Connection(
-        client, upstream, Relay(lambda *a: None), max_frame_bytes=1024, fetch_path=fetch
+        client, upstream, Relay(lambda *a: None, fetch_handler=fetch), max_frame_bytes=1024
     )
 
 
