@@ -35,10 +35,6 @@ class Direction(StrEnum):
     PROXY_TO_CLIENT = "proxy_to_client"
 
 
-REQUEST_DIRECTIONS = (Direction.CLIENT_TO_PROXY, Direction.PROXY_TO_BROKER)
-RESPONSE_DIRECTIONS = (Direction.BROKER_TO_PROXY, Direction.PROXY_TO_CLIENT)
-
-
 class CloseCause(StrEnum):
     """Why a connection (client or broker side) ended."""
 

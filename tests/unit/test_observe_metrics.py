@@ -11,7 +11,6 @@ from kio.schema.index import api_key_map
 from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.observe.labels import (
-    REQUEST_DIRECTIONS,
     BoundedLabel,
     CloseCause,
     DecisionOutcome,
@@ -337,7 +336,8 @@ def test_cached_children_expose_what_labels_per_message_exposed(
     old code path)."""
     cached, reference = Metrics(process_metrics=False), Metrics(process_metrics=False)
     for api_key, direction, size, node, seconds in events:
-        if direction in (Direction.CLIENT_TO_PROXY, Direction.PROXY_TO_BROKER):
+        is_request = direction in (Direction.CLIENT_TO_PROXY, Direction.PROXY_TO_BROKER)
+        if is_request:
             cached.request(api_key, direction, size, node=node)
         else:
             cached.response(api_key, direction, size, node=node)
@@ -345,7 +345,7 @@ def test_cached_children_expose_what_labels_per_message_exposed(
         cached.broker_request_duration(api_key, seconds)
 
         api = api_name(api_key)
-        stem = f"{direction.value}_{'request' if direction in REQUEST_DIRECTIONS else 'response'}"
+        stem = f"{direction.value}_{'request' if is_request else 'response'}"
         reference._counters[f"{stem}s_total"].labels(api=api).inc()
         reference._histograms[f"{stem}_size_bytes"].labels(api=api).observe(size)
         if direction is Direction.PROXY_TO_BROKER:
