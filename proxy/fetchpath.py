@@ -180,6 +180,7 @@ from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
 from .protocol.framing import Gathered
 from .protocol.messages import load_fetch_schemas
+from .protocol.partition_key import PartitionKey, TopicKey, topic_key
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, RackUsage, account
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
@@ -199,7 +200,6 @@ from .sessions.topic_ids import TopicIdMap, TopicIdRequests
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision
 from .shaping.in_flight import PartitionsInFlight
-from .shaping.keys import PartitionKey, topic_key
 from .shaping.limits import Limits, limit_kind
 from .shaping.policy import rack_override, select
 from .shaping.shaper import FetchShaper, PreparedFetch, ShapedResponse
@@ -254,7 +254,7 @@ class DecisionSink(Protocol):
         policy: str,
         correlation_id: int,
         latency_ms: float,
-        starved_partitions: Mapping[tuple[Any, int], int] | None = None,
+        starved_partitions: Mapping[PartitionKey, int] | None = None,
         upstream_fetch_bytes: int = 0,
         sessionless_fetch_bytes: int | None = None,
         topic_ids: Any = None,
@@ -391,19 +391,19 @@ class _Exchange:
     """It covers more than ``SLICE_PARTITIONS`` partitions: served in slices."""
     rack: rack_fetch.RackStep | None = None
     """The rack sent upstream and whether the proxy set it (None: no ``rack`` setting)."""
-    redirects: Mapping[rack_fetch.PartitionKey, int] | None = None
+    redirects: Mapping[PartitionKey, int] | None = None
     """Partitions the answer sends to a preferred read replica (KIP-392), and which."""
     follow: bool = False
     """The proxy follows the leader's redirects for this client (``read_replica``)."""
     plan: read_replica.FetchSplit | None = None
     """The fetch split between the leader and preferred replicas (when following)."""
-    leader_redirects: Mapping[rack_fetch.PartitionKey, int] | None = None
+    leader_redirects: Mapping[PartitionKey, int] | None = None
     """Redirects of the leader's answer as upstream sent them (a v10 client's version
     has no field for them)."""
     leader_answer: Any = None
     leader_done: bool = False
     replica_answers: dict[int, Any] = dataclasses.field(default_factory=dict)
-    served_by: Mapping[rack_fetch.PartitionKey, int] | None = None
+    served_by: Mapping[PartitionKey, int] | None = None
     """Partitions a preferred replica served, and which (for the rack metrics)."""
 
 
@@ -1194,13 +1194,13 @@ class FetchPathHandler:
         self._run(self._complete(exchange, merged.response, upstream))
 
     def _client_keys(
-        self, found: Mapping[rack_fetch.PartitionKey, int], client_version: int
-    ) -> dict[rack_fetch.PartitionKey, int]:
+        self, found: Mapping[PartitionKey, int], client_version: int
+    ) -> dict[PartitionKey, int]:
         """Redirects keyed as the upstream answer named topics, keyed as the client does."""
-        out: dict[rack_fetch.PartitionKey, int] = {}
+        out: dict[PartitionKey, int] = {}
         ids = self.path.topic_ids
         for (topic, partition), node in found.items():
-            key: Any = topic
+            key: TopicKey = topic
             if client_version >= FIRST_TOPIC_ID_VERSION and isinstance(topic, str):
                 key = ids.id_for(topic)
             elif client_version < FIRST_TOPIC_ID_VERSION and isinstance(topic, uuid.UUID):

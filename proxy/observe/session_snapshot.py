@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..protocol.partition_key import partition_name
 from ..relay.relay import FetchHandler, SessionCacheView, SessionView
 from ..sessions.resets import Side
 from .metrics import Metrics
@@ -96,7 +97,7 @@ def sessions_snapshot(
             "partitions": len(partitions),
         }
         if with_partitions:
-            row["partition_names"] = sorted(str(p) for p in partitions)[:partition_limit]
+            row["partition_names"] = sorted(partition_name(p) for p in partitions)[:partition_limit]
             row["partition_names_truncated"] = len(partitions) > partition_limit
         rows.append(row)
     rows.sort(key=lambda r: (-r["partitions"], r["connection"]))

@@ -18,5 +18,7 @@ else from the proxy either; everything above it builds on it.
   no longer walked before they are decoded: ``walk.check`` is the verdict the tests
   hold the readers to.
 - :mod:`.messages`: kio message classes by version, and entities built across versions.
+- :mod:`.partition_key`: the one key of a Fetch's partition (topic name or id, partition
+  index) that sessions, shaping and the relay share.
 - :mod:`.records`: RecordBatch v2 headers, read without decompressing anything.
 """

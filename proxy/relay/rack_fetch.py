@@ -41,6 +41,7 @@ from typing import Any
 from ..protocol import codec
 from ..protocol.apis import FETCH
 from ..protocol.errors import DecodeError
+from ..protocol.partition_key import PartitionKey, topic_key
 
 MIN_RACK_VERSION = 11
 """The first Fetch version with ``rack_id`` (and ``preferred_read_replica`` in the answer)."""
@@ -49,9 +50,6 @@ DEFAULT_MAX_IGNORED = 3
 stops being sent on that connection.  More than one: a client may have built its next
 fetch before it read the redirect (librdkafka moves a partition between broker threads
 through a queue)."""
-
-PartitionKey = tuple[Any, int]
-"""(topic name or topic id, partition), as the client's Fetch version names the topic."""
 
 
 def upstream_rack(client_rack: str, proxy_rack: str, *, override: bool, client_version: int) -> str:
@@ -68,21 +66,16 @@ def upstream_rack(client_rack: str, proxy_rack: str, *, override: bool, client_v
     return proxy_rack
 
 
-def _topic_key(topic: Any) -> Any:
-    topic_id = getattr(topic, "topic_id", None)
-    return topic_id if topic_id is not None else getattr(topic, "topic", None)
-
-
 def requested(request: Any) -> set[PartitionKey]:
     """The partitions a (full) Fetch request asks for."""
-    return {(_topic_key(t), int(p.partition)) for t in request.topics for p in t.partitions}
+    return {(topic_key(t), int(p.partition)) for t in request.topics for p in t.partitions}
 
 
 def redirects(response: Any) -> dict[PartitionKey, int]:
     """Partitions of a Fetch response that name a preferred read replica, and which."""
     out: dict[PartitionKey, int] = {}
     for topic in getattr(response, "responses", ()):
-        key = _topic_key(topic)
+        key = topic_key(topic)
         for pd in topic.partitions:
             replica = int(getattr(pd, "preferred_read_replica", -1))
             if replica >= 0:

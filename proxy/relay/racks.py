@@ -47,6 +47,7 @@ from typing import Any
 from ..protocol import codec, error_codes
 from ..protocol.apis import METADATA
 from ..protocol.errors import DecodeError
+from ..protocol.partition_key import PartitionKey, TopicKey
 
 MAX_RACK_CHARS = 255
 DEFAULT_MAX_BROKERS = 10_000
@@ -54,9 +55,6 @@ DEFAULT_MAX_PARTITIONS = 100_000
 MAX_TOPICS_PER_USAGE = 100
 """Topics a :class:`RackUsage` lists one by one; the rest are folded into one ``None`` row."""
 BYTES_PER_GB = 1_000_000_000
-
-TopicKey = str | uuid.UUID | None
-PartitionKey = tuple[TopicKey, int]
 
 
 class Locality(StrEnum):

@@ -74,7 +74,8 @@ from kio.schema.errors import ErrorCode
 from ..protocol.apis import FETCH
 from ..protocol.error_codes import NONE, OFFSET_OUT_OF_RANGE
 from ..protocol.messages import convert, field_names, make, request_module, response_module
-from .racks import FallbackReason, PartitionKey, TopicKey, fallback_reason
+from ..protocol.partition_key import PartitionKey, topic_key
+from .racks import FallbackReason, fallback_reason
 
 DEFAULT_EXPIRY_SECONDS = 300.0
 """How long a preferred read replica is followed without the leader naming it again
@@ -277,13 +278,6 @@ class Watermarks:
 
 
 # -- one exchange ------------------------------------------------------------------
-
-
-def topic_key(topic: Any) -> TopicKey:
-    """A request or response topic's key: its id from Fetch v13, else its name."""
-    cls: type = type(topic)
-    key: TopicKey = topic.topic_id if "topic_id" in field_names(cls) else topic.topic
-    return key
 
 
 @dataclass(frozen=True, slots=True)

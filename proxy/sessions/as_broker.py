@@ -48,7 +48,6 @@ Whatever sits between the two calls (fetch shaping, the upstream session:
 from __future__ import annotations
 
 import dataclasses
-import uuid
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -63,6 +62,7 @@ from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
+from ..protocol.partition_key import PartitionKey, TopicKey
 from .as_broker_cache import (
     FetchContext,
     FetchSession,
@@ -156,7 +156,7 @@ class DownstreamFetch:
     """The partitions this fetch covers, as one sessionless full fetch at the client's version."""
     version: int
     context: FetchContext
-    by_ref: dict[tuple[str | uuid.UUID | None, int], TopicIdPartition]
+    by_ref: dict[PartitionKey, TopicIdPartition]
 
 
 class DownstreamSessions:
@@ -277,7 +277,7 @@ class DownstreamSessions:
             )
             return ClientReply(drain(_response(version, result, None)))
         effective = yield from context.partitions_in_ranges(every)
-        by_ref: dict[tuple[str | uuid.UUID | None, int], TopicIdPartition] = {}
+        by_ref: dict[PartitionKey, TopicIdPartition] = {}
         for i, (t, _) in enumerate(effective, 1):
             if every and i % every == 0:
                 yield
@@ -378,7 +378,7 @@ def _epoch_or_none(value: Any) -> int | None:
     return None if value < 0 else value
 
 
-def _ref(tp: TopicIdPartition, on_ids: bool) -> str | uuid.UUID | None:
+def _ref(tp: TopicIdPartition, on_ids: bool) -> TopicKey:
     return tp.topic_id if on_ids else tp.topic
 
 

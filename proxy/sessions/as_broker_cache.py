@@ -3,7 +3,8 @@
 Modelled on Apache Kafka's ``FetchSession.scala`` (``CachedPartition``,
 ``FetchSession``, the four ``FetchContext`` kinds, ``FetchSessionCacheShard``
 and ``FetchManager.newContext``).  Nothing here knows about logs, sockets or
-kio: partitions are keyed by :class:`TopicIdPartition`, request parameters are
+kio: partitions are named by :class:`TopicIdPartition` and keyed in a session by
+its :data:`~proxy.protocol.partition_key.PartitionKey`, request parameters are
 :class:`PartitionRequest`, and a response partition of any type ``T`` is
 described to the session logic through a :class:`PartitionOutcome` extracted by
 a caller-supplied function.  The dev broker uses it with its own read results;
@@ -55,6 +56,7 @@ from ..protocol.error_codes import (
     INVALID_FETCH_SESSION_EPOCH,
     NONE,
 )
+from ..protocol.partition_key import PartitionKey
 
 # FINAL_EPOCH, INVALID_SESSION_ID and is_full are re-exported: the dev broker
 # (``devbroker.session_cache``) takes them from here.
@@ -71,20 +73,26 @@ DEFAULT_EVICTION_MS = 120_000  # Kafka's fixed minimum idle time before eviction
 
 T = TypeVar("T")
 R = TypeVar("R")
-SessionKey = tuple[uuid.UUID | str | None, int]
 Ranges = Generator[None, None, R]
 """Work cut into ranges: each ``yield`` ends one (the caller runs the next when it likes);
 the generator's value is the result.  ``every`` partitions a range, 0: no yield at all."""
 
 
 class TopicIdPartition(NamedTuple):
-    """A partition as a fetch request names it.
+    """A partition as a fetch request names it, with both its topic's id and name.
 
     ``topic_id`` is None for requests before v13 (Kafka's zero UUID, as kio
     decodes it); ``topic`` is None when a v13+ topic id did not resolve.
     Equality compares all three fields, like Kafka's ``TopicIdPartition``.
-    A tuple: it is hashed several times per partition and fetch, which a
-    tuple does in C.
+
+    More than the fetch path's one key (:data:`~proxy.protocol.partition_key.PartitionKey`
+    names a topic one way): this cache is Kafka's broker-side cache, shared with the
+    dev broker, and a broker reads its logs by name whatever the request names, so a
+    partition keeps both, as Kafka's ``CachedPartition`` does, and a name unknown when
+    it joined a session on ids is resolved later (``maybe_resolve_unknown_name``).
+    The proxy itself reads only the key.  Its identity inside a session (Kafka's
+    ``CachedPartition.equals``) is that key, :attr:`session_key`.  A tuple: it is
+    hashed several times per partition and fetch, which a tuple does in C.
     """
 
     topic_id: uuid.UUID | None
@@ -92,7 +100,7 @@ class TopicIdPartition(NamedTuple):
     partition: int
 
     @property
-    def session_key(self) -> SessionKey:
+    def session_key(self) -> PartitionKey:
         """Identity inside a session: the id when there is one, else the name (CachedPartition.equals)."""
         if self.topic_id is not None:
             return (self.topic_id, self.partition)
@@ -172,7 +180,7 @@ class CachedPartition:
         self.last_fetched_epoch = req.last_fetched_epoch
 
     @property
-    def key(self) -> SessionKey:
+    def key(self) -> PartitionKey:
         return self.topic_id_partition.session_key
 
     @property
@@ -253,7 +261,7 @@ class FetchSession:
         self,
         session_id: int,
         privileged: bool,
-        partitions: dict[SessionKey, CachedPartition],
+        partitions: dict[PartitionKey, CachedPartition],
         uses_topic_ids: bool,
         creation_ms: int,
         last_used_ms: int,
@@ -463,7 +471,7 @@ class FullFetchContext(_FullRequestContext):
         """The session's partitions are built range by range (nothing shared is touched);
         the session is created (or not) in the cache at one point, after the last range."""
         # The session order is the response order (which may differ from the request order).
-        cached: dict[SessionKey, CachedPartition] = {}
+        cached: dict[PartitionKey, CachedPartition] = {}
         unrequested: TopicIdPartition | None = None
         for i, (tp, data) in enumerate(list(updates.items()), 1):
             if every and i % every == 0:
@@ -475,7 +483,7 @@ class FullFetchContext(_FullRequestContext):
             o = outcome(data)
             cached[tp.session_key] = CachedPartition(tp, req, o.high_watermark, o.log_start_offset)
 
-        def create_partitions() -> dict[SessionKey, CachedPartition]:
+        def create_partitions() -> dict[PartitionKey, CachedPartition]:
             if unrequested is not None:  # (only when a session is created, as before)
                 raise KeyError(f"response partition {unrequested} was not requested")
             return cached
@@ -628,7 +636,7 @@ class FetchSessionCache:
         privileged: bool,
         size: int,
         uses_topic_ids: bool,
-        create_partitions: Callable[[], dict[SessionKey, CachedPartition]],
+        create_partitions: Callable[[], dict[PartitionKey, CachedPartition]],
     ) -> int:
         """Create a session if there is room (possibly by evicting one); its id, or 0."""
         if len(self._sessions) < self.max_slots or self._try_evict(

@@ -64,13 +64,8 @@ from ..protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from ..protocol.messages import convert, field_names, make, request_module, response_module
-from .as_client_session import (
-    FetchParams,
-    FetchSessionClient,
-    PartitionKey,
-    SessionRequest,
-    Verdict,
-)
+from ..protocol.partition_key import PartitionKey, TopicKey, partition_name
+from .as_client_session import FetchParams, FetchSessionClient, SessionRequest, Verdict
 from .client_fetch import (
     ClientReply,
     TranslationError,
@@ -281,11 +276,11 @@ class FetchTranslator:
             topic_id = cp.topic_id
             if topic_id is None and cp.topic_name is not None:
                 topic_id = self.topic_ids.id_for(cp.topic_name)
-            return None if topic_id is None else PartitionKey(topic_id, cp.partition)
+            return None if topic_id is None else (topic_id, cp.partition)
         name = cp.topic_name
         if name is None and cp.topic_id is not None:
             name = self.topic_ids.name_for(cp.topic_id)
-        return None if name is None else PartitionKey(name, cp.partition)
+        return None if name is None else (name, cp.partition)
 
     def _upstream_request(self, pending: _Pending) -> Any:
         return drain(self._upstream_request_in_ranges(pending, 0))
@@ -298,16 +293,16 @@ class FetchTranslator:
         client = pending.request
         topics = []
         done = 0
-        for topic, items in group_runs(sreq.to_send.items(), lambda kv: kv[0].topic):
+        for topic, items in group_runs(sreq.to_send.items(), lambda kv: kv[0][0]):
             parts = []
-            for key, params in items:
+            for (_, partition), params in items:
                 done += 1
                 if every and done % every == 0:
                     yield
                 parts.append(
                     make(
                         mod.FetchPartition,
-                        partition=key.partition,
+                        partition=partition,
                         fetch_offset=params.fetch_offset,
                         partition_max_bytes=params.partition_max_bytes,
                         log_start_offset=params.log_start_offset,
@@ -323,9 +318,9 @@ class FetchTranslator:
                 mod.ForgottenTopic,
                 topic=topic,
                 topic_id=topic,
-                partitions=tuple(key.partition for key in keys),
+                partitions=tuple(partition for _, partition in keys),
             )
-            for topic, keys in group_runs(sreq.to_forget, lambda k: k.topic)
+            for topic, keys in group_runs(sreq.to_forget, lambda k: k[0])
         ]
         return consumer_fetch(
             mod,
@@ -409,7 +404,8 @@ class FetchTranslator:
                 reply = yield from self._finish(pending, data, response, every)
                 return ClientReply(reply)
             problem = (
-                f"omitted {len(unusable)} partition(s) with no usable state, e.g. {unusable[0]}"
+                f"omitted {len(unusable)} partition(s) with no usable state,"
+                f" e.g. {partition_name(unusable[0])}"
             )
             self.session.revoke_last_response(problem)
             self.stats.invalid_responses += 1
@@ -430,7 +426,7 @@ class FetchTranslator:
         for topic in response.responses:
             ref = topic.topic_id if uses_topic_ids else topic.topic
             for pd in topic.partitions:
-                out.append((PartitionKey(ref, int(pd.partition_index)), pd))
+                out.append(((ref, int(pd.partition_index)), pd))
                 if every and len(out) % every == 0:
                     yield
         return out
@@ -487,8 +483,8 @@ class FetchTranslator:
         mod = response_module(FETCH, client_version)
         read_committed = int(getattr(pending.request, "isolation_level", 0)) == READ_COMMITTED
         client_on_ids = client_version >= FIRST_TOPIC_ID_VERSION
-        answered: list[tuple[str | uuid.UUID | None, Any]] = []
-        refused: list[tuple[str | uuid.UUID | None, Any]] = []
+        answered: list[tuple[TopicKey, Any]] = []
+        refused: list[tuple[TopicKey, Any]] = []
         for i, cp in enumerate([] if empty else _dedupe(pending.partitions), 1):
             if every and i % every == 0:
                 yield
@@ -588,14 +584,14 @@ def _client_partitions(request: Any) -> Iterator[_ClientPartition]:
             )
 
 
-def _client_topic(cp: _ClientPartition) -> str | uuid.UUID | None:
+def _client_topic(cp: _ClientPartition) -> TopicKey:
     return cp.topic_id if cp.topic_name is None else cp.topic_name
 
 
 def _dedupe(partitions: list[_ClientPartition]) -> Iterator[_ClientPartition]:
     """One entry per (topic, partition), at its first position (a broker keys fetch data by
     it), as the caller walks them (so a walk in ranges dedupes in ranges too)."""
-    seen: set[tuple[str | uuid.UUID | None, int]] = set()
+    seen: set[PartitionKey] = set()
     for cp in partitions:
         ident = (_client_topic(cp), cp.partition)
         if ident not in seen:

@@ -27,8 +27,9 @@ throttled empty full response (KIP-219)     full, (0, 0)
 network error on the request                full, (S, 0)
 ==========================================  ===================================
 
-Partitions are keyed by ``PartitionKey`` whose topic is a topic id (UUID) when
-the session uses topic ids (Fetch v13+) and a topic name otherwise.  A session
+Partitions are keyed by :data:`~proxy.protocol.partition_key.PartitionKey` (the one
+key of the fetch path) whose topic is a topic id (UUID) when the session uses topic
+ids (Fetch v13+) and a topic name otherwise.  A session
 never mixes the two: changing the addressing mode forces a full request,
 because the broker refuses an incremental request whose mode differs from the
 session's (FETCH_SESSION_TOPIC_ID_ERROR).
@@ -47,6 +48,7 @@ from typing import NamedTuple
 
 from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
+from ..protocol.partition_key import PartitionKey, partition_name
 from .kip227 import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
@@ -55,22 +57,10 @@ from .kip227 import (
 )
 
 
-class PartitionKey(NamedTuple):
-    """A partition of the session.  A tuple, not a dataclass: it is hashed several times
-    per partition and fetch, and a tuple's hash and equality run in C."""
-
-    topic: str | uuid.UUID
-    """A topic id when the session uses ids, else a topic name."""
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
-
-
 class FetchParams(NamedTuple):
     """What the broker caches per partition of a session; a change makes the partition 'altered'.
 
-    A tuple, as ``PartitionKey``: compared once per session partition on every fetch."""
+    A tuple, as a ``PartitionKey``: compared once per session partition on every fetch."""
 
     fetch_offset: int
     partition_max_bytes: int
@@ -80,10 +70,10 @@ class FetchParams(NamedTuple):
 
 
 _Diff = tuple[
-    dict["PartitionKey", "FetchParams"],
-    dict["PartitionKey", "FetchParams"],
-    dict["PartitionKey", "FetchParams"],
-    list["PartitionKey"],
+    dict[PartitionKey, "FetchParams"],
+    dict[PartitionKey, "FetchParams"],
+    dict[PartitionKey, "FetchParams"],
+    list[PartitionKey],
 ]
 """(kept, added, altered, removed): a request's partitions against the session's."""
 
@@ -213,8 +203,11 @@ class FetchSessionClient:
         if self._in_flight is not None:
             raise SessionStateError("a fetch request is already in flight in this session")
         for i, key in enumerate(wanted, 1):
-            if isinstance(key.topic, uuid.UUID) != uses_topic_ids:
-                raise ValueError(f"partition {key} does not match uses_topic_ids={uses_topic_ids}")
+            if isinstance(key[0], uuid.UUID) != uses_topic_ids:
+                raise ValueError(
+                    f"partition {partition_name(key)} does not match"
+                    f" uses_topic_ids={uses_topic_ids}"
+                )
             if every and i % every == 0:
                 yield
         before = self._session
@@ -411,9 +404,9 @@ def _describe(
 ) -> str | None:
     parts = []
     if omitted:
-        parts.append(f"omitted {len(omitted)} partition(s), e.g. {omitted[0]}")
+        parts.append(f"omitted {len(omitted)} partition(s), e.g. {partition_name(omitted[0])}")
     if extra:
-        parts.append(f"{len(extra)} extra partition(s), e.g. {extra[0]}")
+        parts.append(f"{len(extra)} extra partition(s), e.g. {partition_name(extra[0])}")
     if duplicated:
         parts.append("duplicate partitions")
     return "; ".join(parts) or None

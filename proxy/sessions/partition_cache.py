@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .as_client_session import PartitionKey
+from ..protocol.partition_key import PartitionKey
 
 
 @dataclass(frozen=True, slots=True)

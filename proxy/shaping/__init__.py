@@ -1,13 +1,12 @@
 """Fetch shaping: byte and record caps, fair rotation, the reuse buffer, the memory budget.
 
 Sans-I/O: everything here is plain code over kio Fetch request/response objects
-and RecordBatch v2 headers.  No trio import; the fetch path (``proxy.fetchpath``)
-calls it, and it imports only the protocol layer below it.
+and RecordBatch v2 headers; partitions are keyed by the fetch path's one key,
+:data:`proxy.protocol.partition_key.PartitionKey`.  No trio import; the fetch path
+(``proxy.fetchpath``) calls it, and it imports only the protocol layer below it.
 
 Modules, one per feature:
 
-- :mod:`.keys`: how a partition is named across Fetch versions (topic name or id,
-  partition index).
 - :mod:`.limits`: the configured :class:`~.limits.Limits`, request clamping,
   the per-response :class:`~.limits.ResponseLimits`, and the names of what held
   data back (:class:`~.limits.LimitKind`).

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..protocol.partition_key import PartitionKey
 from .budget import MemoryBudget, Reservation
-from .keys import PartitionKey
 from .trim import Prefix, Run
 
 NO_EPOCH = -1

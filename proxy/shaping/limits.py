@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..protocol.codec import drain
-from .keys import PartitionKey, topic_key
+from ..protocol.partition_key import PartitionKey, topic_key
 
 INT32_MAX = 2**31 - 1
 

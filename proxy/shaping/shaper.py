@@ -60,10 +60,10 @@ from kio.static.primitive import i32Timedelta
 from ..protocol.apis import FETCH
 from ..protocol.codec import drain
 from ..protocol.messages import make, response_module
+from ..protocol.partition_key import PartitionKey, topic_key
 from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
 from .decision import ShapingDecision
-from .keys import PartitionKey, topic_key
 from .limits import Limits, ResponseLimits, clamp_request_in_ranges, response_limits_in_ranges
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
 from .trim import (

@@ -47,8 +47,8 @@ from ..protocol import records
 from ..protocol.codec import drain
 from ..protocol.error_codes import NONE
 from ..protocol.messages import make, module_of
+from ..protocol.partition_key import PartitionKey, topic_key
 from ..protocol.records import BatchHeader
-from .keys import PartitionKey, topic_key
 from .limits import ResponseLimits
 
 Aborted = tuple[tuple[int, int], ...]

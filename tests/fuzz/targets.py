@@ -470,8 +470,8 @@ def session_broker(data: bytes) -> None:
 
 # -- the proxy as a session client upstream ------------------------------------------------------
 
-_KEYS_BY_NAME = [as_client_session.PartitionKey(t, p) for t in ("a", "b") for p in range(3)]
-_KEYS_BY_ID = [as_client_session.PartitionKey(t, p) for t in _IDS[:2] for p in range(3)]
+_KEYS_BY_NAME = [(t, p) for t in ("a", "b") for p in range(3)]
+_KEYS_BY_ID = [(t, p) for t in _IDS[:2] for p in range(3)]
 
 
 def session_client(data: bytes) -> None:

@@ -20,7 +20,7 @@ from kio.schema.errors import ErrorCode
 
 from devbroker.log import PartitionLog
 from proxy.protocol import records
-from proxy.shaping.keys import PartitionKey
+from proxy.protocol.partition_key import PartitionKey
 
 TOPIC_ID = uuid.UUID("00000000-0000-0000-0000-00000000000a")
 
@@ -154,7 +154,7 @@ def make_response(version: int, partitions: Sequence[Any], topic: Any = None) ->
 
 def delivered(response: Any) -> dict[PartitionKey, list[bytes]]:
     """Delivered whole batches (raw bytes), by partition; asserts there is no partial tail."""
-    from proxy.shaping.keys import topic_key
+    from proxy.protocol.partition_key import topic_key
 
     out: dict[PartitionKey, list[bytes]] = {}
     for topic in response.responses:

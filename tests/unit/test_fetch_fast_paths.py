@@ -25,7 +25,6 @@ from proxy.sessions import as_broker
 from proxy.sessions.as_broker import DownstreamFetch, DownstreamSessions
 from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.sessions.as_client import FetchTranslator, UpstreamFetch
-from proxy.sessions.as_client_session import PartitionKey
 from proxy.sessions.client_fetch import ClientReply
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
@@ -222,7 +221,7 @@ def test_an_empty_partition_with_an_aborted_list_loses_it_as_before() -> None:
 
 def test_retain_prunes_keys_recorded_outside_the_last_session() -> None:
     cache = PartitionStateCache()
-    a, b = PartitionKey("t", 0), PartitionKey("t", 1)
+    a, b = ("t", 0), ("t", 1)
     state = {"high_watermark": 1, "last_stable_offset": 1, "log_start_offset": 0, "error_code": 0}
     cache.record(a, **state)
     cache.retain((a,))

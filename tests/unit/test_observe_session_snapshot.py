@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.observe.http import ObserveApp, Readiness
 from proxy.observe.session_snapshot import SessionEntry, sessions_snapshot
-from proxy.sessions.as_client_session import FetchSessionClient, PartitionKey, SessionMetadata
+from proxy.protocol.partition_key import PartitionKey, partition_name
+from proxy.sessions.as_client_session import FetchSessionClient, SessionMetadata
 
 
 @dataclass
@@ -20,7 +21,7 @@ class FakeSession:
 
 
 def entry(n: int, partitions: int) -> SessionEntry:
-    keys = tuple(PartitionKey(f"topic-{n}", p) for p in range(partitions))
+    keys = tuple((f"topic-{n}", p) for p in range(partitions))
     return SessionEntry(f"c{n}", f"app-{n}", n % 3, FakeSession(SessionMetadata(100 + n, 7), keys))
 
 
@@ -67,7 +68,7 @@ def test_a_real_session_client_and_the_endpoint() -> None:
     assert fresh["session_id"] == client.next_metadata.session_id
     assert fresh["epoch"] == client.next_metadata.epoch
     assert fresh["partitions"] == 0 and fresh["client_id"] is None
-    assert str(PartitionKey(topic_id, 3)) == f"{topic_id}-3"  # how partition names render
+    assert partition_name((topic_id, 3)) == f"{topic_id}-3"  # how partition names render
 
 
 class FakeCache:
@@ -86,7 +87,7 @@ class FakeHandler:
 
 
 def handler(session_id: int, partitions: int, cache: FakeCache) -> FakeHandler:
-    keys = tuple(PartitionKey("t", p) for p in range(partitions))
+    keys = tuple(("t", p) for p in range(partitions))
     return FakeHandler(FakeSession(SessionMetadata(session_id, 1), keys), cache)
 
 

@@ -13,19 +13,19 @@ from proxy.protocol.error_codes import (
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
 )
+from proxy.protocol.partition_key import PartitionKey
 from proxy.sessions.as_client_session import (
     FetchParams,
     FetchSessionClient,
-    PartitionKey,
     SessionMetadata,
     SessionStateError,
     Verdict,
 )
 from proxy.sessions.kip227 import MAX_EPOCH, next_epoch
 
-A0 = PartitionKey("a", 0)
-A1 = PartitionKey("a", 1)
-B0 = PartitionKey("b", 0)
+A0 = ("a", 0)
+A1 = ("a", 1)
+B0 = ("b", 0)
 
 
 def params(offset: int = 0, max_bytes: int = 1 << 20, **kw: int) -> FetchParams:
@@ -73,12 +73,12 @@ def test_full_response_with_session_id_starts_incremental_at_epoch_one() -> None
 
 def test_incremental_sends_only_added_and_altered_and_forgets_removed() -> None:
     c = established()
-    want = {A0: params(10), B0: params(), PartitionKey("c", 3): params(1)}
+    want = {A0: params(10), B0: params(), ("c", 3): params(1)}
     req = c.build(want, uses_topic_ids=False)
     # Added partitions come first (the broker appends them), then altered ones.
-    assert list(req.to_send) == [PartitionKey("c", 3), A0]
+    assert list(req.to_send) == [("c", 3), A0]
     assert req.to_forget == (A1,)
-    assert req.session_partitions == (A0, B0, PartitionKey("c", 3))
+    assert req.session_partitions == (A0, B0, ("c", 3))
 
 
 @pytest.mark.parametrize(
@@ -244,7 +244,7 @@ def test_revoke_last_response() -> None:
 def test_switching_to_topic_ids_forces_a_full_request() -> None:
     c = established(42)
     tid = uuid.uuid4()
-    req = c.build({PartitionKey(tid, 0): params()}, uses_topic_ids=True)
+    req = c.build({(tid, 0): params()}, uses_topic_ids=True)
     assert req.metadata == SessionMetadata(42, 0)
     assert req.is_full and req.uses_topic_ids
 
@@ -252,11 +252,11 @@ def test_switching_to_topic_ids_forces_a_full_request() -> None:
 def test_recreated_topic_id_is_forgotten_and_added() -> None:
     old, new = uuid.uuid4(), uuid.uuid4()
     c = FetchSessionClient()
-    c.build({PartitionKey(old, 0): params()}, uses_topic_ids=True)
-    respond(c, [PartitionKey(old, 0)], session_id=3)
-    req = c.build({PartitionKey(new, 0): params()}, uses_topic_ids=True)
-    assert list(req.to_send) == [PartitionKey(new, 0)]
-    assert req.to_forget == (PartitionKey(old, 0),)
+    c.build({(old, 0): params()}, uses_topic_ids=True)
+    respond(c, [(old, 0)], session_id=3)
+    req = c.build({(new, 0): params()}, uses_topic_ids=True)
+    assert list(req.to_send) == [(new, 0)]
+    assert req.to_forget == ((old, 0),)
 
 
 def test_mismatched_key_type_is_refused() -> None:
@@ -284,7 +284,7 @@ def test_without_session_support_every_request_is_sessionless() -> None:
 
 @st.composite
 def wanted_sets(draw: st.DrawFn) -> dict[PartitionKey, FetchParams]:
-    keys = draw(st.lists(st.sampled_from([A0, A1, B0, PartitionKey("c", 0)]), unique=True))
+    keys = draw(st.lists(st.sampled_from([A0, A1, B0, ("c", 0)]), unique=True))
     return {k: params(draw(st.integers(0, 3))) for k in keys}
 
 

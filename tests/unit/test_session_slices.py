@@ -25,9 +25,10 @@ from support.fetch_messages import (
 )
 
 from proxy.protocol.messages import make, request_module, response_module
+from proxy.protocol.partition_key import PartitionKey
 from proxy.sessions import as_client
 from proxy.sessions.as_client import FetchTranslator
-from proxy.sessions.as_client_session import FetchParams, FetchSessionClient, PartitionKey
+from proxy.sessions.as_client_session import FetchParams, FetchSessionClient
 from proxy.sessions.topic_ids import TopicIdMap
 
 EVERY = 500
@@ -35,7 +36,7 @@ FetchPartition = request_module(1, 12).FetchPartition
 
 
 def wanted(n: int, offset: int = 0) -> dict[PartitionKey, FetchParams]:
-    return {PartitionKey("t", p): FetchParams(offset + p, 1 << 20) for p in range(n)}
+    return {("t", p): FetchParams(offset + p, 1 << 20) for p in range(n)}
 
 
 def established(n: int) -> FetchSessionClient:
@@ -47,18 +48,18 @@ def established(n: int) -> FetchSessionClient:
 
 def test_an_incremental_build_yields_every_range_and_builds_the_same() -> None:
     now = wanted(10_000, offset=3)  # every partition moved on
-    del now[PartitionKey("t", 5)]  # one forgotten
-    now[PartitionKey("u", 0)] = FetchParams(0, 1 << 20)  # one added
+    del now[("t", 5)]  # one forgotten
+    now[("u", 0)] = FetchParams(0, 1 << 20)  # one added
     whole = established(10_000).build(now, uses_topic_ids=False)
     sliced = established(10_000)
     request, yields = counted(sliced.build_in_ranges(now, EVERY, uses_topic_ids=False))
     assert request == whole and not request.is_full
-    assert request.to_forget == (PartitionKey("t", 5),)
+    assert request.to_forget == (("t", 5),)
     # the check of the keys, the session's partitions and the new ones: 20 + 20 + 20
     assert yields >= 3 * 10_000 // EVERY - 1
-    kept = [k for k in established(10_000).session_partitions if k != PartitionKey("t", 5)]
+    kept = [k for k in established(10_000).session_partitions if k != ("t", 5)]
     assert sliced.in_flight == request
-    assert sliced.session_partitions == (*kept, PartitionKey("u", 0))
+    assert sliced.session_partitions == (*kept, ("u", 0))
 
 
 def test_a_session_reset_between_ranges_is_seen() -> None:
@@ -107,7 +108,7 @@ def test_an_answer_is_read_in_ranges_with_the_same_outcome() -> None:
                 error_code=0,
                 session_id=7,
                 throttle_time_ms=0,
-                partitions=[PartitionKey("t", p) for p in range(0, 10_000, 2)],
+                partitions=[("t", p) for p in range(0, 10_000, 2)],
                 every=every,
             )
         )

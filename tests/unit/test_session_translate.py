@@ -22,7 +22,7 @@ from proxy.sessions.as_client import (
     UpstreamFetch,
     is_sessionless_consumer_fetch,
 )
-from proxy.sessions.as_client_session import PartitionKey, SessionMetadata
+from proxy.sessions.as_client_session import SessionMetadata
 from proxy.sessions.client_fetch import ClientReply, TranslationError
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
@@ -491,7 +491,7 @@ def test_an_omitted_partition_whose_last_report_was_an_error_resets_the_session(
 
 def test_partition_cache_bounds_and_lookup() -> None:
     cache = PartitionStateCache()
-    a0, a1 = PartitionKey("a", 0), PartitionKey("a", 1)
+    a0, a1 = ("a", 0), ("a", 1)
     cache.record(a0, high_watermark=5, last_stable_offset=4, log_start_offset=1, error_code=0)
     cache.record(a1, high_watermark=-1, last_stable_offset=-1, log_start_offset=-1, error_code=1)
     state = cache.lookup(a0)

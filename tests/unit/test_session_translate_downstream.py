@@ -25,13 +25,13 @@ from devbroker.fetch import NodeFetcher
 from proxy.protocol import records
 from proxy.protocol.codec import request_schema
 from proxy.protocol.messages import make
+from proxy.protocol.partition_key import PartitionKey
 from proxy.sessions.as_broker import DownstreamSessions
 from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.sessions.as_client import FetchTranslator, UpstreamFetch
 from proxy.sessions.as_client_session import (
     FetchParams,
     FetchSessionClient,
-    PartitionKey,
     SessionRequest,
 )
 from proxy.sessions.client_fetch import ClientReply
@@ -44,20 +44,20 @@ def session_request(version: int, sreq: SessionRequest) -> Any:
     def grouped(keys: list[PartitionKey]) -> list[tuple[Any, list[PartitionKey]]]:
         out: list[tuple[Any, list[PartitionKey]]] = []
         for k in keys:
-            if out and out[-1][0] == k.topic:
+            if out and out[-1][0] == k[0]:
                 out[-1][1].append(k)
             else:
-                out.append((k.topic, [k]))
+                out.append((k[0], [k]))
         return out
 
     topics = fetch_topics(
         version,
         (
             (
-                k.topic,
+                k[0],
                 make(
                     mod.FetchPartition,
-                    partition=k.partition,
+                    partition=k[1],
                     fetch_offset=sreq.to_send[k].fetch_offset,
                     partition_max_bytes=sreq.to_send[k].partition_max_bytes,
                 ),
@@ -67,7 +67,7 @@ def session_request(version: int, sreq: SessionRequest) -> Any:
     )
     forgotten = tuple(
         make(
-            mod.ForgottenTopic, topic=ref, topic_id=ref, partitions=tuple(k.partition for k in keys)
+            mod.ForgottenTopic, topic=ref, topic_id=ref, partitions=tuple(k[1] for k in keys)
         )
         for ref, keys in grouped(list(sreq.to_forget))
     )
@@ -101,12 +101,12 @@ class Setup:
         return self.downstream.answer(opened, step.response), upstream_requests
 
     def key(self, version: int, topic: str, p: int) -> PartitionKey:
-        return PartitionKey(self.up.state.topics[topic].topic_id if version >= 13 else topic, p)
+        return (self.up.state.topics[topic].topic_id if version >= 13 else topic, p)
 
 
 def keys_of(response: Any, version: int) -> list[PartitionKey]:
     return [
-        PartitionKey(t.topic_id if version >= 13 else t.topic, int(p.partition_index))
+        (t.topic_id if version >= 13 else t.topic, int(p.partition_index))
         for t in response.responses
         for p in t.partitions
     ]
@@ -222,7 +222,7 @@ def test_unknown_topic_id_is_answered_as_the_broker_would() -> None:
     s = Setup(17, seed=5)
     client = FetchSessionClient()
     ghost = uuid.uuid4()
-    want = {PartitionKey(ghost, 0): FetchParams(0, 100)}
+    want = {(ghost, 0): FetchParams(0, 100)}
     req = session_request(13, client.build(want, uses_topic_ids=True))
     resp, _ = s.through_proxy(req)
     assert resp == s.up.answer(s.direct, req)

@@ -18,7 +18,7 @@ from support.fetch_model import (
 )
 
 from proxy.protocol import codec, records
-from proxy.shaping.keys import PartitionKey
+from proxy.protocol.partition_key import PartitionKey
 from proxy.shaping.limits import ResponseLimits
 from proxy.shaping.trim import Prefix, Run, concat, parse_records, trim_response
 
