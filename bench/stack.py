@@ -211,6 +211,7 @@ class Stack:
         self.haproxy: subprocess.Popen[bytes] | None = None
         self.proxies: list[ProxyProcess] = []
         self._arrangements: dict[str, Arrangement] = {}
+        self._fds_at_start = 0
 
     def __enter__(self) -> Stack:
         try:
@@ -235,9 +236,11 @@ class Stack:
             1,
             workdir=self.workdir / "kafka",
             listeners={"RELAY": relay_port},
-            config={"log.segment.bytes": str(256 * 1024 * 1024)},
+            # a scenario's topics are deleted after it (drop_topics): their files go at once
+            config={"log.segment.bytes": str(256 * 1024 * 1024), "file.delete.delay.ms": "0"},
         ).start()
         node = self.cluster.nodes[1]
+        self._fds_at_start = self._broker_fds()
         cfg = self.workdir / "haproxy.cfg"
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         maxconn = max(1000, min(40000, (soft - 200) // 2))  # haproxy needs 2 fds per connection
@@ -275,6 +278,27 @@ class Stack:
         else:
             out.append(Arrangement("proxy", proxy.bootstrap, proxy.proc.pid, proxy))
         return out
+
+    def drop_topics(self, timeout: float = 120.0) -> None:
+        """Delete every topic the scenarios made, and wait until the broker has let go of
+        their files.  The broker keeps a file open per partition, so the scenarios' 20,000+
+        partitions would pass the open-file limit (20,000 here) if they all lived at once."""
+        assert self.cluster is not None
+        self.cluster.delete_topics(self.cluster.topics(), timeout=60.0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.cluster.topics() and self._broker_fds() <= self._fds_at_start + 1000:
+                return
+            time.sleep(0.5)
+        print(
+            f"bench: the broker still has {self._broker_fds()} open files after deleting the "
+            f"topics ({self._fds_at_start} at start)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _broker_fds(self) -> int:
+        return sum(1 for _ in Path(f"/proc/{self.broker_pid}/fd").iterdir())
 
     @property
     def broker_pid(self) -> int:

@@ -516,6 +516,22 @@ class KafkaCluster:
         self._wait_served(name, partitions, timeout)
         return name
 
+    def delete_topics(self, names: Sequence[str], timeout: float = 60.0) -> None:
+        """Delete *names* and wait until the controller has accepted each deletion."""
+        if not names:
+            return
+        admin = self._admin(timeout=timeout)
+        futures = admin.delete_topics(
+            list(names), operation_timeout=timeout, request_timeout=timeout
+        )
+        for future in futures.values():
+            future.result(timeout=timeout)
+
+    def topics(self) -> list[str]:
+        """Every topic's name but Kafka's own (``__consumer_offsets``, ...)."""
+        listed = self._admin().list_topics(timeout=10).topics
+        return sorted(name for name in listed if not name.startswith("__"))
+
     def new_topic(self, partitions: int, prefix: str = "t", **kwargs: Any) -> str:
         return self.create_topic(f"{prefix}-{uuid.uuid4().hex[:10]}", partitions, **kwargs)
 
