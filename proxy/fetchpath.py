@@ -7,7 +7,9 @@ it hands out.  A consumer fetch (v4+, not a follower's) goes through
 ``FetchPathHandler`` top-down, each stage taking values and returning values:
 
     client request
-      decode                    codec.decode_request_body
+      decode                    codec.decode_request_body, then ClientFetch.validate:
+                                the one check of whose fetch it is (its replica id; a
+                                follower's passes through); the stages get the value
       admission                 FetchPath.select (policy), FetchAdmission.fetch_bytes
                                 (the max_bytes it may ask; nothing reserved)
       downstream session        DownstreamSessions.open: the partitions this fetch
@@ -193,8 +195,8 @@ from .sessions.as_broker import (
 from .sessions.as_broker_cache import FetchSessionCache
 from .sessions.as_client import FetchTranslator, UpstreamFetch
 from .sessions.as_client_session import FetchSessionClient
-from .sessions.client_fetch import ClientReply
-from .sessions.kip227 import FIRST_TOPIC_ID_VERSION, replica_id
+from .sessions.client_fetch import ClientFetch, ClientReply
+from .sessions.kip227 import FIRST_TOPIC_ID_VERSION
 from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
@@ -463,10 +465,11 @@ class FetchPathHandler:
         """The client authenticates end to end (SASL through the proxy)."""
         self._authenticated_counted = False
         self._upstream: Upstream | None = None
-        self._queue: deque[tuple[ClientRequest, Any, int]] = deque()
-        """Fetches waiting their turn; each is decoded when it reaches the head (None
-        until then), so queued fetches hold their frames, not their decoded form; and the
-        partitions it names (counted from its bytes, 0 when they could not be)."""
+        self._queue: deque[tuple[ClientRequest, ClientFetch | None, int]] = deque()
+        """Fetches waiting their turn; each is decoded and validated when it reaches the
+        head (None until then), so queued fetches hold their frames, not their decoded
+        form; and the partitions it names (counted from its bytes, 0 when they could not
+        be)."""
         self._claim: int | None = None
         """Partitions the fetch at the head of the queue (or being served) took from the
         process's ``PartitionsInFlight`` (None: it has taken nothing yet)."""
@@ -590,12 +593,13 @@ class FetchPathHandler:
         if self.closed:
             return
         self._busy = False
-        if replica_id(decoded) >= 0:  # a follower's: not ours to reshape
+        client = ClientFetch.validate(decoded)  # the one validation (its replica id)
+        if client is None:  # a follower's: not ours to reshape
             self._queue.popleft()
             self._give_back_claim()
             self._passthrough.handle_fetch(request, upstream)
         else:
-            self._queue[0] = (request, decoded, self._queue[0][2])
+            self._queue[0] = (request, client, self._queue[0][2])
         if self._waker is not None:
             self._waker()
 
@@ -687,7 +691,7 @@ class FetchPathHandler:
         self._starting = True
         try:
             while self._queue and not self._busy:
-                request, decoded, named = self._queue[0]
+                request, client, named = self._queue[0]
                 if self._claim is None:  # before its decode: max_partitions_in_flight
                     self._claim = self.path.in_flight.take(self, named)
                     if self._claim is None:
@@ -699,7 +703,7 @@ class FetchPathHandler:
                     self._partitions_waiting = False
                     if self._claim:
                         self.path.refresh_gauges()
-                if decoded is None:
+                if client is None:  # not decoded yet
                     waker = self._waker
                     large = len(request.frame) > SLICE_BYTES and waker is not None
                     if waker is not None and large and self._decode_turn is not request:
@@ -710,23 +714,24 @@ class FetchPathHandler:
                         self._busy = True
                         self._run(self._decoding(request, upstream))
                         return
-                    decoded = self._decode(request)
-                    if replica_id(decoded) >= 0:  # a follower's: not ours to reshape
+                    # the one validation (its replica id); the stages get the validated value
+                    client = ClientFetch.validate(self._decode(request))
+                    if client is None:  # a follower's: not ours to reshape
                         self._queue.popleft()
                         self._give_back_claim()
                         self._passthrough.handle_fetch(request, upstream)
                         continue
-                    self._queue[0] = (request, decoded, named)
+                    self._queue[0] = (request, client, named)
                     if len(request.frame) > SLICE_BYTES and self._waker is not None:
                         self._waker()  # decoding was this turn's slice: the rest next turn
                         return
                 policy, limits = self.path.select(request.header.client_id, self.listener)
-                max_bytes = self._max_bytes(decoded, limits)
+                max_bytes = self._max_bytes(client, limits)
                 self._queue.popleft()
                 self._fetches += 1
                 self._busy = True
                 grant = self.path.budget.reservation()  # nothing until a response arrives
-                self._run(self._start(request, decoded, policy, limits, grant, upstream, max_bytes))
+                self._run(self._start(request, client, policy, limits, grant, upstream, max_bytes))
         finally:
             self._starting = False
 
@@ -760,7 +765,7 @@ class FetchPathHandler:
         self.slices += 1
         self._waker()
 
-    def _max_bytes(self, decoded: Any, limits: Limits) -> int:
+    def _max_bytes(self, client: ClientFetch, limits: Limits) -> int:
         """The most record bytes the fetch may ask upstream for (``FetchAdmission.fetch_bytes``).
 
         Nothing is reserved for it: memory is taken when the response's size is
@@ -769,11 +774,12 @@ class FetchPathHandler:
         admission = self.path.admission
         # The most the response can carry: each partition the fetch covers (an
         # incremental fetch also covers its session's), at most its max_bytes.
+        decoded = client.request
         sizes = [int(p.partition_max_bytes) for t in decoded.topics for p in t.partitions]
-        known = int(getattr(decoded, "session_epoch", -1)) <= 0  # a full fetch lists them all
+        known = client.session_epoch <= 0  # a full fetch lists them all
         if not known:
             session = self.downstream.session
-            if session is not None and session.id == int(decoded.session_id):
+            if session is not None and session.id == client.session_id:
                 # else the session error is answered without upstream
                 sizes += [cp.max_bytes for cp in session.partitions.values()]
                 known = True
@@ -817,7 +823,7 @@ class FetchPathHandler:
     def _start(
         self,
         request: ClientRequest,
-        decoded: Any,
+        client: ClientFetch,
         policy: str,
         limits: Limits,
         grant: Reservation,
@@ -826,9 +832,9 @@ class FetchPathHandler:
     ) -> Slices:
         """The request's stages; a large fetch yields between them (see ``_run``)."""
         started = self.path.clock()
-        sessionless = int(getattr(decoded, "session_epoch", -1)) == -1
-        translator = self._translator(int(request.header.api_version))
-        opened = yield from self.downstream.open_in_ranges(decoded, SLICE_PARTITIONS)
+        sessionless = client.sessionless
+        translator = self._translator(client.version)
+        opened = yield from self.downstream.open_in_ranges(client, SLICE_PARTITIONS)
         if isinstance(opened, ClientReply):  # a session error, answered as a broker does
             self._hold_until_written(grant)
             self._reply(request, opened.response, upstream, sessionless=sessionless)

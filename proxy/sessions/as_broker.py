@@ -37,7 +37,8 @@ through the same path and come back unchanged.
 
 Values in, values out::
 
-    opened = downstream.open(client_request)   # -> DownstreamFetch | ClientReply
+    client = ClientFetch.validate(client_request)   # once, at decode (None: a follower's)
+    opened = downstream.open(client)   # -> DownstreamFetch | ClientReply
     full = (the complete full response to opened.request, from upstream)
     reply with downstream.answer(opened, full)
 
@@ -78,19 +79,13 @@ from .as_broker_cache import (
     outcome_of_kio_partition,
 )
 from .client_fetch import (
+    ClientFetch,
     ClientReply,
-    TranslationError,
     consumer_fetch,
     group_runs,
     topic_entries_in_ranges,
 )
-from .kip227 import (
-    FIRST_TOPIC_ID_VERSION,
-    INVALID_SESSION_ID,
-    MIN_CLIENT_VERSION,
-    is_full,
-    replica_id,
-)
+from .kip227 import FIRST_TOPIC_ID_VERSION, INVALID_SESSION_ID, is_full
 from .topic_ids import TopicIdMap
 
 DEFAULT_MAX_SESSION_PARTITIONS = 10_000
@@ -197,11 +192,13 @@ class DownstreamSessions:
         if own is not None:
             self.sessions.remove(own)
 
-    def open(self, request: Any) -> DownstreamFetch | ClientReply:
+    def open(self, fetch: ClientFetch) -> DownstreamFetch | ClientReply:
         """The client's fetch as a sessionless full fetch, or the session error to answer."""
-        return drain(self.open_in_ranges(request, 0))
+        return drain(self.open_in_ranges(fetch, 0))
 
-    def open_in_ranges(self, request: Any, every: int) -> Ranges[DownstreamFetch | ClientReply]:
+    def open_in_ranges(
+        self, fetch: ClientFetch, every: int
+    ) -> Ranges[DownstreamFetch | ClientReply]:
         """``open``, yielding every *every* partitions (0: never) of each walk: reading the
         client's partitions, listing what the fetch covers, building the full fetch.
 
@@ -209,11 +206,7 @@ class DownstreamSessions:
         closed, updated or refused) changes at one point, between the walks; after it,
         only this connection's session is read (no other connection can use it).
         """
-        version = int(request.__version__)
-        if int(request.__api_key__) != FETCH or version < MIN_CLIENT_VERSION:
-            raise TranslationError("not a Fetch v4+ request")
-        if replica_id(request) >= 0:
-            raise TranslationError("follower fetches are not served by the proxy")
+        request, version = fetch.request, fetch.version  # (validated: a consumer's v4+)
         named = sum(len(topic.partitions) for topic in request.topics)
         if named > self.max_fetch_partitions:
             raise FetchTooLarge(
@@ -247,8 +240,7 @@ class DownstreamSessions:
             for topic in getattr(request, "forgotten_topics_data", ())
             for p in topic.partitions
         ]
-        session_id = int(getattr(request, "session_id", 0))
-        epoch = int(getattr(request, "session_epoch", -1))
+        session_id, epoch = fetch.session_id, fetch.session_epoch
         own = self.session
         context: FetchContext
         if session_id != INVALID_SESSION_ID and (own is None or own.id != session_id):

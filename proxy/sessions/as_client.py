@@ -79,7 +79,6 @@ from .kip227 import (
     MAX_VERSION,
     MIN_CLIENT_VERSION,
     MIN_SESSION_VERSION,
-    replica_id,
 )
 from .partition_cache import PartitionStateCache
 from .topic_ids import TopicIdMap
@@ -91,16 +90,18 @@ _PRE_READ_ERRORS = frozenset(
 """Errors KafkaApis.handleFetchRequest gives before reading (its ``erroneous`` partitions)."""
 
 
-def is_sessionless_consumer_fetch(request: Any) -> bool:
-    """True for a consumer's Fetch (v4+) that does not use a fetch session.
+def is_sessionless_fetch(request: Any) -> bool:
+    """True for a Fetch (v4+) that does not use a fetch session.
 
     v7+ clients without sessions send session id 0 and epoch -1 (FINAL): every
-    request is a full fetch, and the broker must not create a session.
+    request is a full fetch, and the broker must not create a session.  Whose fetch
+    it is was settled once, when the client's was decoded
+    (``client_fetch.ClientFetch.validate``): the translator is given the sessionless
+    full fetch ``as_broker`` built from a consumer's (replica id -1), so the replica
+    id is not read again here.
     """
     version = int(request.__version__)
     if int(request.__api_key__) != FETCH or version < MIN_CLIENT_VERSION:
-        return False
-    if replica_id(request) >= 0:
         return False
     if version >= MIN_SESSION_VERSION:
         return int(request.session_id) == 0 and int(request.session_epoch) == -1
@@ -184,7 +185,10 @@ class FetchTranslator:
     # -- requests ------------------------------------------------------------------------
 
     def begin(self, request: Any) -> UpstreamFetch:
-        """Start serving a client's full fetch: the first request to send upstream."""
+        """Start serving a client's full fetch: the first request to send upstream.
+
+        *request* is a sessionless full fetch of a consumer's, as ``as_broker`` builds
+        it from the validated ``ClientFetch`` (see :func:`is_sessionless_fetch`)."""
         step: UpstreamFetch = drain(self.begin_in_ranges(request, 0))
         return step
 
@@ -195,8 +199,8 @@ class FetchTranslator:
         with no yield between them."""
         if self._pending is not None:
             raise TranslationError("a client fetch is already being served on this session")
-        if not is_sessionless_consumer_fetch(request):
-            raise TranslationError("not a sessionless consumer fetch (v4+)")
+        if not is_sessionless_fetch(request):
+            raise TranslationError("not a sessionless fetch (v4+)")
         partitions = []
         for i, cp in enumerate(_client_partitions(request), 1):
             if every and i % every == 0:

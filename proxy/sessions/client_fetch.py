@@ -1,5 +1,10 @@
 """The client's Fetch and the answer built for it, shared by both halves of ``sessions``.
 
+The client's Fetch is decoded once by the fetch path and validated once, here
+(:meth:`ClientFetch.validate`: a Fetch v4+, a consumer's; the only place its replica
+id is read); what both halves are given is the validated :class:`ClientFetch`, or a
+full fetch built from it, never the raw request to judge again.
+
 Downstream (:mod:`proxy.sessions.as_broker`, the proxy as the broker toward its
 clients) and upstream (:mod:`proxy.sessions.as_client`, full fetches served through
 the proxy's session with its broker) both build a consumer's FetchRequest carrying
@@ -16,7 +21,44 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from ..protocol.apis import FETCH
 from ..protocol.messages import make
+from .kip227 import FINAL_EPOCH, INVALID_SESSION_ID, MIN_CLIENT_VERSION, replica_id
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFetch:
+    """A consumer's Fetch (v4+, replica id -1) as the client sent it, validated once."""
+
+    request: Any
+    """The kio FetchRequest, as decoded."""
+    version: int
+    session_id: int
+    """0 on Fetch v4-v6, which have no sessions."""
+    session_epoch: int
+    """-1 (FINAL_EPOCH, sessionless) on Fetch v4-v6."""
+
+    @property
+    def sessionless(self) -> bool:
+        """The client uses no fetch session (epoch -1; Fetch v4-v6 have none)."""
+        return self.session_epoch == FINAL_EPOCH
+
+    @classmethod
+    def validate(cls, request: Any) -> ClientFetch | None:
+        """*request* (a decoded Fetch) as a :class:`ClientFetch`; None for a follower's
+        (replica id >= 0), which the proxy passes through as it came.  Anything but a
+        Fetch v4+ is refused (:class:`TranslationError`)."""
+        version = int(request.__version__)
+        if int(request.__api_key__) != FETCH or version < MIN_CLIENT_VERSION:
+            raise TranslationError("not a Fetch v4+ request")
+        if replica_id(request) >= 0:
+            return None
+        return cls(
+            request,
+            version,
+            int(getattr(request, "session_id", INVALID_SESSION_ID)),
+            int(getattr(request, "session_epoch", FINAL_EPOCH)),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,17 @@ from proxy.protocol import codec
 from proxy.protocol.messages import make, request_module, response_module
 from proxy.sessions.as_broker import DownstreamFetch, DownstreamSessions
 from proxy.sessions.as_broker_cache import FetchSessionCache
-from proxy.sessions.client_fetch import ClientReply
+from proxy.sessions.client_fetch import ClientFetch, ClientReply
 from proxy.sessions.topic_ids import TopicIdMap
 
 EVERY = 7
+
+
+def client(request: Any) -> ClientFetch:
+    """*request* validated as the fetch path validates a client's Fetch, once, at decode."""
+    validated = ClientFetch.validate(request)
+    assert validated is not None  # a consumer's
+    return validated
 
 
 def twins(seed: int) -> tuple[DownstreamSessions, DownstreamSessions]:
@@ -158,8 +165,8 @@ def test_ranged_open_and_answer_give_the_uncut_result_byte_for_byte(
             request = fetch(
                 version, runs[1:], rng, session_id=session_id, epoch=epoch, forgotten=forget
             )
-        a = whole.open(request)
-        b, _ = counted(ranged.open_in_ranges(request, EVERY))
+        a = whole.open(client(request))
+        b, _ = counted(ranged.open_in_ranges(client(request), EVERY))
         same_open(a, b)
         same_caches(whole, ranged)
         if isinstance(a, ClientReply):
@@ -181,7 +188,7 @@ def test_a_fetch_of_20000_partitions_yields_in_every_walk() -> None:
     n, every = 20_000, 500
     ds = twins(1)[0]
     request = fetch(12, [("big", uuid.uuid4(), list(range(n)))], rng)
-    opened, yields_open = counted(ds.open_in_ranges(request, every))
+    opened, yields_open = counted(ds.open_in_ranges(client(request), every))
     assert isinstance(opened, DownstreamFetch) and len(opened.by_ref) == n
     # reading the client's partitions, listing them, checking the request lists them as is
     assert yields_open >= 3 * (n // every) - 3
@@ -196,7 +203,7 @@ def test_a_session_of_10000_partitions_is_built_in_ranges_and_cached_at_one_poin
     n, every = 10_000, 500
     ds = twins(2)[0]
     request = fetch(13, [("big", uuid.uuid4(), list(range(n)))], rng, epoch=0)
-    opened, _ = counted(ds.open_in_ranges(request, every))
+    opened, _ = counted(ds.open_in_ranges(client(request), every))
     assert isinstance(opened, DownstreamFetch)
     ranges = ds.answer_in_ranges(opened, full_answer(opened, rng), every)
     for _ in range(n // every - 1):  # building the session's partitions: not cached yet

@@ -25,12 +25,19 @@ from proxy.sessions import as_broker
 from proxy.sessions.as_broker import DownstreamFetch, DownstreamSessions
 from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.sessions.as_client import FetchTranslator, UpstreamFetch
-from proxy.sessions.client_fetch import ClientReply
+from proxy.sessions.client_fetch import ClientFetch, ClientReply
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
 from proxy.shaping.limits import Limits, ResponseLimits
 from proxy.shaping.shaper import FetchShaper
 from proxy.shaping.trim import Run, trim_response
+
+
+def client(request: Any) -> ClientFetch:
+    """*request* validated as the fetch path validates a client's Fetch, once, at decode."""
+    validated = ClientFetch.validate(request)
+    assert validated is not None  # a consumer's
+    return validated
 
 
 def _mod(version: int, kind: str) -> Any:
@@ -76,7 +83,7 @@ def fetch(version: int, topics: list[tuple[str, list[Entry]]], *, epoch: int = -
 
 def opened(request: Any) -> DownstreamFetch:
     sessions = DownstreamSessions(FetchSessionCache(rng=random.Random(1)), TopicIdMap())
-    result = sessions.open(request)
+    result = sessions.open(client(request))
     assert isinstance(result, DownstreamFetch)
     return result
 

@@ -20,10 +20,10 @@ from proxy.protocol.messages import make
 from proxy.sessions.as_client import (
     FetchTranslator,
     UpstreamFetch,
-    is_sessionless_consumer_fetch,
+    is_sessionless_fetch,
 )
 from proxy.sessions.as_client_session import SessionMetadata
-from proxy.sessions.client_fetch import ClientReply, TranslationError
+from proxy.sessions.client_fetch import ClientFetch, ClientReply, TranslationError
 from proxy.sessions.partition_cache import PartitionStateCache
 from proxy.sessions.topic_ids import TopicIdMap
 
@@ -338,9 +338,13 @@ def test_translator_refuses_session_clients_and_overlapping_fetches() -> None:
     tr.abort()
     assert tr.session.next_metadata.epoch == 0
     session_req = make(_mod(12).FetchRequest, **{**_fields(req), "session_epoch": 0})
-    assert not is_sessionless_consumer_fetch(session_req)
+    assert not is_sessionless_fetch(session_req)
+    # whose fetch it is is settled once, when the client's is decoded: a follower's never
+    # reaches the sessions (the fetch path passes it through)
     follower = make(_mod(12).FetchRequest, **{**_fields(req), "replica_id": 1})
-    assert not is_sessionless_consumer_fetch(follower)
+    assert ClientFetch.validate(follower) is None
+    validated = ClientFetch.validate(req)
+    assert validated is not None and validated.sessionless and validated.version == 12
     with pytest.raises(TranslationError):
         tr.begin(session_req)
 

@@ -34,7 +34,14 @@ from proxy.sessions.as_client_session import (
     FetchSessionClient,
     SessionRequest,
 )
-from proxy.sessions.client_fetch import ClientReply
+from proxy.sessions.client_fetch import ClientFetch, ClientReply
+
+
+def client(request: Any) -> ClientFetch:
+    """*request* validated as the fetch path validates a client's Fetch, once, at decode."""
+    validated = ClientFetch.validate(request)
+    assert validated is not None  # a consumer's
+    return validated
 
 
 def session_request(version: int, sreq: SessionRequest) -> Any:
@@ -66,9 +73,7 @@ def session_request(version: int, sreq: SessionRequest) -> Any:
         ),
     )
     forgotten = tuple(
-        make(
-            mod.ForgottenTopic, topic=ref, topic_id=ref, partitions=tuple(k[1] for k in keys)
-        )
+        make(mod.ForgottenTopic, topic=ref, topic_id=ref, partitions=tuple(k[1] for k in keys))
         for ref, keys in grouped(list(sreq.to_forget))
     )
     return fetch_request(
@@ -91,7 +96,7 @@ class Setup:
 
     def through_proxy(self, request: Any) -> tuple[Any, int]:
         upstream_requests = 0
-        opened = self.downstream.open(request)
+        opened = self.downstream.open(client(request))
         if isinstance(opened, ClientReply):  # a session error: not sent upstream
             return opened.response, upstream_requests
         step: UpstreamFetch | ClientReply = self.translator.begin(opened.request)
