@@ -83,10 +83,10 @@ from proxy.protocol.error_codes import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from proxy.protocol.messages import make, response_module
+from proxy.protocol.partition_plan import PartitionPlan, plan_of
 from proxy.sessions.as_broker_cache import (
     FetchContext,
     PartitionOutcome,
-    PartitionRequest,
     Ranges,
     SessionlessFetchContext,
     TopicIdPartition,
@@ -228,7 +228,7 @@ class SessionManager(Protocol):
         session_id: int,
         epoch: int,
         is_follower: bool,
-        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        fetch_data: Mapping[TopicIdPartition, PartitionPlan],
         to_forget: Sequence[TopicIdPartition],
         topic_names: Mapping[uuid.UUID, str],
     ) -> FetchContext: ...
@@ -263,7 +263,7 @@ class NodeFetcher:
         topic_names: dict[uuid.UUID, str] = {}
         if version >= 13:
             topic_names = {tid: t.name for tid, t in self.state.topics_by_id.items()}
-        fetch_data: dict[TopicIdPartition, PartitionRequest] = {}
+        fetch_data: dict[TopicIdPartition, PartitionPlan] = {}
         for topic in request.topics:
             if version >= 13:
                 tid = topic.topic_id
@@ -273,13 +273,7 @@ class NodeFetcher:
             for p in topic.partitions:
                 if tick():
                     yield
-                fetch_data[TopicIdPartition(tid, name, int(p.partition))] = PartitionRequest(
-                    fetch_offset=int(p.fetch_offset),
-                    max_bytes=int(p.partition_max_bytes),
-                    log_start_offset=int(getattr(p, "log_start_offset", -1)),
-                    current_leader_epoch=_optional_epoch(getattr(p, "current_leader_epoch", -1)),
-                    last_fetched_epoch=_optional_epoch(getattr(p, "last_fetched_epoch", -1)),
-                )
+                fetch_data[TopicIdPartition(tid, name, int(p.partition))] = plan_of(p)
         to_forget: list[TopicIdPartition] = []
         for forgotten in getattr(request, "forgotten_topics_data", ()):
             if version >= 13:
@@ -314,7 +308,7 @@ class NodeFetcher:
             )
 
         erroneous: list[tuple[TopicIdPartition, PartitionResult]] = []
-        interesting: list[tuple[TopicIdPartition, PartitionRequest]] = []
+        interesting: list[tuple[TopicIdPartition, PartitionPlan]] = []
         for tp, req in (yield from context.partitions_in_ranges(every)):
             if tick():
                 yield
@@ -362,20 +356,16 @@ class NodeFetcher:
             return part, NOT_LEADER_OR_FOLLOWER
         return part, NONE
 
-    def _local_log_error(self, part: PartitionState, req: PartitionRequest, params: _Params) -> int:
+    def _local_log_error(self, part: PartitionState, req: PartitionPlan, params: _Params) -> int:
         """Partition.localLogWithEpochOrThrow (+ the follower check of fetchRecords)."""
-        if req.current_leader_epoch is not None:
+        if req.current_leader_epoch >= 0:  # (Kafka's Optional: -1 is empty)
             if part.leader_epoch > req.current_leader_epoch:
                 return FENCED_LEADER_EPOCH
             if part.leader_epoch < req.current_leader_epoch:
                 return UNKNOWN_LEADER_EPOCH
         if params.is_from_follower:
             # Partitions have a single replica: no broker is a follower of this one.
-            return (
-                UNKNOWN_LEADER_EPOCH
-                if req.current_leader_epoch is not None
-                else NOT_LEADER_OR_FOLLOWER
-            )
+            return UNKNOWN_LEADER_EPOCH if req.current_leader_epoch >= 0 else NOT_LEADER_OR_FOLLOWER
         return NONE
 
     def _upper_bound(self, part: PartitionState, isolation: int) -> int:
@@ -389,12 +379,12 @@ class NodeFetcher:
     def read(
         self,
         tp: TopicIdPartition,
-        req: PartitionRequest,
+        req: PartitionPlan,
         params: _Params,
         limit_bytes: int,
         min_one_message: bool,
     ) -> PartitionResult:
-        adjusted = min(req.max_bytes, limit_bytes)
+        adjusted = min(req.partition_max_bytes, limit_bytes)
         part, error = self._hosted(tp)
         if part is None or error != NONE:
             return _error_result(error)
@@ -418,7 +408,7 @@ class NodeFetcher:
             )
 
         offset = req.fetch_offset
-        if req.last_fetched_epoch is not None:
+        if req.last_fetched_epoch >= 0:
             end = end_offset_for_epoch(part, req.last_fetched_epoch)
             if end is None or offset < log_start:
                 return _error_result(OFFSET_OUT_OF_RANGE)
@@ -450,13 +440,13 @@ class NodeFetcher:
         return result
 
     def read_all(
-        self, partitions: list[tuple[TopicIdPartition, PartitionRequest]], params: _Params
+        self, partitions: list[tuple[TopicIdPartition, PartitionPlan]], params: _Params
     ) -> list[tuple[TopicIdPartition, PartitionResult]]:
         return drain(self.read_all_in_ranges(partitions, params, 0))
 
     def read_all_in_ranges(
         self,
-        partitions: list[tuple[TopicIdPartition, PartitionRequest]],
+        partitions: list[tuple[TopicIdPartition, PartitionPlan]],
         params: _Params,
         every: int,
     ) -> Ranges[list[tuple[TopicIdPartition, PartitionResult]]]:
@@ -478,7 +468,7 @@ class NodeFetcher:
         return out
 
     def bytes_available(
-        self, tp: TopicIdPartition, req: PartitionRequest, params: _Params
+        self, tp: TopicIdPartition, req: PartitionPlan, params: _Params
     ) -> int | None:
         """DelayedFetch.tryComplete for one partition: bytes it could return, or None to complete now."""
         part, error = self._hosted(tp)
@@ -492,18 +482,18 @@ class NodeFetcher:
             return None  # case F: the log was truncated below the fetch offset
         available = 0
         if offset < end:
-            if req.max_bytes < 0:
-                available = req.max_bytes
+            if req.partition_max_bytes < 0:
+                available = req.partition_max_bytes
             else:
                 try:
                     view = part.log.read(
-                        offset, req.max_bytes, min_one_message=False, upper_bound=end
+                        offset, req.partition_max_bytes, min_one_message=False, upper_bound=end
                     )
                 except OffsetOutOfRange:
                     return None
                 available = len(view)
                 view.release()
-        if req.last_fetched_epoch is not None:  # case H: diverging epoch appeared
+        if req.last_fetched_epoch >= 0:  # case H: diverging epoch appeared
             found = end_offset_for_epoch(part, req.last_fetched_epoch)
             if found is None or found[0] < req.last_fetched_epoch or found[1] < offset:
                 return None
@@ -532,10 +522,6 @@ class NodeFetcher:
         return addresses if isinstance(addresses, Mapping) else {}
 
 
-def _optional_epoch(value: int) -> int | None:
-    return None if int(value) < 0 else int(value)
-
-
 def _first_batch_incomplete(data: bytes) -> bool:
     if len(data) < records.LOG_OVERHEAD:
         return True
@@ -551,7 +537,7 @@ class PendingFetch:
         request: Any,
         params: _Params,
         context: FetchContext,
-        interesting: list[tuple[TopicIdPartition, PartitionRequest]],
+        interesting: list[tuple[TopicIdPartition, PartitionPlan]],
         erroneous: list[tuple[TopicIdPartition, PartitionResult]],
         request_error: int | None = None,
     ) -> None:

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
+from proxy.protocol.partition_plan import PartitionPlan
 from proxy.sessions.as_broker_cache import (
     DEFAULT_EVICTION_MS,
     FINAL_EPOCH,
@@ -33,7 +34,6 @@ from proxy.sessions.as_broker_cache import (
     FetchSessionCache,
     FullFetchContext,
     PartitionOutcome,
-    PartitionRequest,
     Ranges,
     SessionlessFetchContext,
     SessionResponse,
@@ -81,7 +81,7 @@ class _RoundRobinFullContext(FullFetchContext):
     def __init__(
         self,
         owner: ShardedSessionCache,
-        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        fetch_data: Mapping[TopicIdPartition, PartitionPlan],
         uses_topic_ids: bool,
         privileged: bool,
     ) -> None:
@@ -178,7 +178,7 @@ class ShardedSessionCache:
         session_id: int,
         epoch: int,
         is_follower: bool,
-        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        fetch_data: Mapping[TopicIdPartition, PartitionPlan],
         to_forget: Sequence[TopicIdPartition],
         topic_names: Mapping[uuid.UUID, str],
     ) -> FetchContext:

@@ -19,6 +19,8 @@ else from the proxy either; everything above it builds on it.
   hold the readers to.
 - :mod:`.messages`: kio message classes by version, and entities built across versions.
 - :mod:`.partition_key`: the one key of a Fetch's partition (topic name or id, partition
-  index) that sessions, shaping and the relay share.
+  index) that sessions, shaping and the relay share; :mod:`.partition_plan`: what a
+  Fetch asks of one partition (offset, byte limit, epochs), the one type both fetch
+  sessions and the dev broker keep.
 - :mod:`.records`: RecordBatch v2 headers, read without decompressing anything.
 """

@@ -64,13 +64,13 @@ from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
 from ..protocol.partition_key import PartitionKey, TopicKey
+from ..protocol.partition_plan import NO_EPOCH, PartitionPlan, plan_of
 from .as_broker_cache import (
     FetchContext,
     FetchSession,
     FetchSessionCache,
     FullFetchContext,
     IncrementalFetchContext,
-    PartitionRequest,
     Ranges,
     SessionErrorContext,
     SessionlessFetchContext,
@@ -221,20 +221,14 @@ class DownstreamSessions:
                 return TopicIdPartition(topic.topic_id, names.get(topic.topic_id), partition)
             return TopicIdPartition(None, topic.topic, partition)
 
-        fetch_data: dict[TopicIdPartition, PartitionRequest] = {}
+        fetch_data: dict[TopicIdPartition, PartitionPlan] = {}
         i = 0
         for topic in request.topics:
             for p in topic.partitions:
                 i += 1
                 if every and i % every == 0:
                     yield
-                fetch_data[tp(topic, int(p.partition))] = PartitionRequest(
-                    fetch_offset=int(p.fetch_offset),
-                    max_bytes=int(p.partition_max_bytes),
-                    log_start_offset=int(getattr(p, "log_start_offset", -1)),
-                    current_leader_epoch=_epoch_or_none(getattr(p, "current_leader_epoch", -1)),
-                    last_fetched_epoch=_epoch_or_none(getattr(p, "last_fetched_epoch", -1)),
-                )
+                fetch_data[tp(topic, int(p.partition))] = plan_of(p)
         to_forget = [
             tp(topic, int(p))
             for topic in getattr(request, "forgotten_topics_data", ())
@@ -280,7 +274,7 @@ class DownstreamSessions:
     def _within_limit(
         self,
         context: FetchContext,
-        fetch_data: dict[TopicIdPartition, PartitionRequest],
+        fetch_data: dict[TopicIdPartition, PartitionPlan],
         size_before: int,
     ) -> FetchContext:
         """A session larger than the limit is not kept: the fetch is served without one.
@@ -365,18 +359,13 @@ class DownstreamSessions:
         return result
 
 
-def _epoch_or_none(value: Any) -> int | None:
-    value = int(value)
-    return None if value < 0 else value
-
-
 def _ref(tp: TopicIdPartition, on_ids: bool) -> TopicKey:
     return tp.topic_id if on_ids else tp.topic
 
 
 def _sessionless_request(
     request: Any,
-    effective: list[tuple[TopicIdPartition, PartitionRequest]],
+    effective: list[tuple[TopicIdPartition, PartitionPlan]],
     on_ids: bool,
     every: int = 0,
 ) -> Ranges[Any]:
@@ -422,7 +411,7 @@ def _at_defaults(entity: Any, known: frozenset[str]) -> bool:
 
 def _listed_as_is(
     request: Any,
-    effective: list[tuple[TopicIdPartition, PartitionRequest]],
+    effective: list[tuple[TopicIdPartition, PartitionPlan]],
     on_ids: bool,
     every: int = 0,
 ) -> Ranges[tuple[Any, ...] | None]:
@@ -450,10 +439,10 @@ def _listed_as_is(
                 _ref(t, on_ids) != ref
                 or t.partition != p.partition
                 or p.fetch_offset != req.fetch_offset
-                or p.partition_max_bytes != req.max_bytes
+                or p.partition_max_bytes != req.partition_max_bytes
                 or getattr(p, "log_start_offset", -1) != req.log_start_offset
-                or getattr(p, "current_leader_epoch", -1) != _or_minus_one(req.current_leader_epoch)
-                or getattr(p, "last_fetched_epoch", -1) != _or_minus_one(req.last_fetched_epoch)
+                or getattr(p, "current_leader_epoch", NO_EPOCH) != req.current_leader_epoch
+                or getattr(p, "last_fetched_epoch", NO_EPOCH) != req.last_fetched_epoch
                 or not _at_defaults(p, _PARTITION_FIELDS)
             ):
                 return None
@@ -463,19 +452,15 @@ def _listed_as_is(
 _NO_REF = object()
 
 
-def _or_minus_one(epoch: int | None) -> int:
-    return -1 if epoch is None else epoch
-
-
 def _rebuilt_topics(
-    mod: Any, effective: list[tuple[TopicIdPartition, PartitionRequest]], on_ids: bool
+    mod: Any, effective: list[tuple[TopicIdPartition, PartitionPlan]], on_ids: bool
 ) -> tuple[Any, ...]:
     return drain(_rebuilt_topics_in_ranges(mod, effective, on_ids, 0))
 
 
 def _rebuilt_topics_in_ranges(
     mod: Any,
-    effective: list[tuple[TopicIdPartition, PartitionRequest]],
+    effective: list[tuple[TopicIdPartition, PartitionPlan]],
     on_ids: bool,
     every: int,
 ) -> Ranges[tuple[Any, ...]]:
@@ -492,14 +477,10 @@ def _rebuilt_topics_in_ranges(
                     mod.FetchPartition,
                     partition=t.partition,
                     fetch_offset=req.fetch_offset,
-                    partition_max_bytes=req.max_bytes,
+                    partition_max_bytes=req.partition_max_bytes,
                     log_start_offset=req.log_start_offset,
-                    current_leader_epoch=-1
-                    if req.current_leader_epoch is None
-                    else req.current_leader_epoch,
-                    last_fetched_epoch=-1
-                    if req.last_fetched_epoch is None
-                    else req.last_fetched_epoch,
+                    current_leader_epoch=req.current_leader_epoch,
+                    last_fetched_epoch=req.last_fetched_epoch,
                 )
             )
         topics.append(make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(partitions)))

@@ -5,7 +5,8 @@ Modelled on Apache Kafka's ``FetchSession.scala`` (``CachedPartition``,
 and ``FetchManager.newContext``).  Nothing here knows about logs, sockets or
 kio: partitions are named by :class:`TopicIdPartition` and keyed in a session by
 its :data:`~proxy.protocol.partition_key.PartitionKey`, request parameters are
-:class:`PartitionRequest`, and a response partition of any type ``T`` is
+a :class:`~proxy.protocol.partition_plan.PartitionPlan` (the one the proxy's own
+session upstream uses too), and a response partition of any type ``T`` is
 described to the session logic through a :class:`PartitionOutcome` extracted by
 a caller-supplied function.  The dev broker uses it with its own read results;
 the proxy can reuse it toward clients that open sessions with kio
@@ -57,6 +58,7 @@ from ..protocol.error_codes import (
     NONE,
 )
 from ..protocol.partition_key import PartitionKey
+from ..protocol.partition_plan import PartitionPlan
 
 # FINAL_EPOCH, INVALID_SESSION_ID and is_full are re-exported: the dev broker
 # (``devbroker.session_cache``) takes them from here.
@@ -108,17 +110,6 @@ class TopicIdPartition(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionRequest:
-    """One partition's fetch parameters (Kafka's ``FetchRequest.PartitionData``)."""
-
-    fetch_offset: int
-    max_bytes: int
-    log_start_offset: int = -1
-    current_leader_epoch: int | None = None
-    last_fetched_epoch: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class PartitionOutcome:
     """What the session logic must know about one partition of a response."""
 
@@ -164,14 +155,14 @@ class CachedPartition:
     def __init__(
         self,
         tp: TopicIdPartition,
-        req: PartitionRequest,
+        req: PartitionPlan,
         high_watermark: int = -1,
         local_log_start_offset: int = -1,
     ) -> None:
         self.topic = tp.topic
         self.topic_id = tp.topic_id
         self.partition = tp.partition
-        self.max_bytes = req.max_bytes
+        self.max_bytes = req.partition_max_bytes
         self.fetch_offset = req.fetch_offset
         self.high_watermark = high_watermark
         self.leader_epoch = req.current_leader_epoch
@@ -187,17 +178,18 @@ class CachedPartition:
     def topic_id_partition(self) -> TopicIdPartition:
         return TopicIdPartition(self.topic_id, self.topic, self.partition)
 
-    def request(self) -> PartitionRequest:
-        return PartitionRequest(
-            fetch_offset=self.fetch_offset,
-            max_bytes=self.max_bytes,
-            log_start_offset=self.fetcher_log_start_offset,
-            current_leader_epoch=self.leader_epoch,
-            last_fetched_epoch=self.last_fetched_epoch,
+    def plan(self) -> PartitionPlan:
+        """The partition's fetch parameters as its last request gave them."""
+        return PartitionPlan(
+            self.fetch_offset,
+            self.max_bytes,
+            self.fetcher_log_start_offset,
+            self.leader_epoch,
+            self.last_fetched_epoch,
         )
 
-    def update_request_params(self, req: PartitionRequest) -> None:
-        self.max_bytes = req.max_bytes
+    def update_request_params(self, req: PartitionPlan) -> None:
+        self.max_bytes = req.partition_max_bytes
         self.fetch_offset = req.fetch_offset
         self.fetcher_log_start_offset = req.log_start_offset
         self.leader_epoch = req.current_leader_epoch
@@ -306,7 +298,7 @@ class FetchSession:
 
     def update(
         self,
-        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        fetch_data: Mapping[TopicIdPartition, PartitionPlan],
         to_forget: Iterable[TopicIdPartition],
     ) -> tuple[list[TopicIdPartition], list[TopicIdPartition], list[TopicIdPartition]]:
         """Apply an incremental request: returns (added, updated, removed).
@@ -355,12 +347,12 @@ class FetchContext(ABC):
     def get_fetch_offset(self, tp: TopicIdPartition) -> int | None: ...
 
     @abstractmethod
-    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionPlan]]:
         """The partitions to read, in order (foreachPartition)."""
 
     def partitions_in_ranges(
         self, every: int
-    ) -> Ranges[list[tuple[TopicIdPartition, PartitionRequest]]]:
+    ) -> Ranges[list[tuple[TopicIdPartition, PartitionPlan]]]:
         """``partitions``, yielding every *every* partitions where it walks them in Python."""
         out = self.partitions()
         yield from ()
@@ -402,7 +394,7 @@ class SessionErrorContext(FetchContext):
     def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
         return None
 
-    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionPlan]]:
         return []
 
     def update_and_generate_response_data(
@@ -416,20 +408,20 @@ class SessionErrorContext(FetchContext):
 class _FullRequestContext(FetchContext):
     """A context whose partitions are exactly those of a full request."""
 
-    fetch_data: Mapping[TopicIdPartition, PartitionRequest]
+    fetch_data: Mapping[TopicIdPartition, PartitionPlan]
 
     def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
         req = self.fetch_data.get(tp)
         return None if req is None else req.fetch_offset
 
-    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionPlan]]:
         return list(self.fetch_data.items())
 
 
 class SessionlessFetchContext(_FullRequestContext):
     """A full fetch that neither uses nor creates a session."""
 
-    def __init__(self, fetch_data: Mapping[TopicIdPartition, PartitionRequest]) -> None:
+    def __init__(self, fetch_data: Mapping[TopicIdPartition, PartitionPlan]) -> None:
         self.fetch_data = fetch_data
 
     def update_and_generate_response_data(
@@ -446,7 +438,7 @@ class FullFetchContext(_FullRequestContext):
     def __init__(
         self,
         cache: FetchSessionCache,
-        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        fetch_data: Mapping[TopicIdPartition, PartitionPlan],
         uses_topic_ids: bool,
         privileged: bool,
     ) -> None:
@@ -511,12 +503,12 @@ class IncrementalFetchContext(FetchContext):
     def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
         return self.session.get_fetch_offset(tp)
 
-    def partitions(self) -> list[tuple[TopicIdPartition, PartitionRequest]]:
+    def partitions(self) -> list[tuple[TopicIdPartition, PartitionPlan]]:
         return drain(self.partitions_in_ranges(0))
 
     def partitions_in_ranges(
         self, every: int
-    ) -> Ranges[list[tuple[TopicIdPartition, PartitionRequest]]]:
+    ) -> Ranges[list[tuple[TopicIdPartition, PartitionPlan]]]:
         """The session's partitions (a copy of its order, taken before the first range)."""
         out = []
         session = self.session
@@ -525,7 +517,7 @@ class IncrementalFetchContext(FetchContext):
                 yield
             if session.uses_topic_ids:
                 cp.maybe_resolve_unknown_name(self.topic_names)
-            out.append((cp.topic_id_partition, cp.request()))
+            out.append((cp.topic_id_partition, cp.plan()))
         return out
 
     def _epoch_still_ours(self) -> bool:
@@ -715,7 +707,7 @@ class FetchSessionCache:
         session_id: int,
         epoch: int,
         is_follower: bool,
-        fetch_data: Mapping[TopicIdPartition, PartitionRequest],
+        fetch_data: Mapping[TopicIdPartition, PartitionPlan],
         to_forget: Sequence[TopicIdPartition],
         topic_names: Mapping[uuid.UUID, str],
     ) -> FetchContext:

@@ -65,7 +65,8 @@ from ..protocol.error_codes import (
 )
 from ..protocol.messages import convert, field_names, make, request_module, response_module
 from ..protocol.partition_key import PartitionKey, TopicKey, partition_name
-from .as_client_session import FetchParams, FetchSessionClient, SessionRequest, Verdict
+from ..protocol.partition_plan import PartitionPlan, plan_of
+from .as_client_session import FetchSessionClient, SessionRequest, Verdict
 from .client_fetch import (
     ClientReply,
     TranslationError,
@@ -122,7 +123,7 @@ class _ClientPartition:
     topic_name: str | None
     topic_id: uuid.UUID | None
     partition: int
-    params: FetchParams
+    params: PartitionPlan
     key: PartitionKey | None = None
     """Upstream key; None when the topic cannot be addressed upstream."""
 
@@ -131,7 +132,7 @@ class _ClientPartition:
 class _Pending:
     request: Any
     partitions: list[_ClientPartition]
-    wanted: dict[PartitionKey, FetchParams]
+    wanted: dict[PartitionKey, PartitionPlan]
     uses_topic_ids: bool
     version: int
     session_request: SessionRequest
@@ -243,7 +244,7 @@ class FetchTranslator:
             tuple[str, ...],
             int,
             bool,
-            dict[PartitionKey, FetchParams],
+            dict[PartitionKey, PartitionPlan],
             dict[PartitionKey, _ClientPartition],
         ],
     ]:
@@ -258,7 +259,7 @@ class FetchTranslator:
             if missing:
                 version = LAST_TOPIC_NAME_VERSION
         uses_topic_ids = version >= FIRST_TOPIC_ID_VERSION
-        wanted: dict[PartitionKey, FetchParams] = {}
+        wanted: dict[PartitionKey, PartitionPlan] = {}
         by_key: dict[PartitionKey, _ClientPartition] = {}
         for i, cp in enumerate(partitions, 1):
             cp.key = self._upstream_key(cp, uses_topic_ids)
@@ -578,13 +579,7 @@ def _client_partitions(request: Any) -> Iterator[_ClientPartition]:
                 topic_name=None if on_ids else str(topic.topic),
                 topic_id=topic.topic_id if on_ids else None,
                 partition=int(p.partition),
-                params=FetchParams(
-                    fetch_offset=int(p.fetch_offset),
-                    partition_max_bytes=int(p.partition_max_bytes),
-                    log_start_offset=int(getattr(p, "log_start_offset", -1)),
-                    current_leader_epoch=int(getattr(p, "current_leader_epoch", -1)),
-                    last_fetched_epoch=int(getattr(p, "last_fetched_epoch", -1)),
-                ),
+                params=plan_of(p),
             )
 
 

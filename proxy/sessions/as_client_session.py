@@ -28,9 +28,11 @@ network error on the request                full, (S, 0)
 ==========================================  ===================================
 
 Partitions are keyed by :data:`~proxy.protocol.partition_key.PartitionKey` (the one
-key of the fetch path) whose topic is a topic id (UUID) when the session uses topic
-ids (Fetch v13+) and a topic name otherwise.  A session
-never mixes the two: changing the addressing mode forces a full request,
+key of the fetch path), whose topic is a topic id (UUID) when the session uses topic
+ids (Fetch v13+) and a topic name otherwise, and carry a
+:class:`~proxy.protocol.partition_plan.PartitionPlan` (what the broker caches per
+partition of a session, a change making the partition "altered"; the type the
+broker-side cache toward clients keeps too).  A session never mixes the two: changing the addressing mode forces a full request,
 because the broker refuses an incremental request whose mode differs from the
 session's (FETCH_SESSION_TOPIC_ID_ERROR).
 
@@ -44,11 +46,11 @@ import uuid
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
 
 from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.partition_key import PartitionKey, partition_name
+from ..protocol.partition_plan import PartitionPlan
 from .kip227 import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
@@ -56,23 +58,10 @@ from .kip227 import (
     next_epoch,
 )
 
-
-class FetchParams(NamedTuple):
-    """What the broker caches per partition of a session; a change makes the partition 'altered'.
-
-    A tuple, as a ``PartitionKey``: compared once per session partition on every fetch."""
-
-    fetch_offset: int
-    partition_max_bytes: int
-    log_start_offset: int = -1
-    current_leader_epoch: int = -1
-    last_fetched_epoch: int = -1
-
-
 _Diff = tuple[
-    dict[PartitionKey, "FetchParams"],
-    dict[PartitionKey, "FetchParams"],
-    dict[PartitionKey, "FetchParams"],
+    dict[PartitionKey, PartitionPlan],
+    dict[PartitionKey, PartitionPlan],
+    dict[PartitionKey, PartitionPlan],
     list[PartitionKey],
 ]
 """(kept, added, altered, removed): a request's partitions against the session's."""
@@ -97,7 +86,7 @@ class SessionRequest:
     """What the next upstream Fetch request must carry."""
 
     metadata: SessionMetadata
-    to_send: dict[PartitionKey, FetchParams]
+    to_send: dict[PartitionKey, PartitionPlan]
     """Partitions listed in the request, in request order."""
     to_forget: tuple[PartitionKey, ...]
     """forgotten_topics_data (always empty in a full request)."""
@@ -144,7 +133,7 @@ class FetchSessionClient:
         if sessionless_backoff < 0:
             raise ValueError("sessionless_backoff must be >= 0")
         self._next = INITIAL
-        self._session: dict[PartitionKey, FetchParams] = {}
+        self._session: dict[PartitionKey, PartitionPlan] = {}
         self._uses_topic_ids: bool | None = None
         self._in_flight: SessionRequest | None = None
         self._backoff = sessionless_backoff
@@ -173,7 +162,7 @@ class FetchSessionClient:
 
     def build(
         self,
-        wanted: Mapping[PartitionKey, FetchParams],
+        wanted: Mapping[PartitionKey, PartitionPlan],
         *,
         uses_topic_ids: bool,
         supports_sessions: bool = True,
@@ -181,7 +170,7 @@ class FetchSessionClient:
         """Decide the next request from the partitions wanted now (in the caller's order).
 
         Partitions in the session but not in *wanted* are forgotten; partitions in
-        *wanted* that are new or whose ``FetchParams`` changed are sent.  With
+        *wanted* that are new or whose ``PartitionPlan`` changed are sent.  With
         ``supports_sessions=False`` (upstream Fetch < v7) every request is a
         sessionless full request.
         """
@@ -192,7 +181,7 @@ class FetchSessionClient:
 
     def build_in_ranges(
         self,
-        wanted: Mapping[PartitionKey, FetchParams],
+        wanted: Mapping[PartitionKey, PartitionPlan],
         every: int,
         *,
         uses_topic_ids: bool,
@@ -252,14 +241,14 @@ class FetchSessionClient:
         return request
 
     def _diff_in_ranges(
-        self, wanted: Mapping[PartitionKey, FetchParams], every: int
+        self, wanted: Mapping[PartitionKey, PartitionPlan], every: int
     ) -> Generator[None, None, _Diff]:
         """(kept, added, altered, removed) of *wanted* against the session, which it only
         reads; yields after every *every* partitions walked (0: never)."""
-        added: dict[PartitionKey, FetchParams] = {}
-        altered: dict[PartitionKey, FetchParams] = {}
+        added: dict[PartitionKey, PartitionPlan] = {}
+        altered: dict[PartitionKey, PartitionPlan] = {}
         removed: list[PartitionKey] = []
-        kept: dict[PartitionKey, FetchParams] = {}
+        kept: dict[PartitionKey, PartitionPlan] = {}
         session = self._session
         walked = 0
         for key, prev in session.items():

@@ -40,6 +40,7 @@ from proxy.protocol import codec, records
 from proxy.protocol.apis import API_VERSIONS, PRODUCE
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import FrameDecoder
+from proxy.protocol.partition_plan import PartitionPlan
 from proxy.relay import apiversions, rewrite
 from proxy.relay.addresses import AddressBook
 from proxy.relay.relay import Relay, _sasl_v0_mechanism, produce_acks
@@ -445,7 +446,7 @@ def session_broker(data: bytes) -> None:
                 session_id,
                 epoch,
                 bool(r.u8() & 1),
-                {tp: as_broker_cache.PartitionRequest(r.u8(), 1000) for tp in _tps(r, on_ids)},
+                {tp: PartitionPlan(r.u8(), 1000) for tp in _tps(r, on_ids)},
                 _tps(r, on_ids),
                 names,
             )
@@ -485,9 +486,7 @@ def session_client(data: bytes) -> None:
             keys = _KEYS_BY_ID if on_ids else _KEYS_BY_NAME
             mask = r.u8()
             wanted = {
-                k: as_client_session.FetchParams(r.u8() % 3, 1000)
-                for i, k in enumerate(keys)
-                if mask >> i & 1
+                k: PartitionPlan(r.u8() % 3, 1000) for i, k in enumerate(keys) if mask >> i & 1
             }
             req = session.build(wanted, uses_topic_ids=on_ids, supports_sessions=bool(r.u8() % 4))
             assert set(req.session_partitions) == set(wanted), "session differs from wanted"

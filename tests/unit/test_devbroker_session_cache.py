@@ -17,11 +17,12 @@ from devbroker.session_cache import (
     ShardedSessionCache,
     shard_index,
 )
-from proxy.sessions.as_broker_cache import PartitionOutcome, PartitionRequest, TopicIdPartition
+from proxy.protocol.partition_plan import PartitionPlan
+from proxy.sessions.as_broker_cache import PartitionOutcome, TopicIdPartition
 
 FETCH = 1
 TID = uuid.UUID(int=42)
-PART = {TopicIdPartition(TID, "t", 0): PartitionRequest(fetch_offset=0, max_bytes=1024)}
+PART = {TopicIdPartition(TID, "t", 0): PartitionPlan(fetch_offset=0, partition_max_bytes=1024)}
 
 
 def open_session(cache: ShardedSessionCache) -> int:
@@ -85,9 +86,9 @@ class Clock:
         return self.seconds
 
 
-def parts(n: int) -> dict[TopicIdPartition, PartitionRequest]:
+def parts(n: int) -> dict[TopicIdPartition, PartitionPlan]:
     return {
-        TopicIdPartition(TID, "t", i): PartitionRequest(fetch_offset=0, max_bytes=1024)
+        TopicIdPartition(TID, "t", i): PartitionPlan(fetch_offset=0, partition_max_bytes=1024)
         for i in range(n)
     }
 

@@ -14,13 +14,13 @@ from proxy.protocol.error_codes import (
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
 )
+from proxy.protocol.partition_plan import PartitionPlan
 from proxy.sessions.as_broker_cache import (
     FetchContext,
     FetchSessionCache,
     FullFetchContext,
     IncrementalFetchContext,
     PartitionOutcome,
-    PartitionRequest,
     SessionErrorContext,
     SessionlessFetchContext,
     TopicIdPartition,
@@ -46,8 +46,8 @@ def tp(name: str, p: int = 0, topic_id: uuid.UUID | None = None) -> TopicIdParti
     return TopicIdPartition(topic_id, name, p)
 
 
-def req(offset: int = 0, max_bytes: int = 1000) -> PartitionRequest:
-    return PartitionRequest(fetch_offset=offset, max_bytes=max_bytes)
+def req(offset: int = 0, max_bytes: int = 1000) -> PartitionPlan:
+    return PartitionPlan(fetch_offset=offset, partition_max_bytes=max_bytes)
 
 
 def out(hw: int = 10, lso: int = 0, size: int = 0, error: int = 0, **kw: int) -> PartitionOutcome:
@@ -86,7 +86,7 @@ def incremental(
     cache: FetchSessionCache,
     sid: int,
     epoch: int,
-    data: dict[TopicIdPartition, PartitionRequest] | None = None,
+    data: dict[TopicIdPartition, PartitionPlan] | None = None,
     forget: list[TopicIdPartition] | None = None,
     version: int = 12,
     names: dict[uuid.UUID, str] | None = None,

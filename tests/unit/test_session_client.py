@@ -14,8 +14,8 @@ from proxy.protocol.error_codes import (
     INVALID_FETCH_SESSION_EPOCH,
 )
 from proxy.protocol.partition_key import PartitionKey
+from proxy.protocol.partition_plan import PartitionPlan
 from proxy.sessions.as_client_session import (
-    FetchParams,
     FetchSessionClient,
     SessionMetadata,
     SessionStateError,
@@ -28,8 +28,8 @@ A1 = ("a", 1)
 B0 = ("b", 0)
 
 
-def params(offset: int = 0, max_bytes: int = 1 << 20, **kw: int) -> FetchParams:
-    return FetchParams(fetch_offset=offset, partition_max_bytes=max_bytes, **kw)
+def params(offset: int = 0, max_bytes: int = 1 << 20, **kw: int) -> PartitionPlan:
+    return PartitionPlan(fetch_offset=offset, partition_max_bytes=max_bytes, **kw)
 
 
 def respond(
@@ -283,16 +283,18 @@ def test_without_session_support_every_request_is_sessionless() -> None:
 
 
 @st.composite
-def wanted_sets(draw: st.DrawFn) -> dict[PartitionKey, FetchParams]:
+def wanted_sets(draw: st.DrawFn) -> dict[PartitionKey, PartitionPlan]:
     keys = draw(st.lists(st.sampled_from([A0, A1, B0, ("c", 0)]), unique=True))
     return {k: params(draw(st.integers(0, 3))) for k in keys}
 
 
 @given(st.lists(wanted_sets(), min_size=1, max_size=8))
-def test_broker_view_tracks_the_wanted_set(sequence: list[dict[PartitionKey, FetchParams]]) -> None:
+def test_broker_view_tracks_the_wanted_set(
+    sequence: list[dict[PartitionKey, PartitionPlan]],
+) -> None:
     """A model broker applying each request ends with exactly what was wanted, with its params."""
     c = FetchSessionClient()
-    broker: dict[PartitionKey, FetchParams] = {}
+    broker: dict[PartitionKey, PartitionPlan] = {}
     session_id = 0
     for want in sequence:
         req = c.build(want, uses_topic_ids=False)

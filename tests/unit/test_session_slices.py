@@ -26,17 +26,18 @@ from support.fetch_messages import (
 
 from proxy.protocol.messages import make, request_module, response_module
 from proxy.protocol.partition_key import PartitionKey
+from proxy.protocol.partition_plan import PartitionPlan
 from proxy.sessions import as_client
 from proxy.sessions.as_client import FetchTranslator
-from proxy.sessions.as_client_session import FetchParams, FetchSessionClient
+from proxy.sessions.as_client_session import FetchSessionClient
 from proxy.sessions.topic_ids import TopicIdMap
 
 EVERY = 500
 FetchPartition = request_module(1, 12).FetchPartition
 
 
-def wanted(n: int, offset: int = 0) -> dict[PartitionKey, FetchParams]:
-    return {("t", p): FetchParams(offset + p, 1 << 20) for p in range(n)}
+def wanted(n: int, offset: int = 0) -> dict[PartitionKey, PartitionPlan]:
+    return {("t", p): PartitionPlan(offset + p, 1 << 20) for p in range(n)}
 
 
 def established(n: int) -> FetchSessionClient:
@@ -49,7 +50,7 @@ def established(n: int) -> FetchSessionClient:
 def test_an_incremental_build_yields_every_range_and_builds_the_same() -> None:
     now = wanted(10_000, offset=3)  # every partition moved on
     del now[("t", 5)]  # one forgotten
-    now[("u", 0)] = FetchParams(0, 1 << 20)  # one added
+    now[("u", 0)] = PartitionPlan(0, 1 << 20)  # one added
     whole = established(10_000).build(now, uses_topic_ids=False)
     sliced = established(10_000)
     request, yields = counted(sliced.build_in_ranges(now, EVERY, uses_topic_ids=False))

@@ -26,11 +26,11 @@ from proxy.protocol import records
 from proxy.protocol.codec import request_schema
 from proxy.protocol.messages import make
 from proxy.protocol.partition_key import PartitionKey
+from proxy.protocol.partition_plan import PartitionPlan
 from proxy.sessions.as_broker import DownstreamSessions
 from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.sessions.as_client import FetchTranslator, UpstreamFetch
 from proxy.sessions.as_client_session import (
-    FetchParams,
     FetchSessionClient,
     SessionRequest,
 )
@@ -121,7 +121,7 @@ def test_session_client_full_then_incremental_through_the_proxy() -> None:
     s = Setup(17, seed=3)
     client = FetchSessionClient()
     version = 12
-    want = {s.key(version, t, p): FetchParams(0, 1 << 20) for t, p in PARTITIONS}
+    want = {s.key(version, t, p): PartitionPlan(0, 1 << 20) for t, p in PARTITIONS}
     s.up.append("orders", 1, 2)
     seen = []
     for _ in range(3):
@@ -200,7 +200,7 @@ def test_session_clients_see_exactly_what_the_broker_would_send(
             positions[step[1]] = step[2]
         else:
             want = {
-                s.key(client_version, t, p): FetchParams(positions[(t, p)], 1 << 20)
+                s.key(client_version, t, p): PartitionPlan(positions[(t, p)], 1 << 20)
                 for t, p in step[1]
             }
             req = session_request(client_version, client.build(want, uses_topic_ids=on_ids))
@@ -227,7 +227,7 @@ def test_unknown_topic_id_is_answered_as_the_broker_would() -> None:
     s = Setup(17, seed=5)
     client = FetchSessionClient()
     ghost = uuid.uuid4()
-    want = {(ghost, 0): FetchParams(0, 100)}
+    want = {(ghost, 0): PartitionPlan(0, 100)}
     req = session_request(13, client.build(want, uses_topic_ids=True))
     resp, _ = s.through_proxy(req)
     assert resp == s.up.answer(s.direct, req)

@@ -1,0 +1,49 @@
+"""What a Fetch asks of one partition: the plan both fetch sessions and the dev broker share.
+
+Kafka's ``FetchRequest.PartitionData``: the fetch offset, the partition's byte limit,
+the fetcher's log start offset and the two epochs (KIP-320's current leader epoch,
+KIP-595's last fetched epoch).  It is what a KIP-227 session caches per partition
+and compares to tell an altered partition, so one type serves every stage that reads
+it: the broker-side cache toward clients (``sessions.as_broker_cache``, and the dev
+broker through it) and the proxy's own session with its broker
+(``sessions.as_client_session``), instead of one struct per half with the same
+fields.
+
+Absent values are -1, as on the wire (a version without the field, an unknown
+epoch): an epoch below 0 is read as -1 (:func:`plan_of`), so Kafka's ``Optional``
+empty is ``epoch < 0``.
+
+A ``NamedTuple``: built once per partition and fetch from the decoded request
+(a slotted frozen dataclass's construction costs about three times as much),
+compared per session partition on every fetch (a tuple's equality runs in C).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+NO_EPOCH = -1
+"""An epoch the request does not carry."""
+
+
+class PartitionPlan(NamedTuple):
+    """One partition's fetch parameters (see the module docstring)."""
+
+    fetch_offset: int
+    partition_max_bytes: int
+    log_start_offset: int = -1
+    current_leader_epoch: int = NO_EPOCH
+    last_fetched_epoch: int = NO_EPOCH
+
+
+def plan_of(partition: Any) -> PartitionPlan:
+    """The plan of a kio request ``FetchPartition`` of any version (v4+)."""
+    leader_epoch = int(getattr(partition, "current_leader_epoch", NO_EPOCH))
+    fetched_epoch = int(getattr(partition, "last_fetched_epoch", NO_EPOCH))
+    return PartitionPlan(
+        int(partition.fetch_offset),
+        int(partition.partition_max_bytes),
+        int(getattr(partition, "log_start_offset", -1)),
+        leader_epoch if leader_epoch >= 0 else NO_EPOCH,
+        fetched_epoch if fetched_epoch >= 0 else NO_EPOCH,
+    )
