@@ -59,6 +59,7 @@ from typing import IO, Any, Protocol
 
 import structlog
 
+from ..protocol.partition_key import PartitionKey
 from ..relay.racks import RackUsage
 from ..shaping.limits import LIMIT_NAMES, limit_kind
 from .labels import DecisionOutcome
@@ -262,7 +263,7 @@ def event_from_shaping(
     latency_ms: float,
     sample_rate: float,
     instance: str | None = None,
-    starved_partitions: Mapping[tuple[Any, int], int] | None = None,
+    starved_partitions: Mapping[PartitionKey, int] | None = None,
     upstream_fetch_bytes: int = 0,
     sessionless_fetch_bytes: int | None = None,
     topic_ids: TopicNames | None = None,
@@ -474,7 +475,7 @@ class DecisionLog:
         policy: str,
         correlation_id: int,
         latency_ms: float,
-        starved_partitions: Mapping[tuple[Any, int], int] | None = None,
+        starved_partitions: Mapping[PartitionKey, int] | None = None,
         upstream_fetch_bytes: int = 0,
         sessionless_fetch_bytes: int | None = None,
         topic_ids: TopicNames | None = None,
