@@ -237,7 +237,7 @@ def _topic(key: Any, topic_ids: TopicNames | None) -> tuple[str | None, str | No
 
 
 def _starved(
-    starved: Mapping[tuple[Any, int], int] | None,
+    starved: Mapping[PartitionKey, int] | None,
     topic_ids: TopicNames | None = None,
 ) -> tuple[StarvedPartition, ...]:
     """Most-starved first, capped; topics by name when known (see the module docstring)."""
