@@ -14,12 +14,11 @@ them to :class:`~proxy.observe.metrics.Metrics`:
   written, each one's time since its request arrived
   (``client_request_duration_seconds``).
 
-What the relay already parsed is passed in, not read again: the request's
-header, whether it takes a response (``expects``: the relay has read a
-Produce's acks), and for the frames sent upstream each one's API key and
+What the relay already parsed is passed in, never read again from the frames:
+the request's header, whether it takes a response (``expects``: the relay has
+read a Produce's acks), and for the frames sent upstream each one's API key and
 whether it will be answered (``kinds``, from ``Relay.take_upstream_with_kinds``).
-Without them (a caller that has only the frames) the meter reads the two bytes
-of the API key and a Produce's acks itself.  The series are resolved once
+The series are resolved once
 (:class:`~proxy.observe.metrics.Leg`; the node's bytes counters at first use):
 no ``labels()`` call per message.
 
@@ -49,11 +48,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..protocol import codec
-from ..protocol.apis import FETCH, PRODUCE, SASL_AUTHENTICATE
+from ..protocol.apis import FETCH, SASL_AUTHENTICATE
 from ..protocol.codec import skip_tagged_fields
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import Gathered, Payload
-from ..relay.relay import UpstreamKind, produce_acks
+from ..relay.relay import UpstreamKind
 from ..sessions.resets import RESET_REASONS, Side
 from .labels import Direction
 from .metrics import Metrics
@@ -77,15 +76,6 @@ def fetch_error_code(api_version: int, frame: bytes) -> int | None:
     return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
 
 
-def _expects_response(api_key: int, frame: bytes) -> bool:
-    if api_key != PRODUCE:
-        return True
-    try:
-        return produce_acks(codec.parse_request_header(frame), frame) != 0
-    except ProtocolError:
-        return True  # the relay refuses it and closes the connection anyway
-
-
 class TrafficMeter:
     """Counts and times one client connection's frames (see the module docstring)."""
 
@@ -96,7 +86,6 @@ class TrafficMeter:
         "_from_broker",
         "_from_broker_bytes",
         "_from_client",
-        "_raw",
         "_to_broker",
         "_to_broker_bytes",
         "_to_client",
@@ -110,7 +99,6 @@ class TrafficMeter:
         self.node = node
         self._client: deque[tuple[int, int, float]] = deque()  # (api_key, version, arrival)
         self._upstream: deque[tuple[int, float]] = deque()  # (api_key, sent)
-        self._raw: deque[bytes] = deque()  # raw SASL tokens the relay will send upstream
         legs = metrics.legs
         self._from_client = legs[Direction.CLIENT_TO_PROXY]
         self._to_broker = legs[Direction.PROXY_TO_BROKER]
@@ -127,46 +115,30 @@ class TrafficMeter:
         return len(self._client), len(self._upstream)
 
     def client_frame(
-        self,
-        header: codec.RequestHeader | None,
-        frame: bytes,
-        now: float,
-        *,
-        expects: bool | None = None,
+        self, header: codec.RequestHeader | None, frame: bytes, now: float, *, expects: bool
     ) -> None:
         """A request frame the relay accepted; ``header`` None: a raw SASL v0 token.
 
-        ``expects``: whether it takes a response, as the relay decided (None: read
-        a Produce's acks from the frame here).
+        ``expects``: whether it takes a response, as the relay decided
+        (``Relay.last_expects``; a raw token always does).
         """
         if header is None:
             api_key, api_version = SASL_AUTHENTICATE, 0
-            self._raw.append(frame)
             expects = True
         else:
             api_key, api_version = header.api_key, header.api_version
-            if expects is None:
-                expects = _expects_response(api_key, frame)
         self._from_client(api_key, len(frame))
         if expects:
             self._client.append((api_key, api_version, now))
 
     def upstream_sent(
-        self, frames: list[bytes], now: float, *, kinds: Sequence[UpstreamKind] | None = None
+        self, frames: list[bytes], now: float, *, kinds: Sequence[UpstreamKind]
     ) -> None:
         """Frames taken from the relay for the broker, in order, about to be written.
 
         ``kinds``: each frame's (api_key, expects a response) as the relay queued
-        it (``Relay.take_upstream_with_kinds``); None: read from the frames, a raw
-        SASL v0 token recognised as the one ``client_frame`` saw.
+        it (``Relay.take_upstream_with_kinds``).
         """
-        if kinds is None:
-            kinds = [self._kind(frame) for frame in frames]
-        else:
-            raw = self._raw
-            for frame in frames:
-                if raw and frame is raw[0]:  # the token client_frame saw: counted by kinds
-                    raw.popleft()
         upstream = self._upstream
         for frame, (api_key, expects) in zip(frames, kinds, strict=True):
             size = len(frame)
@@ -178,13 +150,6 @@ class TrafficMeter:
             self._to_broker_bytes.inc(size)
             if expects:
                 upstream.append((api_key, now))
-
-    def _kind(self, frame: bytes) -> UpstreamKind:
-        if self._raw and frame is self._raw[0]:
-            self._raw.popleft()
-            return SASL_AUTHENTICATE, True
-        api_key = int.from_bytes(frame[0:2], "big", signed=True) if len(frame) >= 2 else -1
-        return api_key, _expects_response(api_key, frame)
 
     def upstream_frame(self, frame: bytes, now: float) -> None:
         """A response frame from the broker (before the relay handles it)."""

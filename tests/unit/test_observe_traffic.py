@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import importlib
 import struct
-from collections import deque
 
 import trio
 import trio.testing
@@ -18,7 +17,6 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.schema.produce.v8.request import ProduceRequest
 from kio.static.primitive import i16, i32, i32Timedelta
-from prometheus_client import generate_latest
 
 from proxy.observe.metrics import Metrics
 from proxy.observe.traffic import TrafficMeter, fetch_error_code
@@ -58,8 +56,8 @@ def test_requests_and_responses_on_each_leg_with_latencies() -> None:
     metrics = new_metrics()
     meter = TrafficMeter(metrics, node=3)
     commit = opaque_request(8, 1, b"x" * 10)
-    meter.client_frame(codec.parse_request_header(commit), commit, now=10.0)
-    meter.upstream_sent([commit], now=10.5)
+    meter.client_frame(codec.parse_request_header(commit), commit, now=10.0, expects=True)
+    meter.upstream_sent([commit], now=10.5, kinds=[(8, True)])
     assert meter.awaiting == (1, 1)
     meter.upstream_frame(b"\x00\x00\x00\x00answer", now=12.0)
     done = meter.client_sent([b"\x00\x00\x00\x01answer!"])
@@ -83,14 +81,20 @@ def test_requests_and_responses_on_each_leg_with_latencies() -> None:
 
 
 def test_pipelined_responses_are_matched_in_order_and_acks0_produce_is_not_awaited() -> None:
+    """Fed what the relay parsed (each request's expects, the kinds of what it queued
+    upstream): the acks=0 Produce is awaited on neither leg."""
     metrics = new_metrics()
     meter = TrafficMeter(metrics)
+    relay = Relay(lambda node, host, port: (host, port))
     frames = [opaque_request(8, 1), produce(0, 2), produce(1, 3), opaque_request(3, 4)]
     for n, frame in enumerate(frames):
-        meter.client_frame(codec.parse_request_header(frame), frame, now=float(n))
+        header = relay.client_frame(frame)
+        meter.client_frame(header, frame, now=float(n), expects=relay.last_expects)
+    sent, kinds = relay.take_upstream_with_kinds()
+    assert kinds == [(8, True), (0, False), (0, True), (3, True)]
     # a request the proxy makes itself (e.g. a Metadata lookup) goes upstream too
     own = opaque_request(3, 0)
-    meter.upstream_sent([*frames, own], now=4.0)
+    meter.upstream_sent([*sent, own], now=4.0, kinds=[*kinds, (3, True)])
     assert meter.awaiting == (3, 4)  # the acks=0 Produce is answered by nobody
     for _ in range(4):
         meter.upstream_frame(b"\x00\x00\x00\x00", now=5.0)
@@ -113,8 +117,8 @@ def test_raw_sasl_tokens_count_as_sasl_authenticate() -> None:
     metrics = new_metrics()
     meter = TrafficMeter(metrics, node=0)
     token = b"\x00user\x00secret"  # no Kafka header: the first bytes are not an API key
-    meter.client_frame(None, token, now=0.0)
-    meter.upstream_sent([token], now=0.0)
+    meter.client_frame(None, token, now=0.0, expects=True)
+    meter.upstream_sent([token], now=0.0, kinds=[(36, True)])  # the relay's kind of it
     meter.upstream_frame(b"", now=1.0)
     meter.client_written(meter.client_sent([b""]), now=1.0)
     for name in (
@@ -211,7 +215,7 @@ def test_session_errors_to_the_client_count_as_downstream_resets() -> None:
     meter = TrafficMeter(metrics)
     cases = [(12, 70), (7, 71), (13, 106), (16, 0), (11, 70)]
     for version, _ in cases:
-        meter.client_frame(fetch_request_header(version), b"\x00\x01", now=0.0)
+        meter.client_frame(fetch_request_header(version), b"\x00\x01", now=0.0, expects=True)
     assert fetch_error_code(12, fetch_response(12, 70)) == 70
     assert fetch_error_code(7, b"\x00\x00") is None  # too short: no error code
     meter.client_sent([fetch_response(v, e) for v, e in cases])
@@ -230,50 +234,3 @@ def test_session_errors_to_the_client_count_as_downstream_resets() -> None:
 def test_reading_the_error_code_never_raises(version: int, frame: bytes) -> None:
     code = fetch_error_code(version, frame)
     assert code is None or -32768 <= code <= 32767
-
-
-def _exposition(metrics: Metrics) -> list[str]:
-    text = generate_latest(metrics.registry).decode()
-    return [line for line in text.splitlines() if "_created" not in line]
-
-
-def test_what_the_relay_parsed_counts_as_what_the_meter_parses_itself() -> None:
-    """Fed the relay's own kinds and expects (no re-parsing), the meter counts what it
-    counts from the frames alone: acks=0 Produce unanswered, a raw SASL v0 token as
-    sasl_authenticate, requests the relay makes itself."""
-    fed, parsing = new_metrics(), new_metrics()
-    fed_meter, parsing_meter = TrafficMeter(fed, node=1), TrafficMeter(parsing, node=1)
-    relay = Relay(lambda node, host, port: (host, port))
-    frames = [opaque_request(8, 1), produce(0, 2), produce(1, 3), opaque_request(3, 4)]
-    for n, frame in enumerate(frames):
-        header = relay.client_frame(frame)
-        fed_meter.client_frame(header, frame, float(n), expects=relay.last_expects)
-        parsing_meter.client_frame(header, frame, float(n))
-    assert relay.last_expects is True
-    sent, kinds = relay.take_upstream_with_kinds()
-    assert kinds == [(8, True), (0, False), (0, True), (3, True)]
-    assert relay.take_upstream_with_kinds() == ([], [])
-    fed_meter.upstream_sent(sent, 4.0, kinds=kinds)
-    parsing_meter.upstream_sent(sent, 4.0)
-    assert fed_meter.awaiting == parsing_meter.awaiting == (3, 3)
-    for meter in (fed_meter, parsing_meter):
-        for _ in range(3):
-            meter.upstream_frame(b"\x00\x00\x00\x00", now=5.0)
-        meter.client_written(meter.client_sent([b"\x00" * 4] * 3), now=6.0)
-    assert _exposition(fed) == _exposition(parsing)
-    assert value(fed, "proxy_to_broker_requests_total", api="produce") == 2
-    assert value(fed, "broker_to_proxy_responses_total", api="produce") == 1
-
-
-def test_a_raw_sasl_token_fed_with_its_kind_counts_once_and_is_not_remembered() -> None:
-    metrics = new_metrics()
-    meter = TrafficMeter(metrics, node=0)
-    token = b"\x00user\x00secret"
-    for _ in range(3):
-        meter.client_frame(None, token, now=0.0)
-        meter.upstream_sent([token], now=0.0, kinds=[(36, True)])  # the relay's kind of it
-        meter.upstream_frame(b"", now=1.0)
-        meter.client_written(meter.client_sent([b""]), now=1.0)
-    assert value(metrics, "proxy_to_broker_requests_total", api="sasl_authenticate") == 3
-    assert meter.awaiting == (0, 0)
-    assert meter._raw == deque()  # matched by identity and let go, not kept
