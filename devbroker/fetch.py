@@ -84,9 +84,9 @@ from proxy.protocol.error_codes import (
 )
 from proxy.protocol.messages import make, response_module
 from proxy.protocol.partition_plan import PartitionPlan, plan_of
+from proxy.protocol.partition_result import PartitionResult
 from proxy.sessions.as_broker_cache import (
     FetchContext,
-    PartitionOutcome,
     Ranges,
     SessionlessFetchContext,
     TopicIdPartition,
@@ -121,7 +121,7 @@ def _tick(every: int) -> Callable[[], bool]:
 
 
 @dataclass(slots=True)
-class PartitionResult:
+class ReadResult:
     """One partition of the response before it becomes a kio PartitionData."""
 
     error: int
@@ -139,31 +139,32 @@ class PartitionResult:
     def records_size(self) -> int:
         return len(self.records)
 
-    def outcome(self) -> PartitionOutcome:
-        return PartitionOutcome(
+    def outcome(self) -> PartitionResult:
+        return PartitionResult(
             error_code=self.error,
             high_watermark=self.high_watermark,
             log_start_offset=self.log_start_offset,
             records_size=self.records_size,
+            last_stable_offset=self.last_stable_offset,
             diverging_epoch=-1 if self.diverging_epoch is None else self.diverging_epoch[0],
         )
 
 
-def _error_result(error: int) -> PartitionResult:
+def _error_result(error: int) -> ReadResult:
     """A read that failed: unknown offsets, no records, a null aborted-transactions list."""
-    return PartitionResult(error)
+    return ReadResult(error)
 
 
-def _refused(error: int) -> PartitionResult:
+def _refused(error: int) -> ReadResult:
     """A partition refused before reading (FetchResponse.partitionResponse).
 
     Its aborted-transactions list is the schema default (empty, not null); its
     null records become an empty record set when KafkaApis builds the response.
     """
-    return PartitionResult(error, aborted_transactions=())
+    return ReadResult(error, aborted_transactions=())
 
 
-def _partition_outcome(result: PartitionResult) -> PartitionOutcome:
+def _partition_outcome(result: ReadResult) -> PartitionResult:
     return result.outcome()
 
 
@@ -307,7 +308,7 @@ class NodeFetcher:
                 self, request, params, SessionlessFetchContext({}), [], [], UNKNOWN_SERVER_ERROR
             )
 
-        erroneous: list[tuple[TopicIdPartition, PartitionResult]] = []
+        erroneous: list[tuple[TopicIdPartition, ReadResult]] = []
         interesting: list[tuple[TopicIdPartition, PartitionPlan]] = []
         for tp, req in (yield from context.partitions_in_ranges(every)):
             if tick():
@@ -383,7 +384,7 @@ class NodeFetcher:
         params: _Params,
         limit_bytes: int,
         min_one_message: bool,
-    ) -> PartitionResult:
+    ) -> ReadResult:
         adjusted = min(req.partition_max_bytes, limit_bytes)
         part, error = self._hosted(tp)
         if part is None or error != NONE:
@@ -397,8 +398,8 @@ class NodeFetcher:
         hw, lso, log_start = log.high_watermark, log.last_stable_offset, log.log_start_offset
         committed = params.isolation == TXN_COMMITTED
 
-        def ok(data: bytes, *, aborted: bool = committed) -> PartitionResult:
-            return PartitionResult(
+        def ok(data: bytes, *, aborted: bool = committed) -> ReadResult:
+            return ReadResult(
                 NONE,
                 high_watermark=hw,
                 last_stable_offset=lso,
@@ -441,7 +442,7 @@ class NodeFetcher:
 
     def read_all(
         self, partitions: list[tuple[TopicIdPartition, PartitionPlan]], params: _Params
-    ) -> list[tuple[TopicIdPartition, PartitionResult]]:
+    ) -> list[tuple[TopicIdPartition, ReadResult]]:
         return drain(self.read_all_in_ranges(partitions, params, 0))
 
     def read_all_in_ranges(
@@ -449,7 +450,7 @@ class NodeFetcher:
         partitions: list[tuple[TopicIdPartition, PartitionPlan]],
         params: _Params,
         every: int,
-    ) -> Ranges[list[tuple[TopicIdPartition, PartitionResult]]]:
+    ) -> Ranges[list[tuple[TopicIdPartition, ReadResult]]]:
         """``read_all``, yielding after every *every* partitions read (each partition is
         read whole, in one range, as Kafka reads one partition's log under its lock)."""
         tick = _tick(every)
@@ -538,7 +539,7 @@ class PendingFetch:
         params: _Params,
         context: FetchContext,
         interesting: list[tuple[TopicIdPartition, PartitionPlan]],
-        erroneous: list[tuple[TopicIdPartition, PartitionResult]],
+        erroneous: list[tuple[TopicIdPartition, ReadResult]],
         request_error: int | None = None,
     ) -> None:
         self._fetcher = fetcher
@@ -552,7 +553,7 @@ class PendingFetch:
         self._request_error = request_error
         self.max_wait_ms = params.max_wait_ms
         self.min_bytes = params.min_bytes
-        self._results: list[tuple[TopicIdPartition, PartitionResult]] | None = None
+        self._results: list[tuple[TopicIdPartition, ReadResult]] | None = None
         self._polled = False
         self._ready = False
         self._completed = False
@@ -623,7 +624,7 @@ class PendingFetch:
                 if self._interesting
                 else []
             )
-        partitions: dict[TopicIdPartition, PartitionResult] = dict(self._results)
+        partitions: dict[TopicIdPartition, ReadResult] = dict(self._results)
         for tp, result in self._erroneous:
             partitions[tp] = result
         endpoints: dict[int, tuple[str, int]] = {}
@@ -654,7 +655,7 @@ class PendingFetch:
         self,
         error_code: int,
         session_id: int,
-        partitions: list[tuple[TopicIdPartition, PartitionResult]],
+        partitions: list[tuple[TopicIdPartition, ReadResult]],
         endpoints: Mapping[int, tuple[str, int]],
         every: int,
     ) -> Ranges[Any]:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from proxy.protocol.partition_plan import PartitionPlan
+from proxy.protocol.partition_result import PartitionResult
 from proxy.sessions.as_broker_cache import (
     DEFAULT_EVICTION_MS,
     FINAL_EPOCH,
@@ -33,7 +34,6 @@ from proxy.sessions.as_broker_cache import (
     FetchSession,
     FetchSessionCache,
     FullFetchContext,
-    PartitionOutcome,
     Ranges,
     SessionlessFetchContext,
     SessionResponse,
@@ -91,7 +91,7 @@ class _RoundRobinFullContext(FullFetchContext):
     def update_and_generate_response_data_in_ranges(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
         every: int,
     ) -> Ranges[SessionResponse[T]]:
         # (update_and_generate_response_data runs this at once.)  The shard is taken

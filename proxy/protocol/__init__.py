@@ -21,6 +21,8 @@ else from the proxy either; everything above it builds on it.
 - :mod:`.partition_key`: the one key of a Fetch's partition (topic name or id, partition
   index) that sessions, shaping and the relay share; :mod:`.partition_plan`: what a
   Fetch asks of one partition (offset, byte limit, epochs), the one type both fetch
-  sessions and the dev broker keep.
+  sessions and the dev broker keep; :mod:`.partition_result`: what an answer says of
+  one partition besides its records (error, watermarks, sizes, redirect, divergence),
+  read from kio once for both sessions.
 - :mod:`.records`: RecordBatch v2 headers, read without decompressing anything.
 """

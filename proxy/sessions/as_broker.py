@@ -65,6 +65,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
 from ..protocol.partition_key import PartitionKey, TopicKey
 from ..protocol.partition_plan import NO_EPOCH, PartitionPlan, plan_of
+from ..protocol.partition_result import result_of
 from .as_broker_cache import (
     FetchContext,
     FetchSession,
@@ -76,7 +77,6 @@ from .as_broker_cache import (
     SessionlessFetchContext,
     SessionResponse,
     TopicIdPartition,
-    outcome_of_kio_partition,
 )
 from .client_fetch import (
     ClientFetch,
@@ -247,7 +247,7 @@ class DownstreamSessions:
                     drain(
                         _response(
                             version,
-                            context.update_and_generate_response_data({}, outcome_of_kio_partition),
+                            context.update_and_generate_response_data({}, result_of),
                             None,
                         )
                     )
@@ -258,9 +258,7 @@ class DownstreamSessions:
         )
         context = self._within_limit(context, fetch_data, size_before)
         if isinstance(context, SessionErrorContext):
-            result: SessionResponse[Any] = context.update_and_generate_response_data(
-                {}, outcome_of_kio_partition
-            )
+            result: SessionResponse[Any] = context.update_and_generate_response_data({}, result_of)
             return ClientReply(drain(_response(version, result, None)))
         effective = yield from context.partitions_in_ranges(every)
         by_ref: dict[PartitionKey, TopicIdPartition] = {}
@@ -331,7 +329,7 @@ class DownstreamSessions:
             result: SessionResponse[Any] = fetch.context.throttled_response()
         else:
             result = yield from fetch.context.update_and_generate_response_data_in_ranges(
-                updates, outcome_of_kio_partition, every
+                updates, result_of, every
             )
             if isinstance(fetch.context, FullFetchContext):
                 result = self._created(result)

@@ -7,10 +7,11 @@ kio: partitions are named by :class:`TopicIdPartition` and keyed in a session by
 its :data:`~proxy.protocol.partition_key.PartitionKey`, request parameters are
 a :class:`~proxy.protocol.partition_plan.PartitionPlan` (the one the proxy's own
 session upstream uses too), and a response partition of any type ``T`` is
-described to the session logic through a :class:`PartitionOutcome` extracted by
-a caller-supplied function.  The dev broker uses it with its own read results;
-the proxy can reuse it toward clients that open sessions with kio
-``PartitionData`` (see :func:`outcome_of_kio_partition`).
+described to the session logic through a
+:class:`~proxy.protocol.partition_result.PartitionResult` extracted by a
+caller-supplied function.  The dev broker uses it with its own read results;
+the proxy, toward clients that open sessions, with kio ``PartitionData``
+(:func:`~proxy.protocol.partition_result.result_of`).
 
 The (session_id, epoch) table of KIP-227, as ``new_context`` applies it:
 
@@ -59,6 +60,7 @@ from ..protocol.error_codes import (
 )
 from ..protocol.partition_key import PartitionKey
 from ..protocol.partition_plan import PartitionPlan
+from ..protocol.partition_result import PartitionResult
 
 # FINAL_EPOCH, INVALID_SESSION_ID and is_full are re-exported: the dev broker
 # (``devbroker.session_cache``) takes them from here.
@@ -107,33 +109,6 @@ class TopicIdPartition(NamedTuple):
         if self.topic_id is not None:
             return (self.topic_id, self.partition)
         return (self.topic, self.partition)
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionOutcome:
-    """What the session logic must know about one partition of a response."""
-
-    error_code: int
-    high_watermark: int
-    log_start_offset: int
-    records_size: int
-    preferred_read_replica: int = -1
-    diverging_epoch: int = -1
-    """Epoch of the response's DivergingEpoch; -1 (or less) when there is none."""
-
-
-def outcome_of_kio_partition(data: Any) -> PartitionOutcome:
-    """PartitionOutcome of a kio ``FetchResponse`` PartitionData of any version."""
-    recs = data.records
-    diverging = getattr(data, "diverging_epoch", None)
-    return PartitionOutcome(
-        error_code=int(data.error_code),
-        high_watermark=int(data.high_watermark),
-        log_start_offset=int(getattr(data, "log_start_offset", -1)),
-        records_size=0 if recs is None else len(recs),
-        preferred_read_replica=int(getattr(data, "preferred_read_replica", -1)),
-        diverging_epoch=-1 if diverging is None else int(diverging.epoch),
-    )
 
 
 class CachedPartition:
@@ -199,7 +174,7 @@ class CachedPartition:
         if self.topic is None and self.topic_id is not None:
             self.topic = topic_names.get(self.topic_id)
 
-    def maybe_update_response_data(self, outcome: PartitionOutcome, update: bool) -> bool:
+    def maybe_update_response_data(self, outcome: PartitionResult, update: bool) -> bool:
         """True if an incremental response must carry this partition; optionally remember what was sent.
 
         Included: records, a changed high watermark or log start offset, a
@@ -362,14 +337,14 @@ class FetchContext(ABC):
     def update_and_generate_response_data(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
     ) -> SessionResponse[T]:
         """Update the session with what was read and select the partitions to send."""
 
     def update_and_generate_response_data_in_ranges(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
         every: int,
     ) -> Ranges[SessionResponse[T]]:
         """``update_and_generate_response_data``, yielding every *every* partitions where it
@@ -400,7 +375,7 @@ class SessionErrorContext(FetchContext):
     def update_and_generate_response_data(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
     ) -> SessionResponse[T]:
         return SessionResponse(self.error_code, INVALID_SESSION_ID, [])
 
@@ -427,7 +402,7 @@ class SessionlessFetchContext(_FullRequestContext):
     def update_and_generate_response_data(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
     ) -> SessionResponse[T]:
         return SessionResponse(NONE, INVALID_SESSION_ID, list(updates.items()))
 
@@ -450,14 +425,14 @@ class FullFetchContext(_FullRequestContext):
     def update_and_generate_response_data(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
     ) -> SessionResponse[T]:
         return drain(self.update_and_generate_response_data_in_ranges(updates, outcome, 0))
 
     def update_and_generate_response_data_in_ranges(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
         every: int,
     ) -> Ranges[SessionResponse[T]]:
         """The session's partitions are built range by range (nothing shared is touched);
@@ -527,14 +502,14 @@ class IncrementalFetchContext(FetchContext):
     def update_and_generate_response_data(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
     ) -> SessionResponse[T]:
         return drain(self.update_and_generate_response_data_in_ranges(updates, outcome, 0))
 
     def update_and_generate_response_data_in_ranges(
         self,
         updates: Mapping[TopicIdPartition, T],
-        outcome: Callable[[T], PartitionOutcome],
+        outcome: Callable[[T], PartitionResult],
         every: int,
     ) -> Ranges[SessionResponse[T]]:
         """Between two ranges only this session is half-updated (its connection's next

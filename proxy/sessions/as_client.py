@@ -66,6 +66,7 @@ from ..protocol.error_codes import (
 from ..protocol.messages import convert, field_names, make, request_module, response_module
 from ..protocol.partition_key import PartitionKey, TopicKey, partition_name
 from ..protocol.partition_plan import PartitionPlan, plan_of
+from ..protocol.partition_result import result_of
 from .as_client_session import FetchSessionClient, SessionRequest, Verdict
 from .client_fetch import (
     ClientReply,
@@ -445,12 +446,13 @@ class FetchTranslator:
                 yield
             if key not in pending.by_key:
                 continue
-            code = int(pd.error_code)
+            result = result_of(pd)
+            code = result.error_code
             self.cache.record(
                 key,
-                high_watermark=int(pd.high_watermark),
-                last_stable_offset=int(getattr(pd, "last_stable_offset", -1)),
-                log_start_offset=int(getattr(pd, "log_start_offset", -1)),
+                high_watermark=result.high_watermark,
+                last_stable_offset=result.last_stable_offset,
+                log_start_offset=result.log_start_offset,
                 error_code=code,
             )
             name = pending.by_key[key].topic_name

@@ -41,6 +41,7 @@ from proxy.protocol.apis import API_VERSIONS, PRODUCE
 from proxy.protocol.errors import ProtocolError
 from proxy.protocol.framing import FrameDecoder
 from proxy.protocol.partition_plan import PartitionPlan
+from proxy.protocol.partition_result import PartitionResult
 from proxy.relay import apiversions, rewrite
 from proxy.relay.addresses import AddressBook
 from proxy.relay.relay import Relay, _sasl_v0_mechanism, produce_acks
@@ -397,8 +398,8 @@ def _tps(r: Reader, on_ids: bool) -> list[as_broker_cache.TopicIdPartition]:
     ]
 
 
-def _outcome(r: Reader) -> as_broker_cache.PartitionOutcome:
-    return as_broker_cache.PartitionOutcome(
+def _outcome(r: Reader) -> PartitionResult:
+    return PartitionResult(
         error_code=r.pick([0, 0, 0, 1, 6]),
         high_watermark=r.pick([-1, 0, 10, 11, 2**63 - 1]),
         log_start_offset=r.pick([-1, 0, 5]),

@@ -18,7 +18,8 @@ from devbroker.session_cache import (
     shard_index,
 )
 from proxy.protocol.partition_plan import PartitionPlan
-from proxy.sessions.as_broker_cache import PartitionOutcome, TopicIdPartition
+from proxy.protocol.partition_result import PartitionResult
+from proxy.sessions.as_broker_cache import TopicIdPartition
 
 FETCH = 1
 TID = uuid.UUID(int=42)
@@ -31,8 +32,8 @@ def open_session(cache: ShardedSessionCache) -> int:
     return context.update_and_generate_response_data({k: None for k in PART}, outcome).session_id
 
 
-def outcome(_data: object) -> PartitionOutcome:
-    return PartitionOutcome(error_code=0, high_watermark=0, log_start_offset=0, records_size=0)
+def outcome(_data: object) -> PartitionResult:
+    return PartitionResult(error_code=0, high_watermark=0, log_start_offset=0, records_size=0)
 
 
 def test_fewer_slots_than_shards_means_no_sessions() -> None:

@@ -15,16 +15,15 @@ from proxy.protocol.error_codes import (
     INVALID_FETCH_SESSION_EPOCH,
 )
 from proxy.protocol.partition_plan import PartitionPlan
+from proxy.protocol.partition_result import PartitionResult, result_of
 from proxy.sessions.as_broker_cache import (
     FetchContext,
     FetchSessionCache,
     FullFetchContext,
     IncrementalFetchContext,
-    PartitionOutcome,
     SessionErrorContext,
     SessionlessFetchContext,
     TopicIdPartition,
-    outcome_of_kio_partition,
 )
 from proxy.sessions.kip227 import next_epoch
 
@@ -50,13 +49,13 @@ def req(offset: int = 0, max_bytes: int = 1000) -> PartitionPlan:
     return PartitionPlan(fetch_offset=offset, partition_max_bytes=max_bytes)
 
 
-def out(hw: int = 10, lso: int = 0, size: int = 0, error: int = 0, **kw: int) -> PartitionOutcome:
-    return PartitionOutcome(
+def out(hw: int = 10, lso: int = 0, size: int = 0, error: int = 0, **kw: int) -> PartitionResult:
+    return PartitionResult(
         error_code=error, high_watermark=hw, log_start_offset=lso, records_size=size, **kw
     )
 
 
-def ident(o: PartitionOutcome) -> PartitionOutcome:
+def ident(o: PartitionResult) -> PartitionResult:
     return o
 
 
@@ -72,7 +71,7 @@ def open_session(
     *,
     version: int = 12,
     follower: bool = False,
-    outcomes: dict[TopicIdPartition, PartitionOutcome] | None = None,
+    outcomes: dict[TopicIdPartition, PartitionResult] | None = None,
 ) -> int:
     """Full fetch (0, 0) over *parts*; the new session's id (0 if none was created)."""
     data = {p: req() for p in parts}
@@ -350,7 +349,7 @@ def test_forgetting_every_partition_closes_the_session() -> None:
         (out(hw=10, lso=0, preferred_read_replica=2), True),
     ],
 )
-def test_incremental_inclusion_rules(outcome: PartitionOutcome, included: bool) -> None:
+def test_incremental_inclusion_rules(outcome: PartitionResult, included: bool) -> None:
     cache = make_cache()
     a, b = tp("a"), tp("b")
     sid = open_session(cache, [a, b], outcomes={a: out(hw=10, lso=0), b: out(hw=10, lso=0)})
@@ -605,7 +604,7 @@ def test_cache_invariants(ops: list[tuple[str, int, bool]]) -> None:
         assert all(s.id > 0 and s.epoch >= 1 for s in cache.sessions())
 
 
-def test_outcome_of_kio_partition_reads_any_version() -> None:
+def test_result_of_reads_a_kio_partition_of_any_version() -> None:
     from kio.schema.errors import ErrorCode
     from kio.schema.fetch.v4.response import PartitionData as V4
     from kio.schema.fetch.v17.response import EpochEndOffset
@@ -618,14 +617,15 @@ def test_outcome_of_kio_partition_reads_any_version() -> None:
         aborted_transactions=None,
         records=b"abc",
     )
-    assert outcome_of_kio_partition(v4) == out(hw=5, lso=-1, size=3)
+    assert result_of(v4) == out(hw=5, lso=-1, size=3)
     v17 = V17(
         partition_index=0,
         error_code=ErrorCode.not_leader_or_follower,
         high_watermark=-1,
+        last_stable_offset=4,
         log_start_offset=-1,
         diverging_epoch=EpochEndOffset(epoch=2, end_offset=9),
         aborted_transactions=None,
         records=None,
     )
-    assert outcome_of_kio_partition(v17) == out(hw=-1, lso=-1, error=6, diverging_epoch=2)
+    assert result_of(v17) == out(hw=-1, lso=-1, error=6, diverging_epoch=2, last_stable_offset=4)
