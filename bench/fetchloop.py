@@ -81,11 +81,20 @@ async def _read_frame(reader: asyncio.StreamReader) -> None:
 async def _open(
     host: str, port: int, count: int
 ) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """*count* connections, each with one ApiVersions round trip as soon as it is open,
+    as Kafka's clients do.  A connection left silent until the others are open (a
+    thousand connects pass the listen backlog and wait for SYN retries) would meet the
+    proxy's first_request_timeout_seconds (10 s), which closed some of them in the full
+    run of 2026-11-26."""
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+    hello = api_versions_frame()
 
     async def one() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         async with gate:
-            return await asyncio.wait_for(asyncio.open_connection(host, port), 30)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 30)
+        writer.write(hello)
+        await asyncio.wait_for(_read_frame(reader), 30)
+        return reader, writer
 
     return list(await asyncio.gather(*(one() for _ in range(count))))
 
@@ -172,14 +181,7 @@ async def idle_connections(
     """Open *connections*, one ApiVersions round trip each, wait *settle* s, call *on_open*."""
     host, _, port = address.rpartition(":")
     conns = await _open(host, int(port), connections)
-    try:
-        frame = api_versions_frame()
-
-        async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.write(frame)
-            await asyncio.wait_for(_read_frame(reader), 30)
-
-        await asyncio.gather(*(hello(r, w) for r, w in conns))
+    try:  # each said ApiVersions when it opened (_open)
         await asyncio.sleep(settle)
         on_open()
     finally:
