@@ -402,6 +402,9 @@ def rerender(args: argparse.Namespace, every_scenario: list[str]) -> int:
     results["targets"] = report.targets(results)
     for t in results["targets"]:
         graph = graphs.get((t["target"], t["case"]))
+        if graph is None and t["case"]:  # a run stopped before its targets were saved
+            name = f"flame-{t['scenario']}-{_slug(t['case'])}.svg"
+            graph = name if (out / name).exists() else None
         if graph is not None and t["status"] == "missed":
             t["flamegraph"] = graph
         if t["scenario"] == "load" and t["status"] == "missed" and args.load_flamegraph:
