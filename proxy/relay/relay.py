@@ -381,8 +381,6 @@ class Relay:
         self._to_client: list[Payload] = []
         self._next_cid = 0
         self._raw_tokens = 0  # SASL v0 token frames still expected from the client
-        self.last_header: codec.RequestHeader | None = None
-        """The header of the latest client request (for log context)."""
         self.last_expects = True
         """Whether the latest client request takes a response (False: Produce with acks=0)."""
         self.sasl = sasl.SaslExchange()
@@ -466,7 +464,6 @@ class Relay:
             self._pending.append(_Pending(None, -1, 0, token.reply))
             return None
         header = codec.parse_request_header(frame)
-        self.last_header = header
         if endpoints.refused(header.api_key, header.api_version):
             # Fail closed (endpoints.py): never advertised, and Kafka closes the
             # connection on a request version it does not support.
@@ -583,7 +580,6 @@ class Relay:
     def _defer(self, frame: bytes) -> codec.RequestHeader:
         """Keep a client frame until the requests before its SaslHandshake are answered."""
         header = codec.parse_request_header(frame)
-        self.last_header = header
         self.last_expects = not (header.api_key == PRODUCE and produce_acks(header, frame) == 0)
         self._deferred.append(frame)
         self._deferred_bytes += len(frame)

@@ -101,13 +101,22 @@ class Relays:
     """Every Relay the proxy creates, kept to read its SASL counts after its connection ended."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.made: list[relay_module.Relay] = []
+        self.made: list[Any] = []
         made = self.made
 
         class Recording(relay_module.Relay):
+            client_id: str | None = None
+            """The client id of the latest request header."""
+
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 made.append(self)
+
+            def client_frame(self, frame: bytes) -> Any:
+                header = super().client_frame(frame)
+                if header is not None:
+                    self.client_id = header.client_id
+                return header
 
         monkeypatch.setattr(proxy_module, "Relay", Recording)
 
@@ -115,8 +124,8 @@ class Relays:
         """client id -> SaslHandshakes after each connection's first."""
         out: dict[str, int] = {}
         for r in self.made:
-            if r.sasl.handshakes and r.last_header is not None:
-                name = r.last_header.client_id or "?"
+            if r.sasl.handshakes:
+                name = r.client_id or "?"
                 out[name] = out.get(name, 0) + r.sasl.handshakes - 1
         return out
 
