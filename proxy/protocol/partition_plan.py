@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .messages import make
+
 NO_EPOCH = -1
 """An epoch the request does not carry."""
 
@@ -46,4 +48,18 @@ def plan_of(partition: Any) -> PartitionPlan:
         int(getattr(partition, "log_start_offset", -1)),
         leader_epoch if leader_epoch >= 0 else NO_EPOCH,
         fetched_epoch if fetched_epoch >= 0 else NO_EPOCH,
+    )
+
+
+def fetch_partition(mod: Any, partition: int, plan: PartitionPlan) -> Any:
+    """The kio request ``FetchPartition`` of *mod*'s version for *plan* (the inverse of
+    :func:`plan_of`): how both sessions write the partitions of the Fetch they build."""
+    return make(
+        mod.FetchPartition,
+        partition=partition,
+        fetch_offset=plan.fetch_offset,
+        partition_max_bytes=plan.partition_max_bytes,
+        log_start_offset=plan.log_start_offset,
+        current_leader_epoch=plan.current_leader_epoch,
+        last_fetched_epoch=plan.last_fetched_epoch,
     )

@@ -64,7 +64,7 @@ from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
 from ..protocol.messages import make, request_module, response_module
 from ..protocol.partition_key import PartitionKey, TopicKey
-from ..protocol.partition_plan import NO_EPOCH, PartitionPlan, plan_of
+from ..protocol.partition_plan import NO_EPOCH, PartitionPlan, fetch_partition, plan_of
 from ..protocol.partition_result import result_of
 from .as_broker_cache import (
     FetchContext,
@@ -470,17 +470,7 @@ def _rebuilt_topics_in_ranges(
             done += 1
             if every and done % every == 0:
                 yield
-            partitions.append(
-                make(
-                    mod.FetchPartition,
-                    partition=t.partition,
-                    fetch_offset=req.fetch_offset,
-                    partition_max_bytes=req.partition_max_bytes,
-                    log_start_offset=req.log_start_offset,
-                    current_leader_epoch=req.current_leader_epoch,
-                    last_fetched_epoch=req.last_fetched_epoch,
-                )
-            )
+            partitions.append(fetch_partition(mod, t.partition, req))
         topics.append(make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(partitions)))
     return tuple(topics)
 

@@ -65,7 +65,7 @@ from ..protocol.error_codes import (
 )
 from ..protocol.messages import convert, field_names, make, request_module, response_module
 from ..protocol.partition_key import PartitionKey, TopicKey, partition_name
-from ..protocol.partition_plan import PartitionPlan, plan_of
+from ..protocol.partition_plan import PartitionPlan, fetch_partition, plan_of
 from ..protocol.partition_result import result_of
 from .as_client_session import FetchSessionClient, SessionRequest, Verdict
 from .client_fetch import (
@@ -305,17 +305,7 @@ class FetchTranslator:
                 done += 1
                 if every and done % every == 0:
                     yield
-                parts.append(
-                    make(
-                        mod.FetchPartition,
-                        partition=partition,
-                        fetch_offset=params.fetch_offset,
-                        partition_max_bytes=params.partition_max_bytes,
-                        log_start_offset=params.log_start_offset,
-                        current_leader_epoch=params.current_leader_epoch,
-                        last_fetched_epoch=params.last_fetched_epoch,
-                    )
-                )
+                parts.append(fetch_partition(mod, partition, params))
             topics.append(
                 make(mod.FetchTopic, topic=topic, topic_id=topic, partitions=tuple(parts))
             )
