@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import struct
 from typing import Any
 
 from kio.serial import entity_reader, entity_writer
@@ -47,14 +48,17 @@ def compiled(
 
 
 def as_bytes(obj: Any) -> Any:
-    """*obj* with every memoryview (the records read as views) turned into bytes."""
+    """*obj* in a form that compares by content: every memoryview (the records read as
+    views) turned into bytes, and every float into its eight bytes, so that a NaN (which a
+    flipped byte of a float64 field makes) equals the same NaN read by the other path."""
     if isinstance(obj, memoryview):
         return bytes(obj)
+    if isinstance(obj, float):
+        return struct.pack(">d", obj)
     if isinstance(obj, tuple):
         return tuple(as_bytes(item) for item in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: as_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        return dataclasses.replace(obj, **changes)
+        return (type(obj), tuple(as_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj)))
     return obj
 
 
@@ -69,7 +73,8 @@ def assert_same(schema: type, buf: bytes, offset: int) -> int:
             continue
         assert got is not None, f"{schema.__name__}: reader refused {buf.hex()}, old path did not"
         assert got[1] == expected[1], f"{schema.__name__}: reader ended elsewhere on {buf.hex()}"
-        assert as_bytes(got[0]) == expected[0], f"{schema.__name__}: read otherwise {buf.hex()}"
+        same = as_bytes(got[0]) == as_bytes(expected[0])
+        assert same, f"{schema.__name__}: read otherwise {buf.hex()}"
         decoded += 1
     return decoded
 
