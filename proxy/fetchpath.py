@@ -1,9 +1,14 @@
 """The proxy's Fetch path, sans-I/O: one handler per client connection, its stages in order.
 
 ``FetchPath`` is the process-wide part (configuration, memory-budget admission,
-the topic-id map, one downstream session cache per listener, metrics and the
-decision log); ``FetchPathHandler`` is the relay's per-connection FetchHandler
-it hands out.  A consumer fetch (v4+, not a follower's) goes through
+the topic-id map, one downstream session cache per listener); ``FetchPathHandler``
+is the relay's per-connection FetchHandler it hands out.  Neither counts nor logs:
+what a handler did (a wait for budget or for partitions in flight, bytes a session
+saved, an upstream session reset, partitions sent back to their leader, one report
+per shaped response) is appended to its ``effects`` as values (:mod:`proxy.effects`),
+which the edge drains after every input and feeds to the metrics and the decision
+log (``proxy.observe.apply``); the gauges read ``budget`` and ``in_flight`` at scrape
+time.  A consumer fetch (v4+, not a follower's) goes through
 ``FetchPathHandler`` top-down, each stage taking values and returning values:
 
     client request
@@ -170,12 +175,22 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from .config import FetchPathConfig
+from .effects import (
+    BudgetWait,
+    Effects,
+    InFlightWait,
+    ReplicaFallback,
+    SessionReset,
+    SessionSaved,
+    ShapedReport,
+    UpstreamData,
+)
 from .protocol import codec, fetch_count
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
@@ -184,7 +199,7 @@ from .protocol.framing import Gathered
 from .protocol.messages import load_fetch_schemas
 from .protocol.partition_key import PartitionKey, TopicKey, topic_key
 from .relay import rack_fetch, read_replica
-from .relay.racks import FallbackReason, RackMap, RackUsage, account
+from .relay.racks import FallbackReason, RackMap, account
 from .relay.relay import ClientRequest, PassThroughFetch, Upstream
 from .sessions.as_broker import (
     DownstreamFetch,
@@ -202,7 +217,7 @@ from .sessions.topic_ids import TopicIdMap, TopicIdRequests
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision
 from .shaping.in_flight import PartitionsInFlight
-from .shaping.limits import Limits, limit_kind
+from .shaping.limits import Limits
 from .shaping.policy import rack_override, select
 from .shaping.shaper import FetchShaper, PreparedFetch, ShapedResponse
 
@@ -221,51 +236,6 @@ Slices = Generator[None, None, None]
 """One fetch's stages; each ``yield`` ends a slice (the rest runs in a later loop turn)."""
 
 
-class FetchMetrics(Protocol):
-    """The part of ``proxy.observe.metrics.Metrics`` the fetch path reports to."""
-
-    def fetch_session_saved(self, *, request_bytes: int = 0, response_bytes: int = 0) -> None: ...
-    def fetch_session_reset(self, side: Side, reason: ResetReason | str) -> None: ...
-    def shaped_response(self, policy: str) -> None: ...
-    def trimmed(self, limit: Any, *, records: int, record_bytes: int, policy: str) -> None: ...
-    def buffered_reuse_hit(self, record_bytes: int) -> None: ...
-    def set_memory_budget(self, *, used: int, limit: int | None = None) -> None: ...
-    def memory_budget_wait(self) -> None: ...
-    def set_partitions_in_flight(self, partitions: int) -> None: ...
-    def partitions_in_flight_wait(self) -> None: ...
-    def starvation(self, rounds: int) -> None: ...
-    def upstream_fetch_data(self, node: int | None, records: int, record_bytes: int) -> None: ...
-    def delivered_fetch_data(
-        self, records: int, record_bytes: int, *, client_id: str | None = None
-    ) -> None: ...
-    def rack_fetch_data(self, usage: Any, *, client_id: str | None = None) -> None: ...
-    def set_cross_zone_price(self, price_per_gb: float) -> None: ...
-    def preferred_replica_redirected(self, replicas: Any) -> None: ...
-    def preferred_replica_fallback(self, reason: Any, count: int = 1) -> None: ...
-
-
-class DecisionSink(Protocol):
-    """``proxy.observe.decisionlog.DecisionLog`` as the fetch path uses it."""
-
-    def log(
-        self,
-        decision: Any,
-        *,
-        client_id: str | None,
-        node_id: int,
-        policy: str,
-        correlation_id: int,
-        latency_ms: float,
-        starved_partitions: Mapping[PartitionKey, int] | None = None,
-        upstream_fetch_bytes: int = 0,
-        sessionless_fetch_bytes: int | None = None,
-        topic_ids: Any = None,
-        rack_usage: RackUsage | None = None,
-        cross_zone_price_per_gb: float | None = None,
-        preferred_replica_redirects: int = 0,
-    ) -> Any: ...
-
-
 def listener_name(node_id: int | None) -> str:
     """The listener name policies match: ``bootstrap`` or ``broker-<node id>``."""
     return "bootstrap" if node_id is None else f"broker-{node_id}"
@@ -278,8 +248,6 @@ class FetchPath:
         self,
         config: FetchPathConfig,
         *,
-        metrics: FetchMetrics | None = None,
-        decision_log: DecisionSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         shaping: bool = True,
     ) -> None:
@@ -290,8 +258,6 @@ class FetchPath:
         self.topic_ids = TopicIdMap()
         self.racks = RackMap(config.rack or None)
         """Which broker is in which rack and which leads what, learnt from Metadata."""
-        self.metrics = metrics
-        self.decision_log = decision_log
         self.clock = clock
         self._client_sessions: dict[int | None, FetchSessionCache] = {}
         self.session_bound = SessionPartitionBound(config.max_cached_session_partitions)
@@ -304,9 +270,6 @@ class FetchPath:
         self.generation = 0
         # kio's Fetch schemas now, not on the loop at a client's first Fetch of a version
         load_fetch_schemas()
-        if metrics is not None:
-            metrics.set_memory_budget(used=0, limit=config.memory_budget_bytes)
-            metrics.set_cross_zone_price(config.cross_zone_price_per_gb)
 
     @property
     def fetch_waits(self) -> int:
@@ -341,9 +304,6 @@ class FetchPath:
             h.shaper.buffer.capacity = config.reuse_buffer_bytes
             h.set_rack(config.rack)
         self.racks.rack = config.rack or None
-        if self.metrics is not None:
-            self.metrics.set_memory_budget(used=self.budget.used, limit=config.memory_budget_bytes)
-            self.metrics.set_cross_zone_price(config.cross_zone_price_per_gb)
         self.admission.wake_waiters()  # room may have appeared: let waiting fetches try again
 
     def shed_buffers(self) -> bool:
@@ -364,12 +324,6 @@ class FetchPath:
                 self._policy_cache.clear()
             self._policy_cache[key] = hit
         return hit
-
-    def refresh_gauges(self) -> None:
-        """The memory-budget gauge (session gauges are set at scrape time by proxy.observe)."""
-        if self.metrics is not None:
-            self.metrics.set_memory_budget(used=self.budget.used)
-            self.metrics.set_partitions_in_flight(self.in_flight.used)
 
 
 @dataclass(slots=True)
@@ -423,7 +377,9 @@ class FetchPathHandler:
         self.path = path
         self.node_id = node_id
         self.listener = listener_name(node_id)
-        self.metrics = path.metrics
+        self.effects = Effects()
+        """What this connection's fetches did, for the edge to drain after each input
+        (``proxy.effects``; the edge feeds them to the metrics and the decision log)."""
         config = path.config
         self.session_cache = path.sessions_for(node_id)
         """The downstream session cache of this connection's listener."""
@@ -631,15 +587,12 @@ class FetchPathHandler:
         partitions, self._unwritten_partitions = self._unwritten_partitions, 0
         if partitions:
             self.path.in_flight.give_back(partitions)
-        if pending or partitions:
-            self.path.refresh_gauges()
 
     def _give_back_claim(self) -> None:
         """The fetch that held ``_claim`` is dropped unanswered (a follower's, passed through)."""
         claim, self._claim = self._claim, None
         if claim:
             self.path.in_flight.give_back(claim)
-            self.path.refresh_gauges()
 
     def close(self) -> None:
         """The connection ended: give back every byte this connection holds, now.
@@ -697,12 +650,9 @@ class FetchPathHandler:
                     if self._claim is None:
                         if not self._partitions_waiting:  # count each fetch once
                             self._partitions_waiting = True
-                            if self.metrics is not None:
-                                self.metrics.partitions_in_flight_wait()
+                            self.effects.add(InFlightWait())
                         return  # woken (``wake``) when it may fit
                     self._partitions_waiting = False
-                    if self._claim:
-                        self.path.refresh_gauges()
                 if client is None:  # not decoded yet
                     waker = self._waker
                     large = len(request.frame) > SLICE_BYTES and waker is not None
@@ -809,14 +759,12 @@ class FetchPathHandler:
             admission.leave(self)
             self._waiting_for = None
             exchange.response_reserved += nbytes
-            self.path.refresh_gauges()
             return True
         retry = self._waiting_for is exchange.request
         if not retry:  # count each response once, not each retry
             self._waiting_for = exchange.request
             self.budget_waits += 1
-            if self.metrics is not None:
-                self.metrics.memory_budget_wait()
+            self.effects.add(BudgetWait())
         admission.wait(self, retry=retry, nbytes=nbytes)
         return False
 
@@ -1058,15 +1006,16 @@ class FetchPathHandler:
             up_request = exchange.upstream_request_bytes
             up_response = exchange.upstream_response_bytes
             if shaped is not None:
-                self._report(exchange, shaped, len(frame))
-        self.path.refresh_gauges()
+                self.effects.add(self._report(exchange, shaped, len(frame)))
         self.upstream_fetch_bytes += up_request + up_response
         self.client_fetch_bytes += len(request.frame) + len(frame)
-        if self.metrics is not None and sessionless:
+        if sessionless:
             # What the client's full fetch would have cost upstream, minus what it did.
-            self.metrics.fetch_session_saved(
-                request_bytes=max(0, len(request.frame) - up_request),
-                response_bytes=max(0, len(frame) - up_response),
+            self.effects.add(
+                SessionSaved(
+                    request_bytes=max(0, len(request.frame) - up_request),
+                    response_bytes=max(0, len(frame) - up_response),
+                )
             )
         self._busy = False
         self._serve(upstream)
@@ -1092,8 +1041,8 @@ class FetchPathHandler:
         self, request: ClientRequest, fetch: Any, rack: rack_fetch.RackFetch
     ) -> tuple[Any, rack_fetch.RackStep]:
         """*fetch* (the full fetch this exchange covers) with the rack to send upstream."""
-        if rack.asked(rack_fetch.requested(fetch)) and self.metrics is not None:
-            self.metrics.preferred_replica_fallback(FallbackReason.CLIENT_IGNORES_REDIRECT)
+        if rack.asked(rack_fetch.requested(fetch)):
+            self.effects.add(ReplicaFallback(FallbackReason.CLIENT_IGNORES_REDIRECT))
         h = request.header
         if (
             int(h.api_version) < rack_fetch.MIN_RACK_VERSION
@@ -1101,8 +1050,7 @@ class FetchPathHandler:
             and not self._follows(int(h.api_version))
         ):
             self._old_version_counted = True
-            if self.metrics is not None:
-                self.metrics.preferred_replica_fallback(FallbackReason.OLD_FETCH_VERSION)
+            self.effects.add(ReplicaFallback(FallbackReason.OLD_FETCH_VERSION))
         own = str(getattr(fetch, "rack_id", "") or "")
         override = bool(own) and rack_override(
             self.path.config.policies, h.client_id, self.listener
@@ -1123,8 +1071,8 @@ class FetchPathHandler:
         if client_version >= rack_fetch.MIN_RACK_VERSION and not rack.stopped:
             return False
         if self.authenticated:
-            if not self._authenticated_counted and self.metrics is not None:
-                self.metrics.preferred_replica_fallback(FallbackReason.CLIENT_AUTHENTICATED)
+            if not self._authenticated_counted:
+                self.effects.add(ReplicaFallback(FallbackReason.CLIENT_AUTHENTICATED))
             self._authenticated_counted = True
             return False
         return True
@@ -1138,9 +1086,7 @@ class FetchPathHandler:
             available=replicas.available,
             in_sync=self.path.racks.in_sync,
         )
-        if self.metrics is not None:
-            for _, reason in dropped:
-                self.metrics.preferred_replica_fallback(reason)
+        self._fell_back(reason for _, reason in dropped)
         return read_replica.split(fetch, routes)
 
     def _send_replicas(self, exchange: _Exchange, plan: read_replica.FetchSplit) -> None:
@@ -1191,9 +1137,7 @@ class FetchPathHandler:
             now=self.path.clock(),
             leader_redirects=exchange.leader_redirects,
         )
-        if self.metrics is not None:
-            for fallback in merged.fallbacks:
-                self.metrics.preferred_replica_fallback(fallback.reason)
+        self._fell_back(fallback.reason for fallback in merged.fallbacks)
         exchange.served_by = {key: node for key, node, _ in merged.served if node is not None}
         if merged.redirects:
             exchange.redirects = merged.redirects
@@ -1225,14 +1169,20 @@ class FetchPathHandler:
             )
         return self.translator
 
+    def _fell_back(self, reasons: Iterable[FallbackReason]) -> None:
+        """Partitions sent back to their leader: one effect per reason, with its count."""
+        counts: dict[FallbackReason, int] = {}
+        for reason in reasons:
+            counts[reason] = counts.get(reason, 0) + 1
+        for reason, count in counts.items():
+            self.effects.add(ReplicaFallback(reason, count))
+
     def _count_reset(self, response: Any, invalid: bool) -> None:
-        if self.metrics is None:
-            return
         reason = RESET_REASONS.get(int(getattr(response, "error_code", 0)))
         if reason is None and invalid:
             reason = ResetReason.OTHER
         if reason is not None:
-            self.metrics.fetch_session_reset(Side.UPSTREAM, reason)
+            self.effects.add(SessionReset(Side.UPSTREAM, reason))
 
     def _ask_topic_ids(
         self, names: tuple[str, ...], upstream: Upstream, client_id: str | None
@@ -1263,12 +1213,13 @@ class FetchPathHandler:
             elif int(entry.api_key) == METADATA:
                 self.upstream_metadata_max = int(entry.max_version)
 
-    def _report(self, exchange: _Exchange, shaped: ShapedResponse, reply_bytes: int) -> None:
-        """Metrics and the decision log for one shaped response."""
+    def _report(
+        self, exchange: _Exchange, shaped: ShapedResponse, reply_bytes: int
+    ) -> ShapedReport:
+        """One shaped response, as the value the edge feeds to the metrics and the decision log."""
         request = exchange.request
+        h = request.header
         d = shaped.decision
-        m = self.metrics
-        policy = exchange.policy
         # where the bytes came from: this connection's broker served every partition
         served_by = exchange.served_by or {}
         usage = account(
@@ -1279,60 +1230,41 @@ class FetchPathHandler:
                 if o.upstream_bytes or key in served_by
             ),
         )
-        redirects = len(exchange.redirects) if exchange.redirects else 0
-        if m is not None:
-            # record batches from the broker vs to the client (batch headers, never payloads)
-            if served_by:  # a preferred replica served some partitions
-                by_node: dict[int | None, list[int]] = {}
-                for key, o in shaped.result.outcomes.items():
-                    n = by_node.setdefault(served_by.get(key, self.node_id), [0, 0])
-                    n[0] += o.upstream_records
-                    n[1] += o.upstream_bytes
-                for node, (records, nbytes) in by_node.items():
-                    m.upstream_fetch_data(node, records, nbytes)
-            else:
-                m.upstream_fetch_data(self.node_id, d.upstream_records, d.upstream_bytes)
-            m.rack_fetch_data(usage, client_id=request.header.client_id)
-            if exchange.redirects:
-                m.preferred_replica_redirected(exchange.redirects.values())
-            m.delivered_fetch_data(
-                d.delivered_records, d.delivered_bytes, client_id=request.header.client_id
-            )
-            if d.limited_by or d.partitions_trimmed or d.reused_bytes:
-                m.shaped_response(policy)
-            for limit, records, nbytes in d.trimmed_by_limit:
-                m.trimmed(limit_kind(limit), records=records, record_bytes=nbytes, policy=policy)
-            if exchange.prepared is not None:
-                for prefix in exchange.prepared.prefixes.values():
-                    m.buffered_reuse_hit(prefix.run.size)
-            for rounds in shaped.served_after.values():
-                if rounds:
-                    m.starvation(rounds)
-        log = self.path.decision_log
-        if log is not None:
-            h = request.header
-            log.log(
-                d,
-                client_id=h.client_id,
-                node_id=-1 if self.node_id is None else self.node_id,
-                policy=policy,
-                correlation_id=h.correlation_id,
-                latency_ms=(self.path.clock() - exchange.started) * 1000.0,
-                starved_partitions={
-                    k: v for k, v in self.shaper.serve_rotation.starved().items() if v
-                }
-                if d.partitions_starved
-                else None,
-                upstream_fetch_bytes=exchange.upstream_request_bytes
-                + exchange.upstream_response_bytes,
-                sessionless_fetch_bytes=_sessionless_estimate(request, d, reply_bytes)
-                if exchange.sessionless
-                else None,
-                topic_ids=self.path.topic_ids,  # names for Fetch v13+ topic ids
-                rack_usage=usage,
-                cross_zone_price_per_gb=self.path.config.cross_zone_price_per_gb,
-                preferred_replica_redirects=redirects,
-            )
+        # record batches from the broker vs to the client (batch headers, never payloads)
+        if served_by:  # a preferred replica served some partitions
+            by_node: dict[int | None, list[int]] = {}
+            for key, o in shaped.result.outcomes.items():
+                n = by_node.setdefault(served_by.get(key, self.node_id), [0, 0])
+                n[0] += o.upstream_records
+                n[1] += o.upstream_bytes
+            upstream = tuple(UpstreamData(node, r, b) for node, (r, b) in by_node.items())
+        else:
+            upstream = (UpstreamData(self.node_id, d.upstream_records, d.upstream_bytes),)
+        prepared = exchange.prepared
+        return ShapedReport(
+            decision=d,
+            client_id=h.client_id,
+            node_id=self.node_id,
+            policy=exchange.policy,
+            correlation_id=h.correlation_id,
+            latency_ms=(self.path.clock() - exchange.started) * 1000.0,
+            upstream=upstream,
+            rack_usage=usage,
+            redirected_to=tuple(exchange.redirects.values()) if exchange.redirects else (),
+            reuse_hits=tuple(p.run.size for p in prepared.prefixes.values())
+            if prepared is not None
+            else (),
+            starvation_rounds=tuple(r for r in shaped.served_after.values() if r),
+            starved_partitions={k: v for k, v in self.shaper.serve_rotation.starved().items() if v}
+            if d.partitions_starved
+            else None,
+            upstream_fetch_bytes=exchange.upstream_request_bytes + exchange.upstream_response_bytes,
+            sessionless_fetch_bytes=_sessionless_estimate(request, d, reply_bytes)
+            if exchange.sessionless
+            else None,
+            topic_ids=self.path.topic_ids,  # names for Fetch v13+ topic ids
+            cross_zone_price_per_gb=self.path.config.cross_zone_price_per_gb,
+        )
 
 
 def _cap_wait(fetch: Any, max_wait_ms: int) -> Any:

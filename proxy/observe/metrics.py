@@ -25,8 +25,9 @@ per message; the exposition is the same.
 
 A :class:`Metrics` object is created per proxy instance on a
 ``CollectorRegistry`` the caller owns (tests pass a fresh one and read values
-with ``registry.get_sample_value``).  The relay, session and shaping layers call
-its small typed methods and never touch prometheus_client themselves.
+with ``registry.get_sample_value``).  The edge calls its small typed methods (the
+fetch path's effects through :mod:`.apply`, the traffic meter, the server); the
+sans-I/O layers never call it.
 
 :data:`CATALOGUE` lists every metric with its type, labels and help text; the
 README's table and the Grafana dashboard test are checked against it.
@@ -34,7 +35,7 @@ README's table and the Grafana dashboard test are checked against it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -799,6 +800,24 @@ class Metrics:
     def buffered_reuse_hit(self, record_bytes: int) -> None:
         self._counters["buffered_reuse_hits_total"].inc()
         self._counters["buffered_reuse_bytes_total"].inc(record_bytes)
+
+    def read_fetch_gauges(
+        self,
+        *,
+        memory_budget_used: Callable[[], float],
+        memory_budget_limit: Callable[[], float],
+        partitions_in_flight: Callable[[], float],
+        cross_zone_price: Callable[[], float],
+    ) -> None:
+        """Read these gauges from the fetch path at each scrape (``proxy.observe.apply``):
+        they are its live state, not events, so the core reports none of them."""
+        for short, read in (
+            ("memory_budget_used_bytes", memory_budget_used),
+            ("memory_budget_limit_bytes", memory_budget_limit),
+            ("partitions_in_flight", partitions_in_flight),
+            ("cross_zone_price_per_gb", cross_zone_price),
+        ):
+            self._gauges[short].set_function(read)
 
     def set_memory_budget(self, *, used: int, limit: int | None = None) -> None:
         self._gauges["memory_budget_used_bytes"].set(used)

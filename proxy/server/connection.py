@@ -169,6 +169,7 @@ class Connection:
         request_frame_timeout: float = 0.0,
         request_memory: RequestMemory | None = None,
         background: Callable[[], Awaitable[None]] | None = None,
+        drain_effects: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
         self.upstream = upstream
@@ -187,6 +188,10 @@ class Connection:
         """The relay's fetch handler: the loops below call the edge's part of its
         ``FetchHandler`` protocol (memory budget, its waker, the responses written)."""
         self.background = background
+        self.drain_effects = drain_effects
+        """Takes what the fetch handler did (``proxy.effects``) to the metrics and the
+        decision log (``proxy.observe.apply.drain``): called after every input the loops
+        feed the handler, so its effects never pile up."""
         """A task that lives as long as the connection (its replica links, ``replicas.py``)."""
         self._upstream_lock = trio.Lock()
         self._changed = trio.lowlevel.ParkingLot()
@@ -274,6 +279,8 @@ class Connection:
                 if self.idle_timeout > 0:
                     nursery.start_soon(self._guard, self._idle_loop, scope)
         finally:
+            if self.drain_effects is not None:
+                self.drain_effects()  # what the last inputs did
             self._account.close()  # its request memory goes back to the other connections
             # ... and its bytes go now: whatever still refers to the Connection (its tasks'
             # closures, the proxy's bookkeeping: cycles the GC frees late) must not keep a
@@ -328,12 +335,15 @@ class Connection:
             await self._changed.park()
 
     def _take_replies(self, *, wake_writer: bool = True) -> None:
-        """Move what the relay answered to the writer's queue (call after every relay input).
+        """Move what the relay answered to the writer's queue (call after every relay input),
+        and drain the fetch handler's effects.
 
         Answers free slots and queue bytes: the writer (unless the caller writes them
         itself, *wake_writer* False) and the loops waiting for either are woken.
         Without answers nothing they wait on changed.
         """
+        if self.drain_effects is not None:
+            self.drain_effects()
         if self._account.held != self.request_bytes:
             self._settle()  # an answered Fetch gave its frame's bytes back
         frames = self.relay.take_client()
@@ -493,6 +503,8 @@ class Connection:
                 while not self._client_has_room(frame_size):
                     await self._changed.park()
                 while not fetch_handler.reserve_response(frame_size):
+                    if self.drain_effects is not None:
+                        self.drain_effects()  # it waits: counted now, not when it is read
                     self.upstream_paused = True
                     await self._changed.park()
                 self.upstream_paused = False

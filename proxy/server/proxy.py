@@ -34,6 +34,8 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse
 
 from ..config import ENV_PREFIX, FetchPathConfig, HostPort, Settings
 from ..fetchpath import FetchPath
+from ..observe.apply import drain as drain_effects
+from ..observe.apply import watch_fetch_path
 from ..protocol import codec
 from ..protocol.apis import API_VERSIONS, METADATA
 from ..protocol.errors import ProtocolError
@@ -284,12 +286,11 @@ class Proxy:
         self._bootstrap_turn = 0
         self.bind_failures: dict[int, ListenError] = {}
         """Broker listeners that could not bind, by node id (retried when next announced)."""
-        self.fetch_path = FetchPath(
-            FetchPathConfig.from_raw(settings.raw), metrics=metrics, decision_log=decision_log
-        )
-        """The Fetch path (upstream sessions and shaping): one handler per client connection."""
-        self.metrics_refreshers.append(self.fetch_path.refresh_gauges)
+        self.fetch_path = FetchPath(FetchPathConfig.from_raw(settings.raw))
+        """The Fetch path (upstream sessions and shaping): one handler per client connection;
+        each connection drains its handler's effects to the metrics and the decision log."""
         if metrics is not None:
+            watch_fetch_path(metrics, self.fetch_path)
             pool = self.request_memory
             self.metrics_refreshers.append(
                 lambda: metrics.set_request_memory(
@@ -649,6 +650,9 @@ class Proxy:
                     request_memory=self.request_memory,
                     meter=self._meter(node_id),
                     background=links.run,
+                    drain_effects=partial(
+                        drain_effects, path_handler, self.metrics, self.decision_log
+                    ),
                 )
                 conn.on_request = partial(_first_request_arrived, self.slots, slot, conn)
                 self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)

@@ -8,6 +8,9 @@ slices run), and upstream answers read in order, a Fetch response first taking
 its memory budget from its size (``reserve_response``): while it cannot, it and
 what follows stay unread in ``answers`` until the test calls ``read_upstream``
 (as the edge reads again when woken).  Without an edge, answers are read at once.
+Like the edge, ``Conn`` drains the handler's effects after the inputs it feeds it
+(``proxy.observe.apply.drain``) to the world's ``metrics`` and ``decision_log``
+(without either, they stay in ``handler.effects``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from devbroker.outcome import Reply, Wait
 from devbroker.state import ClusterState
 from proxy.config import FetchPathConfig
 from proxy.fetchpath import FetchPath, FetchPathHandler
+from proxy.observe.apply import drain, watch_fetch_path
 from proxy.protocol import codec
 from proxy.protocol.framing import payload_bytes
 from proxy.protocol.records import iter_batches
@@ -36,6 +40,25 @@ def resolve(node_id: int, host: str, port: int) -> tuple[str, int] | None:
     return None
 
 
+class _EdgeRelay(Relay):
+    """The real Relay, and after each frame fed to it the edge's drain of the handler's
+    effects (``Connection`` drains after every input; tests that feed the relay directly
+    see the same metrics)."""
+
+    def __init__(self, conn: Conn) -> None:
+        super().__init__(resolve, fetch_handler=conn.handler)
+        self._drain = conn.drain
+
+    def client_frame(self, frame: bytes) -> Any:
+        header = super().client_frame(frame)
+        self._drain()
+        return header
+
+    def upstream_frame(self, frame: bytes) -> None:
+        super().upstream_frame(frame)
+        self._drain()
+
+
 class Conn:
     """One client connection: a Relay with a FetchPathHandler, the broker answering upstream."""
 
@@ -43,7 +66,7 @@ class Conn:
         self.world = world
         self.client_id = client_id
         self.handler: FetchPathHandler = world.path.handler(node_id)
-        self.relay = Relay(resolve, fetch_handler=self.handler)
+        self.relay: Relay = _EdgeRelay(self)
         self.upstream_frames: list[bytes] = []
         self.held: list[bytes] = []
         """Upstream requests not answered yet (answer=False)."""
@@ -75,6 +98,7 @@ class Conn:
                 and self.relay.next_response_key == 1
                 and not self.handler.reserve_response(len(frame))
             ):
+                self.drain()
                 return
             self.relay.upstream_frame(self.answers.popleft())
 
@@ -100,9 +124,16 @@ class Conn:
             self.answers.extend(self.world.answer(f) for f in frames)
             self.read_upstream()
         out = [payload_bytes(p) for p in self.relay.take_client()]
+        self.drain()
         if out:
             self.handler.written()
         return out
+
+    def drain(self) -> None:
+        """The edge's drain of the handler's effects (after every input it feeds it); with
+        neither metrics nor a decision log they stay on the handler for the test to read."""
+        if self.world.metrics is not None or self.world.decision_log is not None:
+            drain(self.handler, self.world.metrics, self.world.decision_log)
 
     def release_held(self) -> list[bytes]:
         held, self.held = self.held, []
@@ -146,7 +177,12 @@ class World:
             GroupCoordinator(self.state),
             fetcher=NodeFetcher(1, self.state, FetchSessionCache(rng=random.Random(2))),
         )
-        self.path = FetchPath(config or FetchPathConfig(), metrics=metrics, shaping=shaping)
+        self.path = FetchPath(config or FetchPathConfig(), shaping=shaping)
+        self.metrics = metrics
+        """Where ``Conn`` applies the handlers' effects, as the edge does (None: nowhere)."""
+        self.decision_log: Any = None
+        if metrics is not None:
+            watch_fetch_path(metrics, self.path)
 
     def answer(self, frame: bytes, dispatcher: NodeDispatcher | None = None) -> bytes:
         outcome = (dispatcher or self.broker).handle(frame)

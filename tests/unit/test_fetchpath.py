@@ -201,7 +201,7 @@ def test_shaped_responses_reach_the_decision_log_and_metrics() -> None:
         metrics=metrics,
     )
     decisions = DecisionLog(sink, sampler=FractionSampler(1.0), metrics=metrics)
-    w.path.decision_log = decisions
+    w.decision_log = decisions  # the edge's: the fetch path returns its effects
     c = Conn(w, "rdkafka", node_id=1)
     w.append("orders", 0, 1, times=3)
     w.append("orders", 1, 1, times=3)
@@ -298,7 +298,7 @@ def test_rack_accounting_reaches_the_metrics_and_the_decision_log() -> None:
     sink = io.StringIO()
     w = World(FetchPathConfig(rack="b", cross_zone_price_per_gb=0.05), metrics=metrics)
     decisions = DecisionLog(sink, sampler=FractionSampler(1.0), metrics=metrics)
-    w.path.decision_log = decisions
+    w.decision_log = decisions  # the edge's: the fetch path returns its effects
     c = Conn(w, "rdkafka", node_id=1)
     metadata = md12.MetadataResponse(
         throttle_time=i32Timedelta.parse(datetime.timedelta(0)),

@@ -16,6 +16,7 @@ from support.dev_upstream import batch, client_fetch
 from support.fetch_world import World, resolve
 
 from devbroker.node import NodeDispatcher
+from proxy.observe.apply import drain
 from proxy.protocol import codec
 from proxy.protocol.framing import payload_bytes
 from proxy.relay.relay import Relay
@@ -34,6 +35,8 @@ class Harness:
         self.handler = self.path.handler()
         self.relay = Relay(resolve, fetch_handler=self.handler)
         self.upstream_frames: list[bytes] = []
+        self.metrics: Any = None
+        """Where the handler's effects go after each send, as the edge does (None: nowhere)."""
 
     def answer(self, dispatcher: NodeDispatcher, frame: bytes) -> bytes:
         return self.world.answer(frame, dispatcher)
@@ -48,6 +51,7 @@ class Harness:
             self.upstream_frames.extend(frames)
             for f in frames:
                 self.relay.upstream_frame(self.answer(self.broker, f))
+        drain(self.handler, self.metrics, None)
         return [payload_bytes(p) for p in self.relay.take_client()]
 
     def append(self, topic: str, p: int, count: int) -> None:
@@ -163,7 +167,7 @@ def test_metrics_count_saved_bytes_and_upstream_session_resets() -> None:
 
     h = Harness()
     metrics = Metrics(process_metrics=False)
-    h.handler.metrics = metrics
+    h.metrics = metrics
     h.send(api_versions_frame(1))
     frame = fetch_frame(h, 13, 2, ALL)
     h.send(frame)  # full fetch upstream: little saved
