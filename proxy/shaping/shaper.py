@@ -27,11 +27,14 @@ the buffer):
   upstream's answer would: no upstream round.  Not while a partition the
   client knows has data upstream (none held) has waited half as many
   responses as the fetch has partitions (``waiting``): that fetch goes up.
-- Under a record limit (the only limit that trims below what upstream is
-  asked), upstream is asked for at most what the buffer can keep (its capacity
-  and the connection's share of the budget, less what the fetch holds), so a
-  round serves several responses and nothing fetched is thrown away; a
-  partition whose held batches fill its partition limit asks 0 bytes.
+- Under a record limit, upstream is asked for at most what the buffer can keep
+  (its capacity and the connection's share of the budget, less what the fetch
+  holds), so a round serves several responses and nothing fetched is thrown
+  away; a partition whose held batches fill its partition limit asks 0 bytes.
+  The partition byte cap is then applied by trimming, not sent upstream: each
+  partition asks the client's own partition max_bytes, so the broker cuts a
+  batch only at the response's end, not at every partition's cap (a partial
+  trailing batch is dropped and fetched again).
 - Watermarks never go back: held entries take upstream's newer watermarks, and
   an answer from held data carries the latest the client was given
   (``watermarks``).  A partition whose last answer was an error has none, so
@@ -243,10 +246,16 @@ class FetchShaper:
             limits, request, every, session_partition_max_bytes=session_partition_max_bytes
         )
         ahead = self._ahead(rlimits, held)
+        clamp = limits
         if ahead is not None:
             max_bytes_cap = ahead if max_bytes_cap is None else min(max_bytes_cap, ahead)
+            # Running ahead, the partition cap is applied by trimming (``rlimits``) and
+            # upstream is asked the client's own partition max_bytes: a broker cuts a
+            # read at what it is asked, mid-batch, and a partial batch per partition per
+            # round would be fetched twice.  The response's max_bytes is the one cut.
+            clamp = dataclasses.replace(limits, max_partition_bytes=None)
         upstream = yield from clamp_request_in_ranges(
-            request, limits, every, max_bytes_cap=max_bytes_cap
+            request, clamp, every, max_bytes_cap=max_bytes_cap
         )
         full = yield from _partitions_full_in_ranges(prefixes, rlimits, every)
         if upstream_offsets:
@@ -271,7 +280,8 @@ class FetchShaper:
         """The most record bytes to ask upstream for, so that all of it is delivered or held.
 
         Only a record limit trims a response below what upstream was asked (byte
-        limits travel upstream as max_bytes and partition_max_bytes), so only then
+        limits travel upstream as max_bytes and partition_max_bytes, except the
+        partition cap while running ahead: see ``prepare_in_ranges``), so only then
         is this bound needed: what a response does not deliver goes to the buffer,
         which takes up to its capacity (and this connection's share of the budget)
         less what the fetch already holds.  Asked that much, one round serves
