@@ -5,6 +5,9 @@ buffering, memory for them reserved before reading them), hands them to the
 sans-I/O ``Relay`` and sends what it queues upstream; the upstream loop does
 the reverse, writing the responses to the client as far as its socket takes them
 at once; the writer sends the rest, and what the other loops answered.
+After every input a loop feeds the relay or its fetch handler, it drains what the
+handler did (``drain_effects``: effects as values, turned into metrics and
+decision-log events by ``proxy.observe.apply``).
 Whichever side ends first ends the connection: an upstream drop closes the
 client (Kafka clients reconnect), a malformed frame from either side closes this
 connection with one log line, and nothing that happens here can reach the rest
