@@ -101,6 +101,8 @@ class ShapedReport:
     starvation_rounds: tuple[int, ...]
     """Fetch rounds since each partition with data was last served (0s left out)."""
     starved_partitions: Mapping[PartitionKey, int] | None
+    """Every starved partition and its count, when the fetch path's ``starved_detail``
+    says a decision log wants them (None: none starved, or not asked)."""
     upstream_fetch_bytes: int
     sessionless_fetch_bytes: int | None
     topic_ids: TopicIdMap

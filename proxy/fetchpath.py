@@ -259,6 +259,10 @@ class FetchPath:
         self.racks = RackMap(config.rack or None)
         """Which broker is in which rack and which leads what, learnt from Metadata."""
         self.clock = clock
+        self.starved_detail = False
+        """Reports name every starved partition (``ShapedReport.starved_partitions``, a copy
+        of the rotation's per response): only a decision log reads them, so the edge sets
+        this when one is open."""
         self._client_sessions: dict[int | None, FetchSessionCache] = {}
         self.session_bound = SessionPartitionBound(config.max_cached_session_partitions)
         """Partitions every listener's client sessions may hold together."""
@@ -1256,7 +1260,7 @@ class FetchPathHandler:
             else (),
             starvation_rounds=tuple(r for r in shaped.served_after.values() if r),
             starved_partitions={k: v for k, v in self.shaper.serve_rotation.starved().items() if v}
-            if d.partitions_starved
+            if d.partitions_starved and self.path.starved_detail
             else None,
             upstream_fetch_bytes=exchange.upstream_request_bytes + exchange.upstream_response_bytes,
             sessionless_fetch_bytes=_sessionless_estimate(request, d, reply_bytes)

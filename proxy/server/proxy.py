@@ -289,6 +289,7 @@ class Proxy:
         self.fetch_path = FetchPath(FetchPathConfig.from_raw(settings.raw))
         """The Fetch path (upstream sessions and shaping): one handler per client connection;
         each connection drains its handler's effects to the metrics and the decision log."""
+        self.fetch_path.starved_detail = decision_log is not None
         if metrics is not None:
             watch_fetch_path(metrics, self.fetch_path)
             pool = self.request_memory

@@ -180,9 +180,19 @@ class World:
         self.path = FetchPath(config or FetchPathConfig(), shaping=shaping)
         self.metrics = metrics
         """Where ``Conn`` applies the handlers' effects, as the edge does (None: nowhere)."""
-        self.decision_log: Any = None
+        self._decision_log: Any = None
         if metrics is not None:
             watch_fetch_path(metrics, self.path)
+
+    @property
+    def decision_log(self) -> Any:
+        """Where ``Conn`` logs the shaped responses' reports, as the edge does (None: nowhere)."""
+        return self._decision_log
+
+    @decision_log.setter
+    def decision_log(self, log: Any) -> None:
+        self._decision_log = log
+        self.path.starved_detail = log is not None  # as the proxy does with a decision log
 
     def answer(self, frame: bytes, dispatcher: NodeDispatcher | None = None) -> bytes:
         outcome = (dispatcher or self.broker).handle(frame)

@@ -90,3 +90,19 @@ def test_effects_are_bounded_when_nobody_drains_them() -> None:
     assert len(effects) == 2 and effects.dropped == 3
     assert effects.take() == ([BudgetWait(), BudgetWait()], 3)
     assert len(effects) == 0 and effects.dropped == 0
+
+
+def test_starved_partitions_are_named_only_when_a_decision_log_wants_them() -> None:
+    def first_report(starved_detail: bool) -> ShapedReport:
+        w = World(FetchPathConfig(limits=Limits(max_records=1)))
+        w.path.starved_detail = starved_detail  # the proxy sets it when a decision log is open
+        c = Conn(w, "rdkafka", node_id=1)
+        w.append("orders", 0, 1, times=2)
+        w.append("orders", 1, 1, times=2)
+        c.fetch(2, [("orders", 0, 0), ("orders", 1, 0)])
+        [report] = [e for e in taken(c) if isinstance(e, ShapedReport)]
+        assert report.decision.partitions_starved == 1
+        return report
+
+    assert first_report(False).starved_partitions is None  # no copy made for nobody
+    assert list(first_report(True).starved_partitions.values()) == [1]  # type: ignore[union-attr]
