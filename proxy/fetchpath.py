@@ -195,12 +195,12 @@ from .protocol import codec, fetch_count
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
-from .protocol.framing import Gathered
+from .protocol.framing import Frame, Gathered
 from .protocol.messages import load_fetch_schemas
 from .protocol.partition_key import PartitionKey, TopicKey, topic_key
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, account
-from .relay.relay import ClientRequest, PassThroughFetch, Upstream
+from .relay.relay import ClientRequest, FrameCallback, PassThroughFetch, Upstream
 from .sessions.as_broker import (
     DownstreamFetch,
     DownstreamSessions,
@@ -888,14 +888,17 @@ class FetchPathHandler:
 
         large = exchange.large
 
-        def on_response(frame: bytes) -> None:
+        def on_response(frame: Frame) -> None:
             self._run(self._received(version, frame, upstream), defer=large)
 
-        upstream.send(frame, api_key=FETCH, api_version=version, on_response=on_response)
+        # The answer as read (a large one in place: its records are views of that buffer).
+        upstream.send(
+            frame, api_key=FETCH, api_version=version, on_response=FrameCallback(on_response)
+        )
 
     # -- the response, bottom-up --------------------------------------------------------
 
-    def _received(self, version: int, frame: bytes, upstream: Upstream) -> Slices:
+    def _received(self, version: int, frame: Frame, upstream: Upstream) -> Slices:
         """The response's stages; a large fetch yields between them (see ``_run``)."""
         exchange = self._exchange
         translator = self.translator

@@ -51,7 +51,7 @@ from ..protocol import codec
 from ..protocol.apis import FETCH, SASL_AUTHENTICATE
 from ..protocol.codec import skip_tagged_fields
 from ..protocol.errors import ProtocolError
-from ..protocol.framing import Gathered, Payload
+from ..protocol.framing import Frame, Gathered, Payload
 from ..relay.relay import UpstreamKind
 from ..sessions.resets import RESET_REASONS, Side
 from .labels import Direction
@@ -62,7 +62,7 @@ FETCH_SESSIONS_SINCE = 7  # KIP-227
 FETCH_FLEXIBLE_SINCE = 12  # response header v1 (tagged fields) from here
 
 
-def fetch_error_code(api_version: int, frame: bytes) -> int | None:
+def fetch_error_code(api_version: int, frame: bytes | bytearray) -> int | None:
     """The top-level error_code of a Fetch response frame (v7+), None if it is too short."""
     pos = 4  # correlation id
     try:
@@ -151,7 +151,7 @@ class TrafficMeter:
             if expects:
                 upstream.append((api_key, now))
 
-    def upstream_frame(self, frame: bytes, now: float) -> None:
+    def upstream_frame(self, frame: Frame, now: float) -> None:
         """A response frame from the broker (before the relay handles it)."""
         if self._upstream:
             api_key, sent = self._upstream.popleft()

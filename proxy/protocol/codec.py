@@ -73,7 +73,7 @@ def response_header_version(api_key: int, version: int) -> int | None:
     return 1 if schema.__flexible__ else 0
 
 
-def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
+def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):
         _tag, pos = read_uvarint(buf, pos)
@@ -151,13 +151,13 @@ def encode_response_header(correlation_id: int, header_version: int) -> bytes:
     return _I32.pack(correlation_id) + (b"\x00" if header_version == 1 else b"")
 
 
-def response_body_offset(frame: bytes | memoryview, header_version: int) -> int:
+def response_body_offset(frame: bytes | bytearray | memoryview, header_version: int) -> int:
     if len(frame) < 4:
         raise ProtocolError("response frame too short for a correlation id")
     return skip_tagged_fields(frame, 4) if header_version == 1 else 4
 
 
-def peek_correlation_id(frame: bytes | memoryview) -> int:
+def peek_correlation_id(frame: bytes | bytearray | memoryview) -> int:
     if len(frame) < 4:
         raise ProtocolError("response frame too short for a correlation id")
     (cid,) = _I32.unpack_from(frame, 0)
@@ -189,7 +189,12 @@ def _decode(
 
 
 def _decode_in_ranges(
-    schema: Any, frame: bytes, offset: int, views: frozenset[str], path: tuple[str, ...], every: int
+    schema: Any,
+    frame: bytes | bytearray,
+    offset: int,
+    views: frozenset[str],
+    path: tuple[str, ...],
+    every: int,
 ) -> Generator[None, None, Any]:
     """``_decode`` (not strict) in ranges: see ``readers.read_in_ranges``."""
     try:
@@ -218,7 +223,7 @@ def _request_body(header: RequestHeader) -> tuple[Any, int]:
     return schema, header.body_offset
 
 
-def _response_body(api_key: int, api_version: int, frame: bytes) -> tuple[Any, int]:
+def _response_body(api_key: int, api_version: int, frame: bytes | bytearray) -> tuple[Any, int]:
     """(schema, body offset) of a response frame; DecodeError if kio does not know it."""
     schema = response_schema(api_key, api_version)
     hv = response_header_version(api_key, api_version)
@@ -250,7 +255,7 @@ def decode_request_body_in_ranges(
 def decode_response_in_ranges(
     api_key: int,
     api_version: int,
-    frame: bytes,
+    frame: bytes | bytearray,
     *,
     views: frozenset[str] = readers.NO_VIEWS,
     path: tuple[str, ...],

@@ -33,7 +33,7 @@ def decode_fetch_response(version: int, frame: bytes) -> Any:
 
 
 def decode_fetch_response_in_ranges(
-    version: int, frame: bytes, every: int
+    version: int, frame: bytes | bytearray, every: int
 ) -> Generator[None, None, Any]:
     """``decode_fetch_response``, yielding after every *every* partitions (0: never)."""
     response = yield from codec.decode_response_in_ranges(

@@ -24,6 +24,10 @@ COPY_BELOW = 64 * 1024
 
 Buffer = bytes | bytearray | memoryview
 
+Frame = bytes | bytearray
+"""A whole frame body as the decoder hands it on: ``bytes``, or a ``bytearray`` when it
+was read in place (``FrameDecoder``'s *preallocate*, Fetch responses from upstream)."""
+
 
 class Gathered:
     """One frame body held as the buffers it is made of, in order (a gather list).
@@ -60,13 +64,15 @@ class Gathered:
         return b"".join(self.parts)
 
 
-Payload = bytes | Gathered
+Payload = bytes | bytearray | Gathered
 """A frame body to write: one buffer, or a gather list of them."""
 
 
 def payload_bytes(payload: Payload) -> bytes:
-    """*payload* as one bytes object (joined, i.e. copied, when it is ``Gathered``)."""
-    return payload.join() if isinstance(payload, Gathered) else payload
+    """*payload* as one bytes object (copied unless it is ``bytes``)."""
+    if isinstance(payload, Gathered):
+        return payload.join()
+    return payload if isinstance(payload, bytes) else bytes(payload)
 
 
 def encode_frame(payload: Buffer) -> bytes:
@@ -110,19 +116,29 @@ class FrameDecoder:
     it is neither copied on every growth of a buffer nor sliced out of one:
     while it arrives it costs its size, and for the one join twice that.
 
+    *preallocate* (the upstream leg, whose frames' memory is reserved from
+    their length prefix before their body is read): such a body is instead
+    one ``bytearray`` of its announced size, allocated when the size is read,
+    and the edge reads into it (``body_view``, then ``received``): the kernel
+    copies the bytes to where they stay, with no pieces and no join.  Never on
+    the client leg, where an announced size costs nothing until it arrives.
+
     *max_request_frame_bytes* (requests only): a frame larger than this whose
     API key (the two bytes after the size) is not Produce is refused with
     ``FrameTooLarge`` as soon as those two bytes are in, before its body.
     """
 
     __slots__ = (
+        "_body",
         "_buf",
         "_have",
+        "_in_place",
         "_need",
         "_pieces",
         "assemble_from",
         "max_frame_bytes",
         "max_request_frame_bytes",
+        "preallocate",
     )
 
     def __init__(
@@ -131,6 +147,7 @@ class FrameDecoder:
         *,
         assemble_from: int = COPY_BELOW,
         max_request_frame_bytes: int | None = None,
+        preallocate: bool = False,
     ) -> None:
         if max_frame_bytes <= 0:
             raise ValueError("max_frame_bytes must be positive")
@@ -142,7 +159,10 @@ class FrameDecoder:
         self._buf = bytearray()
         self._need: int | None = None  # body size of the frame being assembled
         self._pieces: list[bytes] | None = None  # a large body's pieces so far
-        self._have = 0  # bytes in _pieces
+        self._in_place = False  # the frame in progress is read in place (preallocate)
+        self._body: bytearray | None = None  # its body, once allocated
+        self._have = 0  # bytes in _pieces, or of _body filled
+        self.preallocate = preallocate
 
     @property
     def buffered(self) -> int:
@@ -158,9 +178,45 @@ class FrameDecoder:
         need = self._need
         if need is None:
             return None
-        return need - (self._have if self._pieces is not None else len(self._buf))
+        assembling = self._pieces is not None or self._body is not None
+        return need - (self._have if assembling else len(self._buf))
+
+    def body_view(self) -> memoryview | None:
+        """Where the rest of a large body goes (read into it, then ``received``), or None
+        when no such body is in progress (read and ``feed`` as usual).
+
+        The body is allocated by the first call (or ``feed``), not when its length
+        prefix is read: the edge asks once it has taken the frame's memory budget."""
+        if not self._in_place:
+            return None
+        body = self._body if self._body is not None else self._allocate()
+        return memoryview(body)[self._have :]
+
+    def received(self, nbytes: int) -> None:
+        """*nbytes* were read into the start of the last ``body_view``."""
+        if self._body is None or not 0 <= nbytes <= len(self._body) - self._have:
+            raise ValueError(f"received {nbytes} bytes, not within the body in progress")
+        self._have += nbytes
+
+    def _allocate(self) -> bytearray:
+        assert self._need is not None
+        body = bytearray(self._need)
+        have = len(self._buf)
+        body[:have] = self._buf
+        self._buf = bytearray()
+        self._body, self._have = body, have
+        return body
 
     def feed(self, data: Buffer) -> None:
+        if self._in_place:
+            body = self._body if self._body is not None else self._allocate()
+            with memoryview(data) as view:
+                take = min(len(view), len(body) - self._have)
+                body[self._have : self._have + take] = view[:take]
+                self._have += take
+                if take < len(view):
+                    self._buf += view[take:]
+            return
         pieces = self._pieces
         if pieces is None:
             self._buf += data
@@ -177,7 +233,16 @@ class FrameDecoder:
             self._buf += view[room:]
 
     def next_frame(self) -> bytes | None:
-        """Return the next whole frame body, or None if more bytes are needed."""
+        """Return the next whole frame body, or None if more bytes are needed (a decoder
+        without *preallocate*: see ``next_body`` for one with it)."""
+        frame = self.next_body()
+        if isinstance(frame, bytearray):
+            raise TypeError("a preallocating FrameDecoder hands its frames on with next_body")
+        return frame
+
+    def next_body(self) -> Frame | None:
+        """``next_frame`` of a decoder with *preallocate*: a large body read in place is
+        the very ``bytearray`` it was read into."""
         if self._need is None:
             if len(self._buf) < 4:
                 return None
@@ -196,6 +261,19 @@ class FrameDecoder:
             del self._buf[:4]
             self._need = size
         need = self._need
+        body = self._body
+        if body is not None:
+            if self._have < need:
+                return None
+            self._body = None
+            self._in_place = False
+            self._have = 0
+            self._need = None
+            return body
+        if self._in_place:
+            if len(self._buf) < need:
+                return None  # not allocated yet (see body_view); cut from _buf below
+            self._in_place = False
         pieces = self._pieces
         if pieces is not None:
             if self._have < need:
@@ -208,7 +286,11 @@ class FrameDecoder:
                 frame = bytes(view[:need])
             del self._buf[:need]
         else:
-            if need >= self.assemble_from:
+            if need >= self.assemble_from and self.preallocate:
+                # The rest is read straight into the body's place (``body_view``), which
+                # is allocated when the edge first asks for it.
+                self._in_place = True
+            elif need >= self.assemble_from:
                 # The rest arrives in pieces: collect them instead of growing the buffer.
                 self._pieces = [bytes(self._buf)] if self._buf else []
                 self._have = len(self._buf)

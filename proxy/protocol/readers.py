@@ -82,13 +82,15 @@ _FAILURES = (
 """What a truncated or malformed message makes the generated code raise (then a DecodeError)."""
 
 
-def read(cls: type, buf: bytes, offset: int, views: frozenset[str] = NO_VIEWS) -> tuple[Any, int]:
+def read(
+    cls: type, buf: bytes | bytearray, offset: int, views: frozenset[str] = NO_VIEWS
+) -> tuple[Any, int]:
     """The *cls* entity encoded at ``buf[offset:]`` and where it ends.
 
     Bytes after the entity are not looked at.  The fields named in *views*
     (``"Entity.field"``) are memoryviews of *buf*, every other bytes field a copy.
     """
-    data: Any = memoryview(buf) if views else buf
+    data: Any = _readable(buf, views)
     try:
         return reader_for(cls, views)(data, offset)
     except DecodeError:
@@ -97,6 +99,14 @@ def read(cls: type, buf: bytes, offset: int, views: frozenset[str] = NO_VIEWS) -
         if isinstance(exc, (struct.error, IndexError)):  # a read past the end of the frame
             raise DecodeError(f"{cls.__name__}: message truncated ({exc})") from exc
         raise DecodeError(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
+
+
+def _readable(buf: bytes | bytearray, views: frozenset[str]) -> Any:
+    """*buf* as the readers read it: a memoryview when fields are views of it, and always
+    a read-only one over a ``bytearray`` (a frame read in place), as kio's readers want."""
+    if type(buf) is bytearray:
+        return memoryview(buf).toreadonly()
+    return memoryview(buf) if views else buf
 
 
 # --- value readers: one field, or one array entry ------------------------------------------
@@ -333,7 +343,7 @@ def _too_many(name: str, n: int) -> DecodeError:
 
 def read_in_ranges(
     cls: type,
-    buf: bytes,
+    buf: bytes | bytearray,
     offset: int,
     views: frozenset[str] = NO_VIEWS,
     *,
@@ -343,7 +353,7 @@ def read_in_ranges(
     """``read``, yielding after every *every* entries of the innermost entity array along
     *path* (``("topics", "partitions")``: a Fetch request's partitions); the same entity,
     the same refusals."""
-    data: Any = memoryview(buf) if views else buf
+    data: Any = _readable(buf, views)
     done = 0
 
     def tick() -> bool:

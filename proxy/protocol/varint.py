@@ -5,7 +5,7 @@ from __future__ import annotations
 from .errors import DecodeError
 
 
-def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     """An unsigned varint at *pos*: (value, position after it); DecodeError if malformed."""
     if pos < len(buf) and buf[pos] < 0x80:  # the common one-byte case
         return buf[pos], pos + 1

@@ -84,7 +84,7 @@ from ..protocol import codec
 from ..protocol.apis import API_VERSIONS, FETCH, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from ..protocol.errors import ProtocolError
 from ..protocol.fetch_views import decode_fetch_response
-from ..protocol.framing import Gathered, Payload
+from ..protocol.framing import Frame, Gathered, Payload
 from ..protocol.varint import read_uvarint
 from . import apiversions, endpoints, rack_fetch, rewrite, sasl
 
@@ -94,6 +94,22 @@ _CID_MAX = 2**31 - 1
 _COPY_ONCE_FROM = 64 * 1024
 
 ResponseCallback = Callable[[bytes], None]
+
+
+class FrameCallback:
+    """A response callback that takes a frame read in place (a ``bytearray``: see
+    ``FrameDecoder``'s *preallocate*) as it is.  Any other callback gets such a frame
+    as ``bytes`` (a copy): only the Fetch path reads its responses' records as views
+    of the frame, and it registers this."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Frame], None]) -> None:
+        self.fn = fn
+
+    def __call__(self, frame: Frame) -> None:
+        self.fn(frame)
+
 
 UpstreamKind = tuple[int, bool]
 """What the relay knows of a frame it queued upstream: (api_key, whether a response will
@@ -491,10 +507,10 @@ class Relay:
             self._forward(request)
         return header
 
-    def upstream_frame(self, frame: bytes) -> None:
+    def upstream_frame(self, frame: Frame) -> None:
         """A whole response frame from upstream."""
         if self._pending and self._pending[0].correlation_id is None:
-            self._pending.popleft().on_response(frame)  # a raw SASL v0 token answer
+            self._pending.popleft().on_response(bytes(frame))  # a raw SASL v0 token answer
             return
         cid = codec.peek_correlation_id(frame)
         if not self._pending:
@@ -506,7 +522,14 @@ class Relay:
                 f" ({entry.correlation_id})"
             )
         self._pending.popleft()
-        entry.on_response(frame)
+        callback = entry.on_response
+        if isinstance(frame, bytearray):
+            if isinstance(callback, FrameCallback):
+                callback(frame)
+            else:
+                callback(bytes(frame))
+            return
+        callback(frame)
 
     # --- internals -----------------------------------------------------------------------
 

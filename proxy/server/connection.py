@@ -480,7 +480,8 @@ class Connection:
             )
 
     async def _upstream_loop(self) -> None:
-        decoder = FrameDecoder(self.max_frame_bytes)
+        # Its frames' memory is taken from their length prefix: a large body is read in place.
+        decoder = FrameDecoder(self.max_frame_bytes, preallocate=True)
         relay = self.relay
         fetch_handler = self.fetch_handler
         size = RECEIVE_BYTES
@@ -522,37 +523,63 @@ class Connection:
                 # a whole read of it unaccounted, 64-256 KiB each).
                 want = max(1, _PREFIX_BYTES - decoder.buffered)
             upstream = self.upstream
-            ready: bytes | None = None
-            if again and isinstance(upstream, LeanSocketStream):
-                # The read before waited and filled its buffer (a length prefix read alone,
-                # most often, its body right behind it): read on without waiting, which
-                # would cost a scheduler turn for bytes already here.  Once per waited
-                # read, so this loop still yields at least every other read.
-                ready = upstream.receive_now(want)
-                again = False
-            if ready is not None:
-                data: bytes | bytearray = ready
+            lean = upstream if isinstance(upstream, LeanSocketStream) else None
+            into = decoder.body_view() if lean is not None else None
+            if lean is not None and into is not None:
+                # A large body (its budget taken): read where it stays, with no pieces
+                # to join (``FrameDecoder``'s *preallocate*).
+                with into:
+                    got = lean.receive_into_now(into) if again else None
+                    if got is None:
+                        got = await lean.receive_into(into)
+                        again = got >= len(into)
+                    else:
+                        again = False
+                if got:
+                    decoder.received(got)
             else:
-                data = await upstream.receive_some(want)
-                again = len(data) >= want
-            size = UPSTREAM_RECEIVE_BYTES if len(data) >= size else RECEIVE_BYTES
-            if not data:
+                ready: bytes | None = None
+                if again and lean is not None:
+                    # The read before waited and filled its buffer (a length prefix read
+                    # alone, most often, its body right behind it): read on without
+                    # waiting, which would cost a scheduler turn for bytes already here.
+                    # Once per waited read, so this loop still yields at least every
+                    # other read.
+                    ready = lean.receive_now(want)
+                    again = False
+                if ready is not None:
+                    data: bytes | bytearray = ready
+                else:
+                    data = await upstream.receive_some(want)
+                    again = len(data) >= want
+                size = UPSTREAM_RECEIVE_BYTES if len(data) >= size else RECEIVE_BYTES
+                got = len(data)
+                if got:
+                    decoder.feed(data)
+            if not got:
                 # Kafka answers and then closes (a failed SASL authentication, for one):
                 # what it answered reaches the client before the client's connection closes.
                 with trio.move_on_after(UPSTREAM_CLOSE_FLUSH_SECONDS):
                     await self._until(lambda: not self.buffered)
                 self._finish("upstream_closed")
                 return
-            decoder.feed(data)
-            now = trio.current_time() if self.meter is not None else 0.0
-            while (frame := decoder.next_frame()) is not None:
+            if self._take_frames(decoder):
                 reserved = False
-                if self.meter is not None:
-                    self.meter.upstream_frame(frame, now)
-                relay.upstream_frame(frame)
-            self._take_replies(wake_writer=False)
             await self._send_upstream()
             self._write_client_now()
+
+    def _take_frames(self, decoder: FrameDecoder) -> bool:
+        """Hand the whole frames *decoder* holds to the relay; whether there was one."""
+        now = trio.current_time() if self.meter is not None else 0.0
+        relay = self.relay
+        took = False
+        while (frame := decoder.next_body()) is not None:
+            took = True
+            if self.meter is not None:
+                self.meter.upstream_frame(frame, now)
+            relay.upstream_frame(frame)
+        self._take_replies(wake_writer=False)
+        return took
 
     def _write_client_now(self) -> None:
         """Write the queued responses from this task (the upstream loop, which just read

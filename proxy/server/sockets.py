@@ -81,6 +81,32 @@ class LeanSocketStream(trio.abc.Stream):
         except OSError as exc:
             raise _stream_error(exc) from exc
 
+    async def receive_into(self, view: memoryview) -> int:
+        """Read into *view* what has arrived (waiting for some): how many bytes, 0 at the
+        socket's end.  A large frame's body is read where it stays (no copy, no join)."""
+        if not view:
+            raise ValueError("an empty view takes nothing")
+        while True:
+            self._fd()
+            await trio.lowlevel.wait_readable(self._socket)
+            try:
+                return os.readv(self._fd(), (view,))
+            except BlockingIOError:
+                continue  # woken without data (spurious): wait again
+            except OSError as exc:
+                raise _stream_error(exc) from exc
+
+    def receive_into_now(self, view: memoryview) -> int | None:
+        """``receive_into`` without waiting: None when nothing has arrived."""
+        if not view:
+            raise ValueError("an empty view takes nothing")
+        try:
+            return os.readv(self._fd(), (view,))
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise _stream_error(exc) from exc
+
     def send_now(self, data: bytes | bytearray | memoryview) -> int:
         """Bytes of *data* the kernel takes now (0 when its buffer is full): never waits,
         so the caller keeps what was not taken and writes it later, in order."""

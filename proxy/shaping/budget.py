@@ -38,10 +38,13 @@ request's size from its length prefix and mutes the channel while it cannot
    steps 3 and 4 when given the grant.
 
 The working copy: besides the data the reservations cover, one response
-exists twice for a moment while it is handled (the proxy's I/O is
-single-threaded, so one at a time): a large frame is joined from the pieces
-it arrived in (its records are then decoded as views of the joined frame, not
-copied: :mod:`proxy.protocol.fetch_views`).  ``set_working(nbytes)`` keeps that
+may exist twice for a moment while it is handled (the proxy's I/O is
+single-threaded, so one at a time): a large frame from a follower replica's
+connection is joined from the pieces it arrived in (its records are then
+decoded as views of the joined frame, not copied:
+:mod:`proxy.protocol.fetch_views`).  A broker connection's large frames are
+read in place, into one buffer of their size (``FrameDecoder``'s
+*preallocate*), and never exist twice.  ``set_working(nbytes)`` keeps that
 much of the capacity back from every reservation (set it to the largest fetch
 grant, ``max_fetch_bytes``); it counts as used.
 

@@ -26,7 +26,7 @@ class CountingLean(LeanSocketStream):
     """A lean stream that counts its waited and its immediate reads and notes which task
     read and wrote."""
 
-    __slots__ = ("immediate", "partial", "readers", "waited", "writers")
+    __slots__ = ("immediate", "in_place", "partial", "readers", "waited", "writers")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         super().__init__(stream)
@@ -36,6 +36,8 @@ class CountingLean(LeanSocketStream):
         self.writers: list[trio.lowlevel.Task] = []
         self.partial = 0
         """``send_now`` calls the kernel did not take whole."""
+        self.in_place = 0
+        """Reads into a frame's own buffer (``receive_into``, ``receive_into_now``)."""
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         data = await super().receive_some(max_bytes)
@@ -49,6 +51,21 @@ class CountingLean(LeanSocketStream):
             self.immediate += 1
             self.readers.append(trio.lowlevel.current_task())
         return data
+
+    async def receive_into(self, view: memoryview) -> int:
+        got = await super().receive_into(view)
+        self.waited += 1
+        self.in_place += 1
+        self.readers.append(trio.lowlevel.current_task())
+        return got
+
+    def receive_into_now(self, view: memoryview) -> int | None:
+        got = super().receive_into_now(view)
+        if got is not None:
+            self.immediate += 1
+            self.in_place += 1
+            self.readers.append(trio.lowlevel.current_task())
+        return got
 
     def send_now(self, data: bytes | bytearray | memoryview) -> int:
         self.writers.append(trio.lowlevel.current_task())
@@ -126,6 +143,9 @@ async def test_a_fetch_response_is_read_behind_its_prefix_and_written_by_the_rea
             assert upstream_side.immediate >= 1
             if body_bytes < 65536:
                 assert (upstream_side.waited, upstream_side.immediate) == (1, 1)
+                assert upstream_side.in_place == 0  # a small body is cut from the receive buffer
+            else:  # a large one is read where it stays, its budget taken from the prefix
+                assert upstream_side.in_place >= 1
             # Every read of the answer and every write of it ran in one task.
             reader = upstream_side.readers[0]
             assert set(upstream_side.readers) == {reader}

@@ -158,3 +158,78 @@ def test_large_frame_piece_is_the_frame_when_it_arrives_whole() -> None:
     assert dec.next_frame() is None
     dec.feed(body)
     assert dec.next_frame() is body  # one piece: no copy at all
+
+
+@given(
+    frames,
+    st.integers(min_value=1, max_value=64),
+    st.lists(st.tuples(st.booleans(), st.integers(min_value=1, max_value=50)), min_size=1),
+)
+def test_preallocated_bodies_read_in_place_or_fed_give_the_same_frames(
+    payloads: list[bytes], assemble_from: int, reads: list[tuple[bool, int]]
+) -> None:
+    """With *preallocate*, a large body is read into its own buffer (``body_view`` then
+    ``received``, as the edge does on plain TCP) or fed (TLS): the same frames, in order;
+    small ones are bytes as before."""
+    dec = FrameDecoder(1024, assemble_from=assemble_from, preallocate=True)
+    stream = memoryview(b"".join(encode_frame(p) for p in payloads))
+    out: list[bytes | bytearray] = []
+    pos = turn = 0
+    while pos < len(stream):
+        in_place, n = reads[turn % len(reads)]
+        turn += 1
+        view = dec.body_view()
+        if in_place and view is not None:
+            with view:
+                n = min(n, len(view), len(stream) - pos)
+                view[:n] = stream[pos : pos + n]
+            dec.received(n)
+        else:
+            dec.feed(stream[pos : pos + n])
+            n = min(n, len(stream) - pos)
+        pos += n
+        while (frame := dec.next_body()) is not None:
+            out.append(frame)
+    assert out == payloads
+    # only a large body is read in place (one that arrived whole with its prefix is cut
+    # from the receive buffer, as before)
+    assert all(type(f) is bytes for f in out if len(f) < assemble_from)
+    assert dec.buffered == 0
+    dec.close()
+
+
+def test_a_preallocated_body_is_allocated_only_when_the_edge_reads_it() -> None:
+    """The length prefix alone allocates nothing: the edge takes the frame's memory budget
+    first, then asks for the body's place (KIP-72: memory taken before the body is read)."""
+    dec = FrameDecoder(1 << 20, assemble_from=8, preallocate=True)
+    dec.feed(struct.pack(">i", 100_000) + b"ab")
+    assert dec.next_body() is None
+    assert dec._body is None and dec.missing == 99_998 and dec.buffered == 2
+    view = dec.body_view()
+    assert view is not None and len(view) == 99_998
+    view[:3] = b"cde"
+    view.release()
+    dec.received(3)
+    assert dec.missing == 99_995
+    with pytest.raises(ValueError):
+        dec.received(99_996)  # more than the body has room for
+    rest = dec.body_view()
+    assert rest is not None
+    rest[:] = b"f" * len(rest)
+    rest.release()
+    dec.received(99_995)
+    frame = dec.next_body()
+    assert type(frame) is bytearray and frame[:5] == b"abcde" and len(frame) == 100_000
+    assert dec.body_view() is None and dec.buffered == 0
+    dec.close()
+
+
+def test_next_frame_refuses_a_frame_read_in_place() -> None:
+    """``next_frame`` promises bytes: a preallocating decoder's large body comes from
+    ``next_body``."""
+    dec = FrameDecoder(1024, assemble_from=8, preallocate=True)
+    dec.feed(encode_frame(b"x" * 20)[:6])
+    assert dec.next_frame() is None
+    dec.feed(b"x" * 18)
+    with pytest.raises(TypeError):
+        dec.next_frame()
