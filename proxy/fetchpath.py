@@ -1107,7 +1107,7 @@ class FetchPathHandler:
             frame = codec.encode_request(request, 0, client_id)
             exchange.upstream_request_bytes += len(frame)
 
-            def answered(frame: bytes, node: int = node, version: int = version) -> None:
+            def answered(frame: Frame, node: int = node, version: int = version) -> None:
                 answer = None
                 try:
                     answer = read_replica.as_version(

@@ -171,7 +171,7 @@ def _refused(schema: Any, exc: DecodeError) -> DecodeError:
 
 def _decode(
     schema: Any,
-    frame: bytes,
+    frame: bytes | bytearray,
     offset: int,
     *,
     strict: bool,
@@ -270,7 +270,7 @@ def decode_response_in_ranges(
 def decode_response(
     api_key: int,
     api_version: int,
-    frame: bytes,
+    frame: bytes | bytearray,
     *,
     strict: bool = False,
     views: frozenset[str] = readers.NO_VIEWS,

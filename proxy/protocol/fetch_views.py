@@ -26,7 +26,7 @@ def _is_partition_data(cls: type) -> bool:
     return cls.__name__ == "PartitionData"
 
 
-def decode_fetch_response(version: int, frame: bytes) -> Any:
+def decode_fetch_response(version: int, frame: bytes | bytearray) -> Any:
     """The kio FetchResponse in *frame*, its records (when not empty) views of *frame*."""
     _, response = codec.decode_response(FETCH, version, frame, views=readers.FETCH_RECORDS)
     return response

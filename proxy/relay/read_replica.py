@@ -73,6 +73,7 @@ from kio.schema.errors import ErrorCode
 
 from ..protocol.apis import FETCH
 from ..protocol.error_codes import NONE, OFFSET_OUT_OF_RANGE
+from ..protocol.framing import Frame
 from ..protocol.messages import convert, field_names, make, request_module, response_module
 from ..protocol.partition_key import PartitionKey, topic_key
 from .racks import FallbackReason, fallback_reason
@@ -113,7 +114,7 @@ class ReplicaUpstream(Protocol):
         frame: bytes,
         *,
         api_version: int,
-        on_response: Callable[[bytes], None],
+        on_response: Callable[[Frame], None],
         on_failure: Callable[[], None],
     ) -> None: ...
 

@@ -38,7 +38,8 @@ import trio
 from ..config import HostPort
 from ..protocol.codec import peek_correlation_id
 from ..protocol.errors import ProtocolError
-from ..protocol.framing import FrameDecoder
+from ..protocol.framing import Frame, FrameDecoder
+from .sockets import LeanSocketStream, lean
 from .upstream import open_upstream
 
 log = structlog.get_logger("proxy.server")
@@ -54,7 +55,7 @@ _ERRORS = (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceE
 @dataclass(slots=True)
 class _Send:
     frame: bytes
-    on_response: Callable[[bytes], None]
+    on_response: Callable[[Frame], None]
     on_failure: Callable[[], None]
 
 
@@ -122,7 +123,7 @@ class ReplicaLinks:
         frame: bytes,
         *,
         api_version: int,
-        on_response: Callable[[bytes], None],
+        on_response: Callable[[Frame], None],
         on_failure: Callable[[], None],
     ) -> None:
         link = self._links.get(node)
@@ -155,7 +156,7 @@ class ReplicaLinks:
         stream: trio.abc.Stream | None = None
         try:
             with trio.fail_after(self._connect_timeout):
-                stream = await open_upstream(link.address, self._ssl)
+                stream = lean(await open_upstream(link.address, self._ssl))
             await self._serve(link, stream)
         except (*_ERRORS, trio.TooSlowError, ProtocolError) as exc:
             log.warning(
@@ -211,7 +212,9 @@ class ReplicaLinks:
                 await stream.send_all(_I32.pack(len(body)) + bytes(body))
 
     async def _read(self, link: _Link, stream: trio.abc.Stream) -> None:
-        decoder = FrameDecoder(self._max_frame_bytes)
+        # An answer's memory is taken from its length prefix: a large body is read in place.
+        decoder = FrameDecoder(self._max_frame_bytes, preallocate=True)
+        in_place = stream if isinstance(stream, LeanSocketStream) else None
         reserved = False  # the answer in progress has its memory budget
         while True:
             if not reserved and (missing := decoder.missing) is not None:
@@ -225,11 +228,19 @@ class ReplicaLinks:
                 # Every answer on a link is a Fetch's: read its length prefix alone, so none
                 # of its body is in memory before its budget is taken (as the leader's).
                 want = max(1, _PREFIX_BYTES - decoder.buffered)
-            data = await stream.receive_some(want)
-            if not data:
-                raise trio.BrokenResourceError("the replica closed the connection")
-            decoder.feed(data)
-            while (frame := decoder.next_frame()) is not None:
+            into = decoder.body_view() if in_place is not None else None
+            if in_place is not None and into is not None:
+                with into:
+                    got = await in_place.receive_into(into)
+                if not got:
+                    raise trio.BrokenResourceError("the replica closed the connection")
+                decoder.received(got)
+            else:
+                data = await stream.receive_some(want)
+                if not data:
+                    raise trio.BrokenResourceError("the replica closed the connection")
+                decoder.feed(data)
+            while (frame := decoder.next_body()) is not None:
                 reserved = False
                 cid = peek_correlation_id(frame)
                 if not link.waiting or link.waiting[0][0] != cid:

@@ -13,7 +13,9 @@ import trio
 import trio.testing
 
 from proxy.config import HostPort
+from proxy.protocol.framing import Frame
 from proxy.server.replicas import ReplicaLinks, _Link, _Send
+from proxy.server.sockets import lean
 
 TIMEOUT = 10
 
@@ -82,3 +84,40 @@ async def test_an_answer_is_reserved_from_its_length_prefix_before_its_body_is_r
     # first's last read: no read went past the end of a reserved answer.
     assert asked[-1] == (len(second), 4 + len(body) + 4)
     assert max(stream.asked) <= 64 * 1024
+
+
+async def test_on_plain_tcp_an_answer_is_read_in_place_once_reserved() -> None:
+    """The same on a real socket (``LeanSocketStream``, as ``ReplicaLinks`` wraps a plain
+    TCP link): nothing of the body is read until its budget is taken, then it is read
+    into one buffer of its size, which the fetch path gets as it is (a ``bytearray``)."""
+    body = struct.pack(">i", 0) + bytes(range(256)) * 800  # correlation id 0, 204,800 bytes
+    a, b = trio.socket.socketpair()
+    ours, broker = lean(trio.SocketStream(a)), trio.SocketStream(b)
+    links = ReplicaLinks(lambda node: None, None, connect_timeout=1.0, max_frame_bytes=1 << 20)
+    asked: list[int] = []
+    allow = [False]
+
+    def reserve(nbytes: int) -> bool:
+        asked.append(nbytes)
+        return allow[0]
+
+    links.reserve = reserve
+    answers: list[Frame] = []
+    link = _Link(1, HostPort("127.0.0.1", 1))
+    link.waiting.append((0, _Send(b"", answers.append, lambda: None)))
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(links._read, link, ours)
+            await broker.send_all(struct.pack(">i", len(body)) + body)
+            while not asked:
+                await trio.testing.wait_all_tasks_blocked()
+            assert asked == [len(body)] and not answers  # refused: no answer until reserved
+            allow[0] = True
+            links.deliver()
+            while not answers:
+                await trio.testing.wait_all_tasks_blocked()
+                links.deliver()
+            nursery.cancel_scope.cancel()
+    [answer] = answers
+    assert type(answer) is bytearray and answer == body
+    await broker.aclose()
