@@ -359,10 +359,9 @@ def budget_summary(limit: int | None, budget: MemoryBudget, waits: int) -> dict[
 
     ``peak_bytes`` is the most the budget ever had reserved at once: responses
     taken from their length prefix until written (a fetch waiting upstream holds
-    nothing), the reuse buffers and the working copy.  It bounds the response data
-    held, it is not bytes received.  Without a budget (a ``FetchPathConfig`` with
-    none; the command always has one) nothing is kept back or refused, so only the
-    wait count is given.
+    nothing) and the reuse buffers.  It bounds the response data held, it is not
+    bytes received.  Without a budget (a ``FetchPathConfig`` with none; the command
+    always has one) nothing is refused, so only the wait count is given.
     """
     if limit is None:
         return {"limit_bytes": None, "count": waits}

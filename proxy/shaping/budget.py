@@ -23,7 +23,7 @@ request's size from its length prefix and mutes the channel while it cannot
    and the connection waits (``wait``) until a release wakes it, then asks
    again.  Fair share: the oldest waiter (or anyone when none waits) takes
    what fits; while others wait, a connection takes only within ``share()``
-   (the usable budget split between the waiters and one more), so no
+   (the budget split between the waiters and one more), so no
    connection holds more than its share while others wait.  A response larger
    than the budget can ever have room for is let in when nothing else is held.
 3. When the response has been decoded, ``grant.resize(actual_record_bytes)``:
@@ -37,16 +37,13 @@ request's size from its length prefix and mutes the channel while it cannot
    reservation (``absorb``).  :class:`~proxy.shaping.shaper.FetchShaper` does
    steps 3 and 4 when given the grant.
 
-The working copy: besides the data the reservations cover, one response
-may exist twice for a moment while it is handled (the proxy's I/O is
-single-threaded, so one at a time): a large frame from a follower replica's
-connection is joined from the pieces it arrived in (its records are then
-decoded as views of the joined frame, not copied:
-:mod:`proxy.protocol.fetch_views`).  A broker connection's large frames are
-read in place, into one buffer of their size (``FrameDecoder``'s
-*preallocate*), and never exist twice.  ``set_working(nbytes)`` keeps that
-much of the capacity back from every reservation (set it to the largest fetch
-grant, ``max_fetch_bytes``); it counts as used.
+No working copy: a response frame the budget covers never exists twice.  The
+broker's and the replicas' connections read a large frame in place, into one
+buffer of its size taken from its length prefix (``FrameDecoder``'s
+*preallocate*), and its records are decoded as views of that buffer, not copied
+(:mod:`proxy.protocol.fetch_views`).  Before, a large frame was joined
+from the pieces it arrived in, and 1/``FETCH_SHARE`` of the budget was kept back
+for that second copy.
 
 Admission: :class:`FetchAdmission` sizes a client fetch (``fetch_bytes``),
 lets responses take memory (``take``) and keeps the FIFO of connections whose
@@ -73,8 +70,7 @@ BUDGET_FLOOR = 1_048_588
 one-batch progress exemption stays inside a grant)."""
 FETCH_SHARE = 16
 """With a budget, one fetch asks upstream for at most 1/FETCH_SHARE of it (never below the
-floor), so one response cannot take most of the budget; the working copy of one response is
-kept back at that size."""
+floor), so one response cannot take most of the budget."""
 
 
 class Holder(Protocol):
@@ -165,8 +161,6 @@ class MemoryBudget:
         self.capacity = capacity
         self.floor = floor
         self._used = 0
-        self.working = 0
-        """Bytes kept back for the working copy of one response (see the module docstring)."""
         self.peak = 0
         self.overshoot_bytes = 0
         """Largest amount by which data already in memory pushed use past capacity."""
@@ -176,8 +170,8 @@ class MemoryBudget:
 
     @property
     def used(self) -> int:
-        """Bytes reserved plus the working copy's."""
-        return self._used + self.working
+        """Bytes reserved."""
+        return self._used
 
     @property
     def headroom(self) -> int:
@@ -185,16 +179,6 @@ class MemoryBudget:
 
     def fits(self, nbytes: int) -> bool:
         return self.used + nbytes <= self.capacity
-
-    def set_working(self, nbytes: int) -> None:
-        """Keep *nbytes* back for the working copy (at most capacity - floor: a fetch still fits)."""
-        if not 0 <= nbytes <= self.capacity - self.floor:
-            raise ValueError("working must be between 0 and capacity - floor")
-        delta = nbytes - self.working
-        self.working = nbytes
-        self._adjust(0)
-        if delta < 0:
-            self._notify()
 
     def reservation(self) -> Reservation:
         """A reservation of nothing yet (a fetch's, before its response's size is known)."""
@@ -309,15 +293,11 @@ class FetchAdmission:
         self.budget.add_listener(self._released)
 
     def configure(self, capacity: int | None) -> None:
-        """Set the budget's capacity (None: unlimited), its floor and its working copy."""
+        """Set the budget's capacity (None: unlimited) and its floor."""
         budget = self.budget
         self.limited = capacity is not None
         budget.capacity = capacity or UNLIMITED_BUDGET
         budget.floor = min(BUDGET_FLOOR, budget.capacity)
-        # The working copy of one response (see the module docstring) is at most one
-        # fetch's grant; it is kept back only when there is a budget to keep it from.
-        working = max_fetch_bytes(budget) if self.limited else 0
-        budget.set_working(min(working, budget.capacity - budget.floor))
 
     def fetch_bytes(
         self,
@@ -344,11 +324,10 @@ class FetchAdmission:
         return max(requested, 0)
 
     def share(self) -> int:
-        """What one connection may hold while others wait: the usable budget (less the
-        working copy) split between the waiters and one more, never below the floor."""
+        """What one connection may hold while others wait: the budget split between the
+        waiters and one more, never below the floor."""
         budget = self.budget
-        usable = budget.capacity - budget.working
-        return max(budget.floor, usable // (len(self._waiters) + 1))
+        return max(budget.floor, budget.capacity // (len(self._waiters) + 1))
 
     def take(self, waiter: Waiter, grant: Reservation, nbytes: int, *, held: int) -> bool:
         """Grow *grant* by *nbytes* (a response whose size is known) if the budget lets
@@ -365,7 +344,7 @@ class FetchAdmission:
         first = not waiters or next(iter(waiters)) is waiter
         if not first and held + nbytes > self.share():
             return False
-        if budget.fits(nbytes) or budget.used == budget.working:
+        if budget.fits(nbytes) or budget.used == 0:
             grant.resize(grant.nbytes + nbytes)
             return True
         return False

@@ -5,8 +5,7 @@ budget; a response the budget cannot take is not read from its broker connection
 it can (back-pressure); while others wait, no connection takes more than its fair share.
 The proxy runs in-process (``ProxyStack``, so its budget and connections can be read) in
 front of a one-node dev cluster and of real Kafka (``BACKENDS``), with a 64 MiB budget:
-one fetch asks upstream for at most 4 MiB (budget/16), which is also the working copy
-kept back, so 60 MiB are usable.  The clients are raw (``support.rawclient``): what each
+one fetch asks upstream for at most 4 MiB (budget/16), and all 64 MiB are usable.  The clients are raw (``support.rawclient``): what each
 fetch asks is exact.  Where the test holds budget itself (``try_reserve``), it stands for
 other connections' responses filling it.
 
@@ -44,11 +43,9 @@ pytestmark = pytest.mark.integration
 
 MIB = 1 << 20
 BUDGET = 64 * MIB
-WORKING = BUDGET // 16
-"""One fetch's most (max_fetch_bytes), kept back for the working copy of a response."""
 DEADLINE = 90.0
 LONG_POLLS = 20
-"""At 4 MiB each (the old grant) they would have needed 80 MiB of the 60 usable."""
+"""At 4 MiB each (the old grant) they would have needed 80 MiB of the 64."""
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -157,7 +154,7 @@ def test_long_polls_waiting_upstream_hold_no_budget_beside_a_normal_consumer(
 
         until(started, deadline, "every long poll to start")
         assert stack.run_sync(lambda: path.fetch_waits) == waits  # every one went upstream...
-        assert stack.run_sync(lambda: budget.used - budget.working) == 0  # ...holding nothing
+        assert stack.run_sync(lambda: budget.used) == 0  # ...holding nothing
         assert not any(readable(c) for c in polls)  # still waiting there
 
         # A normal consumer beside them reads everything, never waiting for budget.
@@ -176,7 +173,7 @@ def test_long_polls_waiting_upstream_hold_no_budget_beside_a_normal_consumer(
         for c in polls:
             c.close()
     until(lambda: not live(stack, tag), deadline, "the long polls' connections to close")
-    assert stack.run_sync(lambda: budget.used - budget.working) == 0
+    assert stack.run_sync(lambda: budget.used) == 0
 
 
 def test_a_response_the_budget_cannot_take_waits_unread_until_it_can(stack: ProxyStack) -> None:
@@ -275,4 +272,4 @@ def test_no_connection_takes_more_than_its_fair_share_while_others_wait(
         for c in clients:
             c.close()
     until(lambda: not live(stack, tag), deadline, "the connections to close")
-    assert stack.run_sync(lambda: budget.used - budget.working) == 0
+    assert stack.run_sync(lambda: budget.used) == 0

@@ -207,8 +207,8 @@ def test_fifty_consumers_under_a_64_mib_budget(
     assert progress == [total] * CONSUMERS  # every consumer got everything
     assert summary["limit_bytes"] == BUDGET
     assert 0 < summary["peak_bytes"] <= BUDGET and summary["overshoot_bytes"] == 0
-    # The accounting includes the working copy of the one response being handled
-    # (budget/16 kept back), replies are written from views of the upstream frame,
+    # A large response is read in place (never joined from pieces, so never held
+    # twice), replies are written from views of the upstream frame,
     # and the allocator gives freed responses back to the system, so the RSS growth
     # is response data the budget bounds, plus some allocator slack.  Measured
     # (bench/fetch_memory.py, 2 cores): +51..59 MiB; before these changes +56..72.

@@ -71,7 +71,7 @@ def test_a_long_poll_holds_no_budget_and_its_response_waits_unread_for_room() ->
     metrics = Metrics(process_metrics=False)
     w = World(FetchPathConfig(memory_budget_bytes=1 << 20), metrics=metrics)
     budget = w.path.budget
-    budget.floor = 1 << 20  # no working copy kept back: the whole budget is usable
+    budget.floor = 1 << 20
     a, b = Conn(w).with_edge(), Conn(w).with_edge()
     assert a.send(a.fetch_frame(2, ALL), answer=False) == []  # a long poll waiting upstream
     assert a.held and budget.used == 0  # holds nothing while it waits (KIP-81)
@@ -99,20 +99,18 @@ def test_closing_a_connection_gives_back_its_budget() -> None:
     assert w.path.budget.used > 0  # three batches held in the reuse buffer
     c.send(c.fetch_frame(3, ALL), answer=False)
     c.handler.close()
-    assert w.path.budget.used == w.path.budget.working > 0  # only the working copy
+    assert w.path.budget.used == 0
 
 
-def test_a_budget_keeps_one_fetch_grant_back_for_the_working_copy() -> None:
+def test_the_whole_budget_is_usable_with_nothing_kept_back() -> None:
+    """No working copy: a large response is read in place (``FrameDecoder``'s
+    *preallocate*), never joined from pieces, so it never exists twice and the budget
+    keeps nothing back for a second copy (it kept budget/16 before)."""
     w = World(FetchPathConfig(memory_budget_bytes=64 << 20))
     budget = w.path.budget
-    assert budget.working == (64 << 20) // 16 == budget.used  # the largest single grant
-    assert budget.headroom == 60 << 20
-    w.path.reload(FetchPathConfig(memory_budget_bytes=1 << 21))  # 2 MiB: 1 MiB floor
-    assert budget.working == (1 << 21) - budget.floor
-    w.path.reload(FetchPathConfig(memory_budget_bytes=1 << 20))  # the floor itself: none
-    assert budget.working == 0 and budget.headroom == 1 << 20
-    w.path.reload(FetchPathConfig())  # no budget: nothing kept back
-    assert budget.working == 0 and budget.used == 0
+    assert budget.used == 0 and budget.headroom == 64 << 20
+    w.path.reload(FetchPathConfig(memory_budget_bytes=1 << 21))
+    assert budget.used == 0 and budget.headroom == 1 << 21
 
 
 def test_reload_applies_new_limits_and_policies_to_live_connections() -> None:

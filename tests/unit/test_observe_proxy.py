@@ -99,8 +99,8 @@ async def test_every_leg_is_counted_and_timed_and_live_connections_are_listed() 
 
 
 def test_the_shutdown_summary_reports_a_peak_only_against_a_budget() -> None:
-    """Without a budget nothing is refused and nothing is kept back for the working copy,
-    so the accounted peak bounds nothing and is left out."""
+    """Without a budget nothing is refused, so the accounted peak bounds nothing and is
+    left out."""
     from proxy.server.cli import budget_summary
     from proxy.shaping.budget import MemoryBudget
 

@@ -32,24 +32,6 @@ def test_a_reservation_resizes_and_is_released_once() -> None:
     assert b.used == 150 and b.peak == 1000
 
 
-def test_working_copy_is_kept_back_from_every_reservation() -> None:
-    b = MemoryBudget(1000, floor=100)
-    heard: list[int] = []
-    b.add_listener(lambda: heard.append(b.used))
-    b.set_working(300)
-    assert b.used == 300 and b.headroom == 700 and b.peak == 300 and heard == []
-    assert b.try_reserve(701) is None  # the working copy's bytes are not granted
-    g = b.try_reserve(700)
-    assert g is not None and b.try_reserve(1) is None
-    b.set_working(200)  # smaller: room appeared, waiting fetches must hear of it
-    assert heard == [900] and b.headroom == 100
-    g.release()
-    assert b.used == 200 and b.peak == 1000 and b.overshoot_bytes == 0
-    for bad in (-1, 901):  # a floor-sized fetch must always remain possible
-        with pytest.raises(ValueError):
-            b.set_working(bad)
-
-
 def test_listeners_hear_releases_only() -> None:
     b = MemoryBudget(100)
     calls: list[int] = []
@@ -225,7 +207,7 @@ def test_idle_long_polls_of_one_partition_each_hold_one_partition_s_worth() -> N
         c.send(client_fetch(up, 12, [("orders", 0, 0)]), 1)
     assert path.fetch_waits == 0
     assert [c.upstream_max_bytes() for c in clients] == [[one]] * 50
-    assert budget.used == budget.working  # waiting upstream, they hold nothing
+    assert budget.used == 0  # waiting upstream, they hold nothing
     # Fetches of every partition (7 MiB could come back) still ask for budget/16 each,
     # however many wait: no fetch waits to be sent.
     wide = [Client(path, up) for _ in range(40)]
@@ -233,7 +215,7 @@ def test_idle_long_polls_of_one_partition_each_hold_one_partition_s_worth() -> N
     for c in wide:
         c.send(client_fetch(up, 12, everything), 1)
     assert [c.upstream_max_bytes() for c in wide] == [[4 << 20]] * 40
-    assert path.fetch_waits == 0 and budget.used == budget.working
+    assert path.fetch_waits == 0 and budget.used == 0
 
 
 def test_an_incremental_fetch_is_bounded_by_its_session_s_partitions() -> None:
@@ -250,10 +232,10 @@ def test_an_incremental_fetch_is_bounded_by_its_session_s_partitions() -> None:
     c.send(dataclasses.replace(full, session_id=session_id, session_epoch=1, topics=()), 2)
     assert c.upstream_max_bytes()[-1] == response_bound([1 << 20] * 2, budget.floor)
     c.answer()
-    assert budget.used == budget.working
+    assert budget.used == 0
     # A session the proxy does not know: answered with a session error, never bounded low.
     c.send(dataclasses.replace(full, session_id=session_id + 1, session_epoch=5, topics=()), 3)
-    assert int(c.answer().error_code) != 0 and budget.used == budget.working
+    assert int(c.answer().error_code) != 0 and budget.used == 0
 
 
 K = ("t", 0)
@@ -278,7 +260,7 @@ def test_a_release_wakes_only_the_waiters_it_can_start_oldest_first() -> None:
     admission = FetchAdmission(64 << 20)
     budget = admission.budget
     woken: list[Sleeper] = []
-    taken = budget.try_reserve(budget.headroom)  # everything but the working copy
+    taken = budget.try_reserve(budget.headroom)  # everything
     assert taken is not None and budget.headroom == 0
     sleepers = [Sleeper(woken) for _ in range(1000)]
     for s in sleepers:
@@ -319,30 +301,29 @@ def test_the_oldest_waiter_is_woken_without_room_when_buffers_can_be_shed() -> N
 def test_a_response_takes_budget_when_its_size_is_known_within_a_fair_share() -> None:
     """KIP-72 style: a fetch's grant holds nothing until its response's size is known;
     then the response takes what fits, and while others wait no connection takes more
-    than its share (the usable budget split between the waiters and one more)."""
+    than its share (the budget split between the waiters and one more)."""
     mib = 1 << 20
     admission = FetchAdmission(32 * mib)
     budget = admission.budget
-    assert budget.working == 2 * mib  # one fetch's grant (32 MiB / 16) kept back
     first, second, third = (Sleeper([]) for _ in range(3))
     grants = [budget.reservation() for _ in range(3)]
-    assert budget.used == budget.working  # fetches waiting upstream hold nothing
+    assert budget.used == 0  # fetches waiting upstream hold nothing
     hog = budget.try_reserve(budget.headroom - mib)  # 1 MiB of room left
     assert hog is not None
     assert not admission.take(first, grants[0], 2 * mib, held=0)  # does not fit
     admission.wait(first, retry=False, nbytes=2 * mib)
-    assert admission.share() == 15 * mib
+    assert admission.share() == 16 * mib  # 32 MiB over the waiter and one more
     # Others wait: a connection under its share takes what fits ...
     assert admission.take(second, grants[1], mib // 2, held=0)
     assert grants[1].nbytes == mib // 2
     # ... one beyond it waits behind them, even though it would fit.
-    assert not admission.take(third, grants[2], 1000, held=15 * mib)
+    assert not admission.take(third, grants[2], 1000, held=16 * mib)
     assert grants[2].nbytes == 0
     # The oldest waiter takes what fits, whatever it holds.
     hog.resize(hog.nbytes - 2 * mib)
     assert admission.take(first, grants[0], 2 * mib, held=29 * mib)
     admission.leave(first)
-    assert admission.take(third, grants[2], 1000, held=15 * mib)  # nobody waits now
+    assert admission.take(third, grants[2], 1000, held=16 * mib)  # nobody waits now
     # A response larger than the budget can ever hold gets in when nothing else is held.
     for r in (hog, *grants):
         r.release()
