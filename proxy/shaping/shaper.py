@@ -306,8 +306,9 @@ class FetchShaper:
 
         Held data answers a fetch when upstream's could not be delivered anyway: the
         held batches fill the response to a response limit (its records or bytes:
-        the client's max_bytes, ``max_records``, ``max_response_bytes``), or every
-        partition the fetch asks has held batches reaching its partition limit.
+        the client's max_bytes, ``max_records``, ``max_response_bytes``), or one goes
+        out alone over the limits (KIP-74's first batch), or every partition the
+        fetch asks has held batches reaching its partition limit.
         (Kafka's consumer serves ``max.poll.records`` from its buffer the same way.)
         Every partition carries the watermarks the client was last given (the held
         batches are put in by ``finish``), so none goes back; a partition whose
@@ -338,7 +339,13 @@ class FetchShaper:
         )
         # A batch kept back by the response's limits alone: nothing more fits.  (One
         # kept back by its partition's limits too says nothing of other partitions.)
-        filled = any(held and held <= RESPONSE_LIMITS for _, _, held in plan.values())
+        # Or a held batch over the limits that goes out alone (KIP-74's progress rule):
+        # a broker's read of its first partition would end there too, and a batch over
+        # the partition cap can go out in no other way, so an upstream round per such
+        # batch (all of them, with batches larger than max_partition_bytes) is spared.
+        filled = any(
+            exempt or (held and held <= RESPONSE_LIMITS) for _, exempt, held in plan.values()
+        )
         if not filled and (
             len(runs) < len(prepared.client_offsets) or not all(h for _, _, h in plan.values())
         ):
