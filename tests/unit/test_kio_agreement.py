@@ -4,9 +4,10 @@ with kio on random messages, and the readers refuse malformed ones exactly as th
 One Hypothesis test draws each message once and checks every property on it; drawing
 the message is most of the cost (kio classes through ``st.from_type``), so this took
 the place of one test per property (readers, writers, walk), each drawing its own.
-Every property sees at least the examples it had alone: writers (800 before), the check
-walk and the codec's round trip (600), the readers' round trip (1500) on every example;
-the malformed variants (400) on the examples where Hypothesis draws 0 of 0..4 (about 700:
+Every property sees 1,000 examples (derandomized, so the same ones each run): writers (800
+when it was a test of its own), the check walk and the codec's round trip (600), the readers'
+round trip (1,500 until 2026-11-26, cut to keep the suite within 15 minutes); the malformed
+variants on the examples where Hypothesis draws 0 of 0..4 (about 400;
 ``--hypothesis-show-statistics`` counts them).  Each assertion says which property failed.
 """
 
@@ -69,7 +70,7 @@ def _codec_round_trip(schema: type, obj: Any) -> Any:
 
 
 @settings(
-    max_examples=1500,
+    max_examples=1000,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

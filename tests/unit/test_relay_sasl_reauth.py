@@ -310,7 +310,9 @@ class Broker:
 
 def test_a_reauthentication_waits_for_the_fetch_paths_pipelined_fetches() -> None:
     broker = Broker()
-    path = FetchPath(FetchPathConfig(limits=Limits(max_records=5)))
+    # No reuse buffer: every fetch goes upstream (held data would answer the second one
+    # without a round trip, and this test is about fetches the broker sees).
+    path = FetchPath(FetchPathConfig(limits=Limits(max_records=5), reuse_buffer_bytes=0))
     relay = Relay(resolve, fetch_handler=path.handler(1))
 
     class Up:
