@@ -138,14 +138,20 @@ def clamp_request(request: Any, limits: Limits, *, max_bytes_cap: int | None = N
 
 
 def clamp_request_in_ranges(
-    request: Any, limits: Limits, every: int, *, max_bytes_cap: int | None = None
+    request: Any,
+    limits: Limits,
+    every: int,
+    *,
+    max_bytes_cap: int | None = None,
+    partition_cap: bool = True,
 ) -> Generator[None, None, Any]:
     """``clamp_request``, yielding after every *every* partitions it walks (0: never);
-    it reads only the request and *limits*."""
+    it reads only the request and *limits*.  *partition_cap* False: ``max_partition_bytes``
+    is left to trimming (the shaper running ahead) and the partitions are not walked."""
     if max_bytes_cap is not None and max_bytes_cap < 0:
         raise ValueError("max_bytes_cap must be >= 0")
     new_max = _min(int(request.max_bytes), limits.max_response_bytes, max_bytes_cap)
-    cap = limits.max_partition_bytes
+    cap = limits.max_partition_bytes if partition_cap else None
     topics = request.topics
     if cap is not None:
         new_topics = []

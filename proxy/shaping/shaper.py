@@ -246,16 +246,14 @@ class FetchShaper:
             limits, request, every, session_partition_max_bytes=session_partition_max_bytes
         )
         ahead = self._ahead(rlimits, held)
-        clamp = limits
         if ahead is not None:
             max_bytes_cap = ahead if max_bytes_cap is None else min(max_bytes_cap, ahead)
-            # Running ahead, the partition cap is applied by trimming (``rlimits``) and
-            # upstream is asked the client's own partition max_bytes: a broker cuts a
-            # read at what it is asked, mid-batch, and a partial batch per partition per
-            # round would be fetched twice.  The response's max_bytes is the one cut.
-            clamp = dataclasses.replace(limits, max_partition_bytes=None)
+        # Running ahead, the partition cap is applied by trimming (``rlimits``) and
+        # upstream is asked the client's own partition max_bytes: a broker cuts a read at
+        # what it is asked, mid-batch, and a partial batch per partition per round would
+        # be fetched twice.  The response's max_bytes is the one cut.
         upstream = yield from clamp_request_in_ranges(
-            request, clamp, every, max_bytes_cap=max_bytes_cap
+            request, limits, every, max_bytes_cap=max_bytes_cap, partition_cap=ahead is None
         )
         full = yield from _partitions_full_in_ranges(prefixes, rlimits, every)
         if upstream_offsets:
