@@ -54,6 +54,20 @@ holds).
 A fetch that needs no reshaping (Fetch v0-v3, a follower's fetch) takes one
 step: the relay's ``PassThroughFetch``.
 
+The same fetch again (``_repeat_of``): a sessionless consumer with nothing new
+to read sends the same Fetch round after round (every partition at the same
+offsets; librdkafka only moves its first partition to the end).  When the last
+one was answered from an idle upstream session (the translator's ``quiet``: its
+request sent and forgot no partition, the answer named none, nothing held,
+trimmed or redirected), a fetch with the same body, or the same partitions in
+another order (``fetch_count.order_free``), skips every stage that walks its
+partitions: it goes upstream as the idle session's next epoch
+(``FetchTranslator.repeat``), and an answer naming no partition is replied with
+the last answer's bytes (``complete_quiet``, ``_answer_repeat``).  Any other
+answer runs the skipped stages then (``_stages_of_repeat``: the downstream
+context and shaping's prepare) and goes the usual way.  One remembered fetch per
+connection, its body and answer at most ``DECODE_MEMO_MAX_BYTES`` each.
+
 Fetches of one connection are served one at a time, in arrival order (a
 session's epochs are a sequence); pipelined fetches wait in a queue bounded by
 the relay's ``max_in_flight``, as frames: a fetch is decoded when it reaches
@@ -330,12 +344,35 @@ class FetchPath:
         return hit
 
 
+@dataclass(frozen=True, slots=True)
+class _Repeat:
+    """A sessionless client's last fetch, answered from an idle upstream session, and its
+    answer: the same bytes again get the same answer when upstream again says nothing
+    changed (see ``FetchPathHandler._repeat_of``)."""
+
+    version: int
+    client_id: str | None
+    body: bytes
+    """The request's body (after its header), as the client sent it."""
+    order_free: fetch_count.OrderFree | None
+    """The body without its partitions' order (``fetch_count.order_free``)."""
+    client: ClientFetch
+    policy: str
+    limits: Limits
+    answer: bytes
+    """The response frame the client got (its correlation id is replaced)."""
+    report: ShapedReport
+    config: Any
+    large: bool
+
+
 @dataclass(slots=True)
 class _Exchange:
     """One client fetch being served: the values its stages handed on."""
 
     request: ClientRequest
-    opened: DownstreamFetch
+    opened: DownstreamFetch | None
+    """None while a repeated fetch (``repeat``) has not needed its stages."""
     grant: Reservation
     prepared: PreparedFetch | None
     """None when the path does not shape (``FetchPath(shaping=False)``)."""
@@ -365,6 +402,10 @@ class _Exchange:
     replica_answers: dict[int, Any] = dataclasses.field(default_factory=dict)
     served_by: Mapping[PartitionKey, int] | None = None
     """Partitions a preferred replica served, and which (for the rack metrics)."""
+    client: ClientFetch | None = None
+    limits: Limits | None = None
+    repeat: _Repeat | None = None
+    """The fetch is the last one again, sent upstream without its stages (``_repeat_of``)."""
 
 
 class FetchPathHandler:
@@ -451,6 +492,10 @@ class FetchPathHandler:
         self._last_decoded: tuple[int, bytes, Any] | None = None
         """(version, body, decoded) of the latest request (see ``_decode``)."""
         self._decode_turn: ClientRequest | None = None
+        self._repeat: _Repeat | None = None
+        """The last fetch and its answer, when it came from an idle session (``_repeat_of``)."""
+        self.repeats = 0
+        """Fetches answered as the last one again, with no stage but the upstream round."""
         """The large request whose decode was put off to the next turn (see ``_serve``)."""
 
     @property
@@ -625,6 +670,7 @@ class FetchPathHandler:
         self._queue.clear()
         self._slices = None
         self._last_decoded = None
+        self._repeat = None
         self._waiting_for = None
         self.downstream.close()
         self.translator = None
@@ -657,6 +703,9 @@ class FetchPathHandler:
                             self.effects.add(InFlightWait())
                         return  # woken (``wake``) when it may fit
                     self._partitions_waiting = False
+                if client is None and self._repeat is not None:
+                    if self._start_repeat(request, upstream):
+                        continue  # (busy now: the loop ends)
                 if client is None:  # not decoded yet
                     waker = self._waker
                     large = len(request.frame) > SLICE_BYTES and waker is not None
@@ -684,10 +733,177 @@ class FetchPathHandler:
                 self._queue.popleft()
                 self._fetches += 1
                 self._busy = True
+                self._repeat = None  # (set again when this one is answered from an idle session)
                 grant = self.path.budget.reservation()  # nothing until a response arrives
                 self._run(self._start(request, client, policy, limits, grant, upstream, max_bytes))
         finally:
             self._starting = False
+
+    # -- the last fetch again ----------------------------------------------------------
+
+    def _repeat_of(self, request: ClientRequest) -> _Repeat | None:
+        """The remembered fetch (``_repeat``) when *request* is it again: the same body, version
+        and client id, under the same settings, with nothing held for the client.
+
+        A sessionless consumer with nothing new to read sends the very same Fetch
+        again and again (every partition, the same offsets), and the proxy's upstream
+        session answers each with nothing.  The answer the client got last time is
+        then what it gets again, and every stage that walks its partitions (decode,
+        the downstream context, shaping, the translator, the encode) would only
+        remake it: compared as bytes, such a fetch goes upstream as the next epoch of
+        the idle session, and an empty answer is replied with the last answer's bytes
+        (``_answer_repeat``).  Any other answer runs the skipped stages then
+        (``_stages_of_repeat``).
+        """
+        memo = self._repeat
+        h = request.header
+        offset = h.body_offset
+        if (
+            memo is None
+            or offset is None
+            or int(h.api_version) != memo.version
+            or h.client_id != memo.client_id
+            or self.path.config is not memo.config
+            or self.rack is not None
+            or len(self.shaper.buffer)
+            or self.shaper.waiting
+        ):
+            return None
+        translator = self.translator
+        if translator is None or translator.use_sessions != memo.config.fetch_sessions:
+            return None
+        if self.path.select(h.client_id, self.listener) != (memo.policy, memo.limits):
+            return None
+        frame = request.frame
+        if len(frame) - offset == len(memo.body):
+            with memoryview(frame) as view:
+                if view[offset:] == memo.body:
+                    return memo
+        # The same partitions in another order (librdkafka's rotation) are the same fetch.
+        if memo.order_free is None or fetch_count.order_free(memo.version, frame, offset) != (
+            memo.order_free
+        ):
+            return None
+        return memo
+
+    def _start_repeat(self, request: ClientRequest, upstream: Upstream) -> bool:
+        """Serve the fetch at the head of the queue as the remembered one, when it is
+        (``_repeat_of``) and the upstream session is still idle; False: it is not."""
+        repeat = self._repeat_of(request)
+        translator = self.translator
+        step = None if repeat is None or translator is None else translator.repeat()
+        if step is None or repeat is None:
+            self._repeat = None
+            return False
+        self._queue.popleft()
+        self._fetches += 1
+        self._busy = True
+        self.shaper.limits = repeat.limits
+        grant = self.path.budget.reservation()  # nothing until a response arrives
+        self._exchange = _Exchange(
+            request,
+            None,
+            grant,
+            None,
+            repeat.policy,
+            self.path.clock(),
+            True,
+            large=repeat.large,
+            client=repeat.client,
+            limits=repeat.limits,
+            repeat=repeat,
+        )
+        self._run(self._send_in_ranges(step, upstream))
+        return True
+
+    def _answer_repeat(self, exchange: _Exchange, repeat: _Repeat, upstream: Upstream) -> None:
+        """Upstream said nothing changed: the client gets the last answer again."""
+        request = exchange.request
+        self.repeats += 1
+        self._exchange = None
+        self._hold_until_written(exchange.grant)
+        self.effects.add(
+            dataclasses.replace(
+                repeat.report,
+                correlation_id=request.header.correlation_id,
+                latency_ms=(self.path.clock() - exchange.started) * 1000.0,
+                upstream_fetch_bytes=exchange.upstream_request_bytes
+                + exchange.upstream_response_bytes,
+            )
+        )
+        self._reply(
+            request, None, upstream, sessionless=True, exchange=exchange, encoded=repeat.answer
+        )
+
+    def _stages_of_repeat(
+        self, exchange: _Exchange, repeat: _Repeat, upstream: Upstream
+    ) -> Generator[None, None, bool]:
+        """The stages a repeated fetch skipped on its way up (the downstream context and
+        shaping's prepare), run when its answer is not empty; False: it ended here."""
+        every = SLICE_PARTITIONS if exchange.large else 0
+        client = repeat.client
+        opened = yield from self.downstream.open_in_ranges(client, every)
+        if self.closed:
+            return False
+        if isinstance(opened, ClientReply):  # (not for a sessionless fetch, which opens none)
+            if self.translator is not None:
+                self.translator.abort()
+            self._exchange = None
+            self._hold_until_written(exchange.grant)
+            self._reply(exchange.request, opened.response, upstream, sessionless=True)
+            return False
+        exchange.opened = opened
+        fetch = _cap_wait(opened.request, self.path.config.max_upstream_wait_ms)
+        self.shaper.limits = repeat.limits
+        max_bytes = self._max_bytes(client, repeat.limits)
+        exchange.prepared = yield from _shape_in_ranges(
+            self.shaper, fetch, exchange.grant, max_bytes, every
+        )
+        return not self.closed
+
+    def _remember(self, exchange: _Exchange, frame: Gathered | bytes, report: ShapedReport) -> None:
+        """Keep this answer for the same fetch again (``_repeat_of``) when it came from an
+        idle upstream session (the translator's ``quiet``), with nothing held, trimmed or
+        redirected, for a sessionless client; the body and the answer at most
+        ``DECODE_MEMO_MAX_BYTES`` each."""
+        translator = self.translator
+        prepared = exchange.prepared
+        client = exchange.client
+        request = exchange.request
+        offset = request.header.body_offset
+        if (
+            translator is None
+            or not translator.quiet
+            or not exchange.sessionless
+            or exchange.follow
+            or exchange.rack is not None
+            or exchange.redirects
+            or client is None
+            or exchange.limits is None
+            or prepared is None
+            or prepared.prefixes
+            or not exchange.upstream_response_bytes
+            or len(self.shaper.buffer)
+            or self.shaper.waiting
+            or offset is None
+            or len(frame) > DECODE_MEMO_MAX_BYTES
+            or len(request.frame) - offset > DECODE_MEMO_MAX_BYTES
+        ):
+            return
+        h = request.header
+        self._repeat = _Repeat(
+            version=int(h.api_version),
+            client_id=h.client_id,
+            body=bytes(request.frame[offset:]),
+            order_free=fetch_count.order_free(int(h.api_version), request.frame, offset),
+            client=client,
+            policy=exchange.policy,
+            limits=exchange.limits,
+            answer=frame if isinstance(frame, bytes) else frame.join(),
+            report=report,
+            config=self.path.config,
+            large=exchange.large,
+        )
 
     def _run(self, work: Slices, *, defer: bool = False) -> None:
         """Run a fetch's stages: at once, or one slice per loop turn when they yield.
@@ -793,7 +1009,16 @@ class FetchPathHandler:
             return
         large = len(opened.by_ref) > SLICE_PARTITIONS
         self._exchange = exchange = _Exchange(
-            request, opened, grant, None, policy, started, sessionless, large=large
+            request,
+            opened,
+            grant,
+            None,
+            policy,
+            started,
+            sessionless,
+            large=large,
+            client=client,
+            limits=limits,
         )
         if large:
             yield
@@ -908,6 +1133,15 @@ class FetchPathHandler:
         response = yield from decode_fetch_response_in_ranges(
             version, frame, SLICE_PARTITIONS if exchange.large else 0
         )
+        if exchange.repeat is not None:
+            if translator.complete_quiet(response):
+                self._answer_repeat(exchange, exchange.repeat, upstream)
+                return
+            # Something changed upstream: the stages the repeat skipped run now, and the
+            # answer goes the usual way (the translator takes it as a ``begin``'s).
+            started = yield from self._stages_of_repeat(exchange, exchange.repeat, upstream)
+            if not started:
+                return
         if exchange.follow:
             exchange.leader_redirects = self._client_keys(
                 rack_fetch.redirects(response), int(exchange.request.header.api_version)
@@ -952,6 +1186,7 @@ class FetchPathHandler:
             yield
             if self.closed:
                 return
+        assert exchange.opened is not None  # (a repeat's stages ran before: _stages_of_repeat)
         reply = yield from self.downstream.answer_in_ranges(
             exchange.opened, full, SLICE_PARTITIONS if exchange.large else 0
         )
@@ -989,7 +1224,7 @@ class FetchPathHandler:
         sessionless: bool,
         exchange: _Exchange | None = None,
         shaped: ShapedResponse | None = None,
-        encoded: Gathered | None = None,
+        encoded: Gathered | bytes | None = None,
     ) -> None:
         """Encode *response* for the client (unless *encoded* already is), answer, account,
         and start the next fetch."""
@@ -1013,7 +1248,9 @@ class FetchPathHandler:
             up_request = exchange.upstream_request_bytes
             up_response = exchange.upstream_response_bytes
             if shaped is not None:
-                self.effects.add(self._report(exchange, shaped, len(frame)))
+                report = self._report(exchange, shaped, len(frame))
+                self.effects.add(report)
+                self._remember(exchange, frame, report)
         self.upstream_fetch_bytes += up_request + up_response
         self.client_fetch_bytes += len(request.frame) + len(frame)
         if sessionless:

@@ -127,3 +127,69 @@ def fetch_partitions(
     except (DecodeError, IndexError, ValueError):
         return None
     return named
+
+
+OrderFree = tuple[bytes, list[bytes]]
+"""A Fetch request body without the order of its partitions: the bytes around
+``topics`` and, sorted, each partition's bytes after its topic's name (or id)."""
+
+
+def order_free(version: int, frame: bytes | bytearray, offset: int) -> OrderFree | None:
+    """The request body at *offset* in *frame* in a form that two bodies naming the same
+    partitions with the same fields share whatever their order (librdkafka moves its
+    first partition to the end on every fetch, so that a capped response favours no
+    partition).  None when the layout has anything this walk does not follow (a tagged
+    field in a topic or partition, an unknown version): the caller treats it as new.
+    """
+    try:
+        layout = _layout(version)
+    except Exception:
+        return None
+    if layout is None:
+        return None
+    flexible, head, id_size, fixed = layout
+    end = len(frame)
+    pos = offset + head
+    entries: list[bytes] = []
+    try:
+        if flexible:
+            topics, pos = read_uvarint(frame, pos)
+            topics -= 1
+        else:
+            topics, pos = int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
+        if topics < 0 or topics > end - pos:
+            return None
+        for _ in range(topics):
+            start = pos
+            if id_size is not None:
+                pos += id_size
+            elif flexible:
+                n, pos = read_uvarint(frame, pos)
+                pos += n - 1
+            else:
+                pos += 2 + int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+            topic = bytes(frame[start:pos])
+            if flexible:
+                count, pos = read_uvarint(frame, pos)
+                count -= 1
+            else:
+                count, pos = int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
+            if count < 0 or count * fixed > end - pos:
+                return None
+            for _ in range(count):
+                entries.append(topic + frame[pos : pos + fixed])
+                pos += fixed
+                if flexible:
+                    if pos >= end or frame[pos] != 0:
+                        return None  # a partition's tagged fields
+                    pos += 1
+            if flexible:
+                if pos >= end or frame[pos] != 0:
+                    return None  # the topic's tagged fields
+                pos += 1
+        if pos > end:
+            return None
+    except (DecodeError, IndexError, ValueError):
+        return None
+    entries.sort()
+    return bytes(frame[offset : offset + head]) + bytes(frame[pos:]), entries

@@ -44,6 +44,7 @@ the client gets the error.  If the upstream connection fails, call ``abort``.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -140,6 +141,16 @@ class _Pending:
     missing: tuple[str, ...]
     resends: int = 0
     by_key: dict[PartitionKey, _ClientPartition] = field(default_factory=dict)
+    upstream: Any = None
+    """The request sent upstream for it (the last one, after a resend)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Quiet:
+    """The last client fetch, answered from an idle session (see ``FetchTranslator.repeat``)."""
+
+    pending: _Pending
+    topic_id_changes: int
 
 
 @dataclass(slots=True)
@@ -180,6 +191,7 @@ class FetchTranslator:
         self.cache = PartitionStateCache()
         self._pending: _Pending | None = None
         self.stats = TranslatorStats()
+        self._quiet: _Quiet | None = None
         self.use_sessions = use_sessions
         """False: every upstream request is a sessionless full fetch (config ``fetch_sessions``;
         may change between fetches, e.g. on a config reload)."""
@@ -203,6 +215,7 @@ class FetchTranslator:
             raise TranslationError("a client fetch is already being served on this session")
         if not is_sessionless_fetch(request):
             raise TranslationError("not a sessionless fetch (v4+)")
+        self._quiet = None
         partitions = []
         for i, cp in enumerate(_client_partitions(request), 1):
             if every and i % every == 0:
@@ -233,8 +246,86 @@ class FetchTranslator:
             missing=missing,
             by_key=by_key,
         )
-        upstream_request = yield from self._upstream_request_in_ranges(self._pending, every)
+        pending = self._pending
+        upstream_request = yield from self._upstream_request_in_ranges(pending, every)
+        pending.upstream = upstream_request
         return UpstreamFetch(upstream_request, missing)
+
+    @property
+    def quiet(self) -> bool:
+        """The last client fetch was answered from an idle session: its upstream request sent
+        and forgot no partition, the answer carried none, at once (no resend), with no
+        throttle and no topic id missing.  Its answer to the client was made from this
+        translator's partition states alone, which such an answer leaves as they were."""
+        return self._quiet is not None
+
+    def repeat(self) -> UpstreamFetch | None:
+        """Serve the very fetch answered last (``quiet``) again, with no walk of its partitions:
+        the upstream session's next request, the same at the next epoch.
+
+        For a caller that knows the client's fetch is the last one again (the same
+        bytes); it must not ``begin`` it too.  Its answer goes to ``complete_quiet``
+        first: an answer with no partitions leaves this translator's partition states as
+        they were, so the client's answer is the last one again; any other goes to
+        ``complete``, as the answer to a ``begin`` would.  None: the session has moved
+        (or the topic-id map changed), ``begin`` instead.
+        """
+        quiet = self._quiet
+        if (
+            quiet is None
+            or self._pending is not None
+            or not self.use_sessions
+            or self.topic_ids.changes != quiet.topic_id_changes
+        ):
+            return None
+        session_request = self.session.repeat()
+        if session_request is None:
+            self._quiet = None
+            return None
+        last = quiet.pending
+        meta = session_request.metadata
+        upstream = dataclasses.replace(
+            last.upstream, session_id=meta.session_id, session_epoch=meta.epoch
+        )
+        self._pending = _Pending(
+            request=last.request,
+            partitions=last.partitions,
+            wanted=last.wanted,
+            uses_topic_ids=last.uses_topic_ids,
+            version=last.version,
+            session_request=session_request,
+            missing=(),
+            by_key=last.by_key,
+            upstream=upstream,
+        )
+        self._count(session_request)
+        return UpstreamFetch(upstream, ())
+
+    def complete_quiet(self, response: Any) -> bool:
+        """Consume *response* when it answers a ``repeat`` with nothing: no error, no
+        throttle, no partition, the session continuing.  True: the client's answer is the
+        last one again.  False: nothing was consumed; ``complete`` takes the response."""
+        pending = self._pending
+        quiet = self._quiet
+        if pending is None or quiet is None or pending.session_request.to_send:
+            return False
+        sent = pending.session_request.metadata
+        if (
+            int(getattr(response, "error_code", 0)) != 0
+            or response.responses
+            or _millis(response.throttle_time) != 0
+            or int(getattr(response, "session_id", 0)) != sent.session_id
+            or getattr(response, "node_endpoints", ())
+        ):
+            return False
+        outcome = self.session.handle_response(
+            error_code=0, session_id=sent.session_id, throttle_time_ms=0, partitions=()
+        )
+        self._pending = None
+        if not outcome.ok:  # (an incremental answer with no partitions is always ok)
+            self._quiet = None
+            raise TranslationError(f"an idle session's answer was refused: {outcome.problem}")
+        return True
 
     def _keys_in_ranges(
         self, request: Any, partitions: list[_ClientPartition], every: int
@@ -340,10 +431,12 @@ class FetchTranslator:
         )
         self.stats.resends += 1
         self._count(pending.session_request)
-        return UpstreamFetch(self._upstream_request(pending), pending.missing)
+        pending.upstream = self._upstream_request(pending)
+        return UpstreamFetch(pending.upstream, pending.missing)
 
     def abort(self) -> None:
         """The upstream request failed (connection lost): drop the client fetch."""
+        self._quiet = None
         if self._pending is not None:
             self._pending = None
             self.session.handle_send_error()
@@ -365,6 +458,7 @@ class FetchTranslator:
         pending = self._pending
         if pending is None:
             raise TranslationError("no client fetch is being served")
+        self._quiet = None
         included = yield from self._included_in_ranges(response, pending.uses_topic_ids, every)
         error_code = int(getattr(response, "error_code", 0))
         throttle_ms = _millis(response.throttle_time)
@@ -398,6 +492,17 @@ class FetchTranslator:
                     yield
             if not unusable:
                 reply = yield from self._finish(pending, data, response, every)
+                sreq = pending.session_request
+                if (
+                    not data
+                    and throttle_ms == 0
+                    and not pending.resends
+                    and not pending.missing
+                    and not sreq.is_full
+                    and not sreq.to_send
+                    and not sreq.to_forget
+                ):
+                    self._quiet = _Quiet(pending, self.topic_ids.changes)
                 return ClientReply(reply)
             problem = (
                 f"omitted {len(unusable)} partition(s) with no usable state,"

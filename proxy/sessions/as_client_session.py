@@ -138,6 +138,9 @@ class FetchSessionClient:
         self._in_flight: SessionRequest | None = None
         self._backoff = sessionless_backoff
         self._sessionless_left = 0
+        self._repeatable: SessionRequest | None = None
+        """The last request, when it sent and forgot nothing and its response continued the
+        session: the next may be the same at the next epoch (``repeat``)."""
 
     # -- introspection -------------------------------------------------------------------
 
@@ -159,6 +162,24 @@ class FetchSessionClient:
         return self._in_flight
 
     # -- building requests ---------------------------------------------------------------
+
+    def repeat(self) -> SessionRequest | None:
+        """The next request when the partitions wanted are those of the last one, which
+        sent and forgot nothing (an idle session): the same at the next epoch, with no
+        walk of the session.  None when that does not hold (a request in flight, a
+        ``build`` since, or the next request must be full); the caller then builds one."""
+        last = self._repeatable
+        if last is None or self._in_flight is not None or self._next.is_full:
+            return None
+        request = SessionRequest(
+            metadata=self._next,
+            to_send={},
+            to_forget=(),
+            session_partitions=last.session_partitions,
+            uses_topic_ids=last.uses_topic_ids,
+        )
+        self._in_flight = request
+        return request
 
     def build(
         self,
@@ -206,6 +227,7 @@ class FetchSessionClient:
         if self._session is not before:  # the session changed between two ranges: again at once
             diff = drain(self._diff_in_ranges(wanted, 0))
         # From here on, at one point: the request's kind, the session, the request.
+        self._repeatable = None
         metadata = self._next
         if self._uses_topic_ids is not None and self._uses_topic_ids != uses_topic_ids:
             # The broker rejects an incremental request that switches addressing modes.
@@ -327,6 +349,7 @@ class FetchSessionClient:
             if self._in_flight is not request or self._session is not session:
                 raise SessionStateError("the session changed while a response was read")
         request = self._take_in_flight()
+        self._repeatable = None
         sent = request.metadata
         was_full = sent.is_full
         if error_code != 0:
@@ -363,6 +386,8 @@ class FetchSessionClient:
             self._next = INITIAL  # the broker closed the session
         else:
             self._next = SessionMetadata(sent.session_id, next_epoch(sent.epoch))
+            if not request.to_send and not request.to_forget:
+                self._repeatable = request
         return ResponseOutcome(Verdict.OK, was_full)
 
     def revoke_last_response(self, problem: str) -> None:
@@ -373,11 +398,13 @@ class FetchSessionClient:
         """
         if self._in_flight is not None:
             raise SessionStateError("a fetch request is in flight")
+        self._repeatable = None
         self._next = SessionMetadata(self._next.session_id, INITIAL_EPOCH)
 
     def handle_send_error(self) -> None:
         """The request could not be sent or its response never came."""
         self._in_flight = None
+        self._repeatable = None
         self._next = SessionMetadata(self._next.session_id, INITIAL_EPOCH)
 
     def _take_in_flight(self) -> SessionRequest:

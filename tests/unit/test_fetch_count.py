@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import timedelta
 
@@ -75,3 +76,35 @@ def test_topic_entries_past_the_most_admitted_stop_the_walk_too(version: int) ->
     f, offset = frame(version, [0] * 50)
     assert fetch_partitions(version, f, offset) == 0
     assert fetch_partitions(version, f[: len(f) - 20], offset, above=10) == 11
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 13, 17])
+def test_the_order_free_form_ignores_the_order_of_the_partitions_only(version: int) -> None:
+    from proxy.protocol.fetch_count import order_free
+
+    f, offset = frame(version, [3, 2])
+    request = codec.decode_request(f)[1]
+    (t0, t1) = request.topics
+    moved = dataclasses.replace(  # the first partition moved to the end, as librdkafka does
+        request,
+        topics=(
+            dataclasses.replace(t0, partitions=t0.partitions[1:]),
+            t1,
+            dataclasses.replace(t0, partitions=t0.partitions[:1]),
+        ),
+    )
+    g = codec.encode_request(moved, 1, "c")
+    g_offset = codec.parse_request_header(g).body_offset
+    assert g_offset is not None
+    key = order_free(version, f, offset)
+    assert key is not None and len(key[1]) == 5
+    assert order_free(version, g, g_offset) == key
+    other = dataclasses.replace(
+        moved, topics=(*moved.topics[:2], dataclasses.replace(moved.topics[2], partitions=()))
+    )
+    h = codec.encode_request(other, 1, "c")
+    assert order_free(version, h, offset) != key
+    changed = dataclasses.replace(request, max_bytes=2)
+    assert order_free(version, codec.encode_request(changed, 1, "c"), offset) != key
+    assert order_free(version, f[: len(f) - 3], offset) != key
+    assert order_free(version, f[: offset + 30], offset) is None  # (cut inside the topics)

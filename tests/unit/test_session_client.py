@@ -312,3 +312,27 @@ def test_broker_view_tracks_the_wanted_set(
             respond(c, list(broker), session_id=session_id)
         else:
             respond(c, [], session_id=session_id)
+
+
+def test_an_idle_session_repeats_its_last_request_at_the_next_epoch() -> None:
+    c = established(9)
+    want = {A0: params(), A1: params(), B0: params()}
+    assert c.repeat() is None  # the last request was full: it sent every partition
+    c.build(want, uses_topic_ids=False)
+    assert respond(c, [], session_id=9) is Verdict.OK
+    for epoch in (2, 3):
+        req = c.repeat()
+        assert req is not None and req.metadata == SessionMetadata(9, epoch)
+        assert req.to_send == {} and req.to_forget == ()
+        assert req.session_partitions == (A0, A1, B0)
+        assert c.repeat() is None  # one request in flight
+        assert respond(c, [A1], session_id=9) is Verdict.OK
+    # after a request that changed something, or a response that ended the session, none
+    c.build({A0: params(3), A1: params(), B0: params()}, uses_topic_ids=False)
+    assert respond(c, [], session_id=9) is Verdict.OK
+    assert c.repeat() is None
+    c.build({A0: params(3), A1: params(), B0: params()}, uses_topic_ids=False)
+    assert respond(c, [], session_id=9) is Verdict.OK
+    assert c.repeat() is not None
+    assert respond(c, [], error_code=FETCH_SESSION_ID_NOT_FOUND) is Verdict.ERROR
+    assert c.repeat() is None

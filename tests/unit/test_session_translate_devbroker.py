@@ -119,3 +119,90 @@ def test_idle_thousand_partition_consumer_moves_twenty_times_fewer_bytes() -> No
         reply = tr.complete(upstream_response)
         assert isinstance(reply, ClientReply) and reply.response == up.answer(up.direct, req)
         assert direct >= 20 * proxied, (direct, proxied)
+
+
+def serve_repeating(
+    tr: FetchTranslator, up: Upstream, request: Any, last: tuple[Any, Any] | None
+) -> tuple[Any, bool]:
+    """``serve``, as the fetch path serves a fetch equal to the last one answered from an
+    idle session: ``repeat``, then ``complete_quiet`` (the last answer again) or, when
+    upstream had something, ``complete`` as usual.  (answer, whether it was the last one)."""
+    step: UpstreamFetch | ClientReply | None = None
+    if last is not None and last[0] == request and tr.quiet:
+        step = tr.repeat()
+        if step is not None:
+            assert step.request.topics == () and step.request.forgotten_topics_data == ()
+            answer = up.answer(up.fetcher, step.request)
+            if tr.complete_quiet(answer):
+                return last[1], True
+            step = tr.complete(answer)
+    if step is None:
+        step = tr.begin(request)
+    while isinstance(step, UpstreamFetch):
+        step = tr.complete(up.answer(up.fetcher, step.request))
+    return step.response, False
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    upstream_version=st.integers(7, 18),
+    client_version=st.integers(4, 18),
+    max_slots=st.sampled_from([0, 1000]),
+    steps=st.lists(st.one_of(st.tuples(st.just("again")), step_strategy), min_size=5, max_size=40),
+)
+def test_a_repeated_fetch_gets_what_the_broker_answers_directly(
+    upstream_version: int, client_version: int, max_slots: int, steps: list[tuple[Any, ...]]
+) -> None:
+    """Repeats (the same fetch again, answered from the idle session with no walk of its
+    partitions) between appends, evictions of the upstream session and seeks: every
+    answer is the dev broker's answer to the client's sessionless fetch, and an idle
+    session's answer is repeated once it has been quiet."""
+    client_version = min(client_version, upstream_version)
+    up = Upstream(max_slots=max_slots)
+    tr = FetchTranslator(up.ids(), upstream_max_version=upstream_version)
+    positions = dict.fromkeys(PARTITIONS, 0)
+    last: tuple[Any, Any] | None = None
+    wanted = list(PARTITIONS)
+    for step in steps:
+        if step[0] == "append":
+            up.append(*step[1], step[2])
+        elif step[0] == "evict":
+            up.sessions.clear()
+        elif step[0] == "seek":
+            positions[step[1]] = step[2]
+        else:
+            if step[0] == "fetch":
+                wanted = step[1]
+            req = client_fetch(up, client_version, [(t, p, positions[(t, p)]) for t, p in wanted])
+            resp, repeated = serve_repeating(tr, up, req, last)
+            assert resp == up.answer(up.direct, req)
+            last = (req, resp)
+            if repeated or not any(pd.records for t in resp.responses for pd in t.partitions):
+                continue
+            for t in resp.responses:
+                name = t.topic if client_version < 13 else up.state.topics_by_id[t.topic_id].name
+                for pd in t.partitions:
+                    if pd.records:
+                        positions[(name, int(pd.partition_index))] = list(
+                            records.iter_batches(pd.records)
+                        )[-1].next_offset
+
+
+def test_an_idle_session_repeats_with_no_partition_sent() -> None:
+    up = Upstream()
+    tr = FetchTranslator(up.ids(), upstream_max_version=17)
+    req = client_fetch(up, 11, [(t, p, 0) for t, p in PARTITIONS])
+    last = None
+    repeats = []
+    for _ in range(4):
+        resp, repeated = serve_repeating(tr, up, req, last)
+        assert resp == up.answer(up.direct, req)
+        repeats.append(repeated)
+        last = (req, resp)
+    # the full fetch, then the first incremental (quiet), then repeats
+    assert repeats == [False, False, True, True]
+    up.append("orders", 2, 3)  # data: the repeat's answer is not empty, complete takes it
+    resp, repeated = serve_repeating(tr, up, req, last)
+    assert not repeated and resp == up.answer(up.direct, req)
+    assert any(pd.records for t in resp.responses for pd in t.partitions)
+    assert not tr.quiet

@@ -1,0 +1,137 @@
+"""A sessionless client's fetch, the same again, is answered with the last answer when the
+upstream session says nothing changed (``FetchPathHandler._repeat_of``), with no stage
+walking its partitions; anything else upstream runs those stages then.  The answers
+are checked against the dev broker's own answer to the client's sessionless fetch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support.fetch_world import ALL, Conn, World, delivered, upstream_fetches
+
+from proxy.config import FetchPathConfig
+from proxy.effects import SessionSaved, ShapedReport
+from proxy.protocol import codec
+from proxy.shaping.limits import Limits
+
+
+def direct(w: World, c: Conn, cid: int, parts: list[tuple[str, int, int]]) -> Any:
+    return codec.decode_response(1, 12, w.answer(c.fetch_frame(cid, parts), w.direct))[1]
+
+
+def _marks(response: Any) -> dict[tuple[str, int], tuple[int, int, int]]:
+    return {
+        (t.topic, int(p.partition_index)): (
+            int(p.high_watermark),
+            int(p.last_stable_offset),
+            int(p.log_start_offset),
+        )
+        for t in response.responses
+        for p in t.partitions
+    }
+
+
+def answer(c: Conn, cid: int, parts: list[tuple[str, int, int]]) -> bytes:
+    [out] = c.send(c.fetch_frame(cid, parts))
+    return out
+
+
+def test_the_same_fetch_again_gets_the_last_answer_from_an_idle_session() -> None:
+    w = World()
+    c = Conn(w).with_edge()
+    first = [answer(c, cid, ALL) for cid in (1, 2)]  # the session's full fetch, then idle
+    assert c.handler.repeats == 0
+    again = [answer(c, cid, ALL) for cid in (3, 4, 5)]
+    assert c.handler.repeats == 3
+    for cid, frame in enumerate(first + again, 1):
+        assert frame[:4] == cid.to_bytes(4, "big")
+        assert frame[4:] == first[1][4:]
+        assert codec.decode_response(1, 12, frame)[1] == direct(w, c, cid, ALL)
+    sent = upstream_fetches(c)
+    assert len(sent) == 5  # one upstream round each, at the session's next epoch
+    assert [int(r.session_epoch) for r in sent[2:]] == [2, 3, 4]
+    assert all(r.topics == () and r.forgotten_topics_data == () for r in sent[1:])
+
+
+def test_the_same_partitions_in_another_order_are_the_same_fetch() -> None:
+    """librdkafka moves its first partition to the end on every fetch."""
+    w = World()
+    c = Conn(w).with_edge()
+    answer(c, 1, ALL)
+    answer(c, 2, ALL)
+    rotated = ALL[3:] + ALL[:3]
+    out = answer(c, 3, rotated)
+    assert c.handler.repeats == 1
+    got = codec.decode_response(1, 12, out)[1]
+    assert delivered(got) == delivered(direct(w, c, 3, rotated))
+
+
+def test_data_upstream_runs_the_skipped_stages_and_delivers_it() -> None:
+    w = World(FetchPathConfig(limits=Limits(max_records=2)))
+    c = Conn(w).with_edge()
+    for cid in (1, 2, 3):
+        answer(c, cid, ALL)
+    assert c.handler.repeats == 1
+    w.append("orders", 1, 1, times=3)  # three batches: the cap of 2 records trims
+    got = codec.decode_response(1, 12, answer(c, 4, ALL))[1]
+    assert c.handler.repeats == 1  # (it went upstream as a repeat; the answer was new)
+    assert delivered(got)[("orders", 1)] == [(0, 1), (1, 1)]
+    assert _marks(got)[("orders", 1)] == (3, 3, 0)
+    # the rest comes next, from what the proxy held: no repeat while it holds data
+    parts = [(t, p, 2 if (t, p) == ("orders", 1) else 0) for t, p, _ in ALL]
+    assert delivered(codec.decode_response(1, 12, answer(c, 5, parts))[1])[("orders", 1)] == [
+        (2, 1)
+    ]
+    assert c.handler.repeats == 1
+    # idle again at the new offsets (which the upstream session learned when the proxy
+    # fetched the three batches): quiet at once, then repeated
+    parts = [(t, p, 3 if (t, p) == ("orders", 1) else 0) for t, p, _ in ALL]
+    for cid in (6, 7, 8):
+        got = codec.decode_response(1, 12, answer(c, cid, parts))[1]
+        want = direct(w, c, cid, parts)  # (in the shaper's order: compared per partition)
+        assert delivered(got) == delivered(want) and _marks(got) == _marks(want)
+    assert c.handler.repeats == 3
+
+
+def test_another_fetch_is_not_a_repeat() -> None:
+    w = World()
+    c = Conn(w).with_edge()
+    answer(c, 1, ALL)
+    answer(c, 2, ALL)
+    moved = [(t, p, 5 if (t, p) == ("events", 2) else 0) for t, p, _ in ALL]
+    got = codec.decode_response(1, 12, answer(c, 3, moved))[1]
+    assert c.handler.repeats == 0
+    assert got == direct(w, c, 3, moved)
+    fewer = ALL[:-1]
+    answer(c, 4, fewer)
+    assert c.handler.repeats == 0
+
+
+def test_an_evicted_upstream_session_is_found_out_by_the_repeat() -> None:
+    w = World()
+    c = Conn(w).with_edge()
+    for cid in (1, 2, 3):
+        answer(c, cid, ALL)
+    assert c.handler.repeats == 1
+    w.upstream_sessions.clear()  # FETCH_SESSION_ID_NOT_FOUND for the next epoch
+    w.append("events", 0, 2)
+    got = codec.decode_response(1, 12, answer(c, 4, ALL))[1]
+    assert got == direct(w, c, 4, ALL)
+    assert delivered(got)[("events", 0)] == [(0, 2)]
+
+
+def test_a_repeat_reports_as_a_shaped_response_does() -> None:
+    w = World()
+    c = Conn(w).with_edge()
+    for cid in (1, 2):
+        answer(c, cid, ALL)
+    c.handler.effects.take()
+    answer(c, 3, ALL)
+    assert c.handler.repeats == 1
+    effects, dropped = c.handler.effects.take()
+    assert dropped == 0
+    report, saved = effects
+    assert isinstance(report, ShapedReport) and report.correlation_id == 3
+    assert report.decision.delivered_records == 0 and report.upstream_fetch_bytes > 0
+    assert isinstance(saved, SessionSaved) and saved.request_bytes > 0
