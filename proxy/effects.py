@@ -48,6 +48,12 @@ class InFlightWait:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchRepeated:
+    """A sessionless fetch, the same as the last one, got the last answer again from an idle
+    upstream session, with no stage walking its partitions (``FetchPathHandler._repeat_of``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSaved:
     """What a sessionless client's full fetch would have cost upstream, minus what it did."""
 
@@ -109,7 +115,15 @@ class ShapedReport:
     cross_zone_price_per_gb: float
 
 
-Effect = BudgetWait | InFlightWait | SessionSaved | SessionReset | ReplicaFallback | ShapedReport
+Effect = (
+    BudgetWait
+    | InFlightWait
+    | FetchRepeated
+    | SessionSaved
+    | SessionReset
+    | ReplicaFallback
+    | ShapedReport
+)
 
 
 class Effects:

@@ -198,6 +198,7 @@ from .config import FetchPathConfig
 from .effects import (
     BudgetWait,
     Effects,
+    FetchRepeated,
     InFlightWait,
     ReplicaFallback,
     SessionReset,
@@ -820,6 +821,7 @@ class FetchPathHandler:
         """Upstream said nothing changed: the client gets the last answer again."""
         request = exchange.request
         self.repeats += 1
+        self.effects.add(FetchRepeated())
         self._exchange = None
         self._hold_until_written(exchange.grant)
         self.effects.add(

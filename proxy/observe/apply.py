@@ -17,6 +17,7 @@ import structlog
 from ..effects import (
     BudgetWait,
     Effect,
+    FetchRepeated,
     InFlightWait,
     ReplicaFallback,
     SessionReset,
@@ -78,6 +79,8 @@ def apply_effects(
             metrics.memory_budget_wait()
         elif isinstance(effect, InFlightWait):
             metrics.partitions_in_flight_wait()
+        elif isinstance(effect, FetchRepeated):
+            metrics.fetch_repeated()
         else:
             assert_never(effect)
 

@@ -222,6 +222,13 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Bytes not sent between proxy and brokers thanks to incremental fetch sessions "
         "(kind=request|response), against the full fetches clients asked for.",
     ),
+    _spec(
+        "repeated_fetches_total",
+        "counter",
+        [],
+        "Sessionless fetches answered with the client's last answer again: the same fetch, "
+        "and the upstream session said nothing changed (no partition walked).",
+    ),
     # rack-aware fetching (KIP-392): where record bytes came from, seen from the proxy's rack
     _spec(
         "broker_to_proxy_fetch_rack_record_bytes_total",
@@ -796,6 +803,9 @@ class Metrics:
         self._counters["limit_applied_total"].labels(**labels).inc()
         self._counters["trimmed_records_total"].labels(**labels).inc(records)
         self._counters["trimmed_bytes_total"].labels(**labels).inc(record_bytes)
+
+    def fetch_repeated(self) -> None:
+        self._counters["repeated_fetches_total"].inc()
 
     def buffered_reuse_hit(self, record_bytes: int) -> None:
         self._counters["buffered_reuse_hits_total"].inc()

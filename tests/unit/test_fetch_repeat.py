@@ -11,7 +11,8 @@ from typing import Any
 from support.fetch_world import ALL, Conn, World, delivered, upstream_fetches
 
 from proxy.config import FetchPathConfig
-from proxy.effects import SessionSaved, ShapedReport
+from proxy.effects import FetchRepeated, SessionSaved, ShapedReport
+from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
 from proxy.shaping.limits import Limits
 
@@ -131,7 +132,17 @@ def test_a_repeat_reports_as_a_shaped_response_does() -> None:
     assert c.handler.repeats == 1
     effects, dropped = c.handler.effects.take()
     assert dropped == 0
-    report, saved = effects
+    repeated, report, saved = effects
+    assert repeated == FetchRepeated()
     assert isinstance(report, ShapedReport) and report.correlation_id == 3
     assert report.decision.delivered_records == 0 and report.upstream_fetch_bytes > 0
     assert isinstance(saved, SessionSaved) and saved.request_bytes > 0
+
+
+def test_repeats_are_counted_in_the_metrics() -> None:
+    metrics = Metrics(process_metrics=False)
+    w = World(metrics=metrics)
+    c = Conn(w).with_edge()
+    for cid in range(1, 6):
+        answer(c, cid, ALL)
+    assert metrics.registry.get_sample_value("kafka_fetch_proxy_repeated_fetches_total") == 3
