@@ -365,6 +365,9 @@ class _Repeat:
     report: ShapedReport
     config: Any
     large: bool
+    upstream_frame: bytes | None
+    """The request the idle upstream session was sent (a repeat changes its epoch alone)."""
+    upstream_session_id: int
 
 
 @dataclass(slots=True)
@@ -407,6 +410,8 @@ class _Exchange:
     limits: Limits | None = None
     repeat: _Repeat | None = None
     """The fetch is the last one again, sent upstream without its stages (``_repeat_of``)."""
+    upstream_frame: bytes | None = None
+    """The last request sent upstream for it, encoded."""
 
 
 class FetchPathHandler:
@@ -905,6 +910,8 @@ class FetchPathHandler:
             report=report,
             config=self.path.config,
             large=exchange.large,
+            upstream_frame=exchange.upstream_frame,
+            upstream_session_id=translator.session.session_id,
         )
 
     def _run(self, work: Slices, *, defer: bool = False) -> None:
@@ -1102,16 +1109,27 @@ class FetchPathHandler:
             and not upstream_request.rack_id
         ):  # the leader is asked with the proxy's rack: the proxy follows its redirect
             upstream_request = dataclasses.replace(upstream_request, rack_id=self.rack.rack)
-        frame = yield from codec.encode_request_in_ranges(
-            upstream_request,
-            0,
-            client_id,
-            path=codec.FETCH_REQUEST_PARTITIONS,
-            every=SLICE_PARTITIONS if exchange.large else 0,
-        )
+        repeat = exchange.repeat
+        if (
+            repeat is not None
+            and repeat.upstream_frame is not None
+            and (int(upstream_request.session_id) == repeat.upstream_session_id)
+        ):  # the idle session's last request, at this epoch: its bytes, 4 of them new
+            frame = fetch_count.with_session_epoch(
+                repeat.upstream_frame, version, int(upstream_request.session_epoch)
+            )
+        else:
+            frame = yield from codec.encode_request_in_ranges(
+                upstream_request,
+                0,
+                client_id,
+                path=codec.FETCH_REQUEST_PARTITIONS,
+                every=SLICE_PARTITIONS if exchange.large else 0,
+            )
         if self.closed:
             return
         exchange.upstream_request_bytes += len(frame)
+        exchange.upstream_frame = frame
 
         large = exchange.large
 

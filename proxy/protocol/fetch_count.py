@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from .codec import parse_request_header
 from .errors import DecodeError
 from .messages import request_module
 from .varint import read_uvarint
@@ -193,3 +194,18 @@ def order_free(version: int, frame: bytes | bytearray, offset: int) -> OrderFree
         return None
     entries.sort()
     return bytes(frame[offset : offset + head]) + bytes(frame[pos:]), entries
+
+
+def with_session_epoch(frame: bytes, version: int, epoch: int) -> bytes:
+    """*frame*, an encoded Fetch request (header and body) of *version* (v7+), with its
+    ``session_epoch`` set to *epoch*: the last of the fixed fields before ``topics``, so
+    4 bytes before them (the request header's size read from the frame).  The same bytes
+    as kio's encoding of the request with that epoch (``tests/unit/test_fetch_count``)."""
+    layout = _layout(version)
+    if layout is None or version < 7:
+        raise ValueError(f"Fetch v{version} has no session epoch at a fixed place")
+    at = parse_request_header(frame).body_offset
+    if at is None:
+        raise ValueError("a Fetch request frame without a body")
+    at += layout[1] - 4
+    return frame[:at] + epoch.to_bytes(4, "big", signed=True) + frame[at + 4 :]

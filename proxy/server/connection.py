@@ -95,11 +95,12 @@ checkpoint.  ``bench/edge_micro.py`` counts the turns per fetch.
 
 from __future__ import annotations
 
+import abc
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import structlog
 import trio
@@ -135,14 +136,17 @@ UPSTREAM_CLOSE_FLUSH_SECONDS = 5.0
 log = structlog.get_logger("proxy.server")
 
 
-@runtime_checkable
-class ImmediateWrites(Protocol):
+class ImmediateWrites(abc.ABC):
     """A client stream that wraps another (``proxy.server.proxy.DrainableStream``) and says
-    whether a response may be written to its socket at once, outside the writer task."""
+    whether a response may be written to its socket at once, outside the writer task.
+    (A base class, not a Protocol: ``isinstance`` runs for every response written, and a
+    runtime-checkable Protocol's walks the class's members each time.)"""
 
+    __slots__ = ()
+
+    @abc.abstractmethod
     def immediate_sender(self) -> Callable[[Buffer], int] | None:
         """The socket's ``send_now``, or None: every write goes through the writer task."""
-        ...
 
 
 @dataclass(slots=True)

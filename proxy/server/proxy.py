@@ -48,7 +48,7 @@ from ..relay.connection_slots import ConnectionSlots
 from ..relay.relay import FetchHandler, Relay
 from ..relay.request_memory import RequestMemory
 from ..sessions.as_broker import limit_session_partitions
-from .connection import RECEIVE_BYTES, Connection
+from .connection import RECEIVE_BYTES, Connection, ImmediateWrites
 from .replicas import ReplicaLinks
 from .silent import SilentSockets
 from .sockets import LeanSocketStream, lean
@@ -979,7 +979,7 @@ async def _exchange(stream: trio.abc.Stream, decoder: FrameDecoder, request: byt
     return frame
 
 
-class DrainableStream(trio.abc.Stream):
+class DrainableStream(trio.abc.Stream, ImmediateWrites):
     """A client's stream as its ``Connection`` sees it, which can wind the connection down.
 
     After ``drain()`` no further request is read (``receive_some`` parks instead of

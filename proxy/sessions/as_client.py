@@ -776,7 +776,12 @@ def _error_partition(mod: ModuleType, partition: int, code: int) -> Any:
     )
 
 
+_MILLISECOND = timedelta(milliseconds=1)
+
+
 def _millis(value: Any) -> int:
+    if type(value) is timedelta:
+        return value // _MILLISECOND
     if isinstance(value, timedelta):
-        return int(value / timedelta(milliseconds=1))
+        return int(value / _MILLISECOND)
     return int(value)

@@ -108,3 +108,14 @@ def test_the_order_free_form_ignores_the_order_of_the_partitions_only(version: i
     assert order_free(version, codec.encode_request(changed, 1, "c"), offset) != key
     assert order_free(version, f[: len(f) - 3], offset) != key
     assert order_free(version, f[: offset + 30], offset) is None  # (cut inside the topics)
+
+
+@pytest.mark.parametrize("version", range(7, 19))
+def test_a_new_session_epoch_in_the_bytes_is_kios_encoding(version: int) -> None:
+    from proxy.protocol.fetch_count import with_session_epoch
+
+    f, _ = frame(version, [2, 1])
+    request = codec.decode_request(f)[1]
+    for epoch in (0, 1, 77, 2**31 - 1, -1):
+        want = codec.encode_request(dataclasses.replace(request, session_epoch=epoch), 1, "c")
+        assert with_session_epoch(f, version, epoch) == want
