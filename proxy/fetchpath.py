@@ -211,7 +211,7 @@ from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SAS
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
 from .protocol.framing import Frame, Gathered
-from .protocol.messages import load_fetch_schemas
+from .protocol.messages import load_fetch_schemas, make, response_module
 from .protocol.partition_key import PartitionKey, TopicKey, topic_key
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, account
@@ -501,6 +501,7 @@ class FetchPathHandler:
         self._repeat: _Repeat | None = None
         """The last fetch and its answer, when it came from an idle session (``_repeat_of``)."""
         self.repeats = 0
+        self._unchanged: tuple[tuple[int, int], bytes] | None = None
         """Fetches answered as the last one again, with no stage but the upstream round."""
         """The large request whose decode was put off to the next turn (see ``_serve``)."""
 
@@ -821,6 +822,23 @@ class FetchPathHandler:
         )
         self._run(self._send_in_ranges(step, upstream))
         return True
+
+    def _unchanged_answer(self, version: int, session_id: int) -> bytes:
+        """The bytes after the correlation id of a Fetch response of *version* that says
+        nothing changed in session *session_id* (kio's encoding, kept for the last pair)."""
+        key = (version, session_id)
+        kept = self._unchanged
+        if kept is None or kept[0] != key:
+            mod = response_module(FETCH, version)
+            empty = make(
+                mod.FetchResponse,
+                throttle_time=timedelta(0),
+                error_code=0,
+                session_id=session_id,
+                responses=(),
+            )
+            kept = self._unchanged = (key, codec.encode_response(empty, 0)[4:])
+        return kept[1]
 
     def _answer_repeat(self, exchange: _Exchange, repeat: _Repeat, upstream: Upstream) -> None:
         """Upstream said nothing changed: the client gets the last answer again."""
@@ -1150,6 +1168,15 @@ class FetchPathHandler:
         if exchange is None or translator is None:
             return  # the connection closed meanwhile
         exchange.upstream_response_bytes += len(frame)
+        if exchange.repeat is not None:
+            session_id = translator.repeating
+            if (
+                session_id is not None
+                and frame[4:] == self._unchanged_answer(version, session_id)
+                and translator.complete_unchanged()
+            ):  # (read from its bytes: the answer that says nothing changed)
+                self._answer_repeat(exchange, exchange.repeat, upstream)
+                return
         response = yield from decode_fetch_response_in_ranges(
             version, frame, SLICE_PARTITIONS if exchange.large else 0
         )

@@ -306,8 +306,7 @@ class FetchTranslator:
         throttle, no partition, the session continuing.  True: the client's answer is the
         last one again.  False: nothing was consumed; ``complete`` takes the response."""
         pending = self._pending
-        quiet = self._quiet
-        if pending is None or quiet is None or pending.session_request.to_send:
+        if pending is None or self._quiet is None or pending.session_request.to_send:
             return False
         sent = pending.session_request.metadata
         if (
@@ -318,6 +317,25 @@ class FetchTranslator:
             or getattr(response, "node_endpoints", ())
         ):
             return False
+        return self.complete_unchanged()
+
+    @property
+    def repeating(self) -> int | None:
+        """The session id a ``repeat`` in flight was sent with (None: no repeat in flight)."""
+        pending = self._pending
+        if pending is None or self._quiet is None or pending.session_request.to_send:
+            return None
+        return pending.session_request.metadata.session_id
+
+    def complete_unchanged(self) -> bool:
+        """``complete_quiet`` for an answer the caller knows says nothing changed (its bytes
+        are those of an answer with no error, no throttle, no partition and the session
+        id ``repeating`` names)."""
+        pending = self._pending
+        quiet = self._quiet
+        if pending is None or quiet is None or pending.session_request.to_send:
+            return False
+        sent = pending.session_request.metadata
         outcome = self.session.handle_response(
             error_code=0, session_id=sent.session_id, throttle_time_ms=0, partitions=()
         )

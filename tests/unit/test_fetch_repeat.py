@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from support.fetch_world import ALL, Conn, World, delivered, upstream_fetches
 
+from proxy import fetchpath
 from proxy.config import FetchPathConfig
 from proxy.effects import FetchRepeated, SessionSaved, ShapedReport
 from proxy.observe.metrics import Metrics
@@ -38,13 +40,23 @@ def answer(c: Conn, cid: int, parts: list[tuple[str, int, int]]) -> bytes:
     return out
 
 
-def test_the_same_fetch_again_gets_the_last_answer_from_an_idle_session() -> None:
+def test_the_same_fetch_again_gets_the_last_answer_from_an_idle_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     w = World()
     c = Conn(w).with_edge()
     first = [answer(c, cid, ALL) for cid in (1, 2)]  # the session's full fetch, then idle
     assert c.handler.repeats == 0
+    decoded = []
+    decode = fetchpath.decode_fetch_response_in_ranges
+    monkeypatch.setattr(
+        fetchpath,
+        "decode_fetch_response_in_ranges",
+        lambda *a: decoded.append(1) or decode(*a),  # type: ignore[func-returns-value]
+    )
     again = [answer(c, cid, ALL) for cid in (3, 4, 5)]
     assert c.handler.repeats == 3
+    assert decoded == []  # upstream's "nothing changed" is read from its bytes
     for cid, frame in enumerate(first + again, 1):
         assert frame[:4] == cid.to_bytes(4, "big")
         assert frame[4:] == first[1][4:]
