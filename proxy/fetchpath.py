@@ -225,7 +225,7 @@ from .sessions.as_broker import (
 from .sessions.as_broker_cache import FetchSessionCache
 from .sessions.as_client import FetchTranslator, UpstreamFetch
 from .sessions.as_client_session import FetchSessionClient
-from .sessions.client_fetch import ClientFetch, ClientReply
+from .sessions.client_fetch import ClientFetch, ClientReply, TranslationError
 from .sessions.kip227 import FIRST_TOPIC_ID_VERSION
 from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
@@ -357,7 +357,6 @@ class _Repeat:
     """The request's body (after its header), as the client sent it."""
     order_free: fetch_count.OrderFree | None
     """The body without its partitions' order (``fetch_count.order_free``)."""
-    client: ClientFetch
     policy: str
     limits: Limits
     answer: bytes
@@ -816,7 +815,6 @@ class FetchPathHandler:
             self.path.clock(),
             True,
             large=repeat.large,
-            client=repeat.client,
             limits=repeat.limits,
             repeat=repeat,
         )
@@ -866,7 +864,16 @@ class FetchPathHandler:
         """The stages a repeated fetch skipped on its way up (the downstream context and
         shaping's prepare), run when its answer is not empty; False: it ended here."""
         every = SLICE_PARTITIONS if exchange.large else 0
-        client = repeat.client
+        # Decoded now, not kept from the fetch it repeats: a decoded fetch is about 110
+        # times its bytes, and a large one's partitions were given back to
+        # ``max_partitions_in_flight`` when it was answered.
+        decoded = yield from self._decode_in_ranges(exchange.request, every)
+        client = ClientFetch.validate(decoded)
+        if self.closed:
+            return False
+        if client is None:  # (the same bytes as a consumer's fetch: a consumer's)
+            raise TranslationError("a repeated fetch is a follower's")
+        exchange.client = client
         opened = yield from self.downstream.open_in_ranges(client, every)
         if self.closed:
             return False
@@ -921,7 +928,6 @@ class FetchPathHandler:
             client_id=h.client_id,
             body=bytes(request.frame[offset:]),
             order_free=fetch_count.order_free(int(h.api_version), request.frame, offset),
-            client=client,
             policy=exchange.policy,
             limits=exchange.limits,
             answer=frame if isinstance(frame, bytes) else frame.join(),
@@ -1170,9 +1176,11 @@ class FetchPathHandler:
         exchange.upstream_response_bytes += len(frame)
         if exchange.repeat is not None:
             session_id = translator.repeating
+            unchanged = None if session_id is None else self._unchanged_answer(version, session_id)
             if (
-                session_id is not None
-                and frame[4:] == self._unchanged_answer(version, session_id)
+                unchanged is not None
+                and len(frame) == 4 + len(unchanged)
+                and frame[4:] == unchanged
                 and translator.complete_unchanged()
             ):  # (read from its bytes: the answer that says nothing changed)
                 self._answer_repeat(exchange, exchange.repeat, upstream)

@@ -158,3 +158,24 @@ def test_repeats_are_counted_in_the_metrics() -> None:
     for cid in range(1, 6):
         answer(c, cid, ALL)
     assert metrics.registry.get_sample_value("kafka_fetch_proxy_repeated_fetches_total") == 3
+
+
+def test_a_large_fetch_repeats_and_gives_its_partitions_back() -> None:
+    """More than SLICE_PARTITIONS partitions: served in slices, counted in
+    max_partitions_in_flight while served, none kept once answered (the repeat keeps
+    bytes, not the decoded fetch), and data found by a repeat is delivered."""
+    n = fetchpath.SLICE_PARTITIONS + 100
+    w = World(FetchPathConfig(max_partitions_in_flight=n))
+    w.state.create_topic("big", n)
+    c = Conn(w).with_edge()
+    parts = [("big", p, 0) for p in range(n)]
+    for cid in range(1, 5):
+        got = codec.decode_response(1, 12, answer(c, cid, parts))[1]
+        assert got == direct(w, c, cid, parts)
+        assert w.path.in_flight.used == 0
+    assert c.handler.repeats == 2
+    w.append("big", n - 1, 2)
+    got = codec.decode_response(1, 12, answer(c, 5, parts))[1]
+    assert delivered(got)[("big", n - 1)] == [(0, 2)]
+    assert _marks(got) == _marks(direct(w, c, 5, parts))
+    assert c.handler.repeats == 2 and w.path.in_flight.used == 0
