@@ -210,7 +210,7 @@ from .protocol import codec, fetch_count
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
-from .protocol.framing import Frame, Gathered
+from .protocol.framing import BodyPool, Frame, Gathered
 from .protocol.messages import load_fetch_schemas, make, response_module
 from .protocol.partition_key import PartitionKey, TopicKey, topic_key
 from .relay import rack_fetch, read_replica
@@ -283,6 +283,9 @@ class FetchPath:
         """Partitions every listener's client sessions may hold together."""
         self.in_flight = PartitionsInFlight(config.max_partitions_in_flight)
         """Partitions of the large fetches being processed (``max_partitions_in_flight``)."""
+        self.bodies = BodyPool(room=lambda: self.budget.headroom)
+        """Large upstream frame bodies, used again once nothing refers to them; idle ones
+        keep at most the memory budget's free bytes (the edge's readers take from it)."""
         self.handlers: weakref.WeakSet[FetchPathHandler] = weakref.WeakSet()
         self._policy_cache: dict[tuple[str | None, str], tuple[str, Limits]] = {}
         self.config = config

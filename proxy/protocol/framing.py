@@ -10,8 +10,10 @@ waited for.  What the decoder still expects of the frame in progress
 
 from __future__ import annotations
 
+import ctypes
 import struct
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 
 from .errors import FrameTooLarge, ProtocolError, TruncatedFrame
 
@@ -107,6 +109,132 @@ def frame_chunks(payloads: Iterable[Payload], copy_below: int = COPY_BELOW) -> l
     return out
 
 
+def _resizer() -> Callable[[bytearray, int], int] | None:
+    """CPython's ``PyByteArray_Resize`` (None elsewhere): a body taken again is given its new
+    size within what it already has allocated, with no copy and no fill."""
+    try:
+        resize = ctypes.pythonapi.PyByteArray_Resize
+    except (AttributeError, ValueError):
+        return None
+    resize.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
+    resize.restype = ctypes.c_int
+    return resize
+
+
+def _references_in_a_list() -> int:
+    held = [bytearray(1)]
+    return sys.getrefcount(held[0])  # (the same shape as BodyPool.take's test)
+
+
+_RESIZE = _resizer()
+_UNREFERENCED = _references_in_a_list()
+
+
+class BodyPool:
+    """Large frame bodies read in place (``FrameDecoder``'s *preallocate*), used again once
+    nothing refers to them any more.
+
+    A fresh ``bytearray`` of a few MiB costs more CPU than reading the bytes into it:
+    Python fills it with zeros, and every page of it is a fresh mapping (large
+    buffers are mapped and unmapped, ``proxy.server.allocator``), faulted in on
+    first touch: on this project's 2-core VM, 0.9 ms per MiB, about 30 % of the
+    proxy's CPU relaying uncompressed data.  So bodies are kept, at most
+    *max_bodies*, and one is taken again for a frame of at least half and less
+    than its allocated size (resized in place) when nothing refers to it: its
+    reference count says that no frame, view or record slice of it is alive (a
+    response written to the client, its held batches dropped), so its old bytes are
+    seen by no one when the next frame is read over them.
+
+    *room*: the bytes bodies may keep while idle (the memory budget's free bytes,
+    read at every take); idle bodies past it are let go, so kept bodies never
+    take memory the budget would give to responses.  Without CPython's
+    ``PyByteArray_Resize`` every take is a fresh body.
+    """
+
+    __slots__ = ("_bodies", "_taken", "max_bodies", "reused", "room")
+
+    def __init__(self, *, max_bodies: int = 8, room: Callable[[], int] | None = None) -> None:
+        if max_bodies < 0:
+            raise ValueError("max_bodies must be >= 0")
+        self._bodies: list[bytearray] = []
+        self._taken: set[int] = set()
+        """ids of the bodies kept that were taken since the last ``release_idle``."""
+        self.max_bodies = max_bodies
+        self.room = room
+        self.reused = 0
+        """Bodies taken again rather than made."""
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes allocated to the bodies kept (in use or idle)."""
+        return sum(b.__alloc__() for b in self._bodies)
+
+    def take(self, size: int) -> bytearray:
+        """A body of *size* bytes (its content is not zeroed when it is one taken again)."""
+        bodies = self._bodies
+        resize = _RESIZE
+        found = -1
+        idle: list[int] = []
+        for i in range(len(bodies)):
+            if sys.getrefcount(bodies[i]) != _UNREFERENCED:
+                continue  # in use: a frame, a view or a record slice of it is alive
+            alloc = bodies[i].__alloc__()
+            if found < 0 and resize is not None and alloc // 2 <= size < alloc:
+                found = i
+            else:
+                idle.append(i)
+        if found >= 0 and resize is not None:
+            body = bodies[found]
+            resize(body, size)  # (ctypes.pythonapi raises if it fails)
+            self.reused += 1
+            self._taken.add(id(body))
+        else:
+            body = bytearray(size)
+        self._let_go(idle, keep=body if found < 0 else None)
+        return body
+
+    def _let_go(self, idle: list[int], *, keep: bytearray | None) -> None:
+        """Drop idle bodies past *room*, then keep the new body *keep* if there is a place
+        (an idle body gives it its place when none is free)."""
+        bodies = self._bodies
+        room = None if self.room is None else max(0, self.room())
+        drop: set[int] = set()
+        if room is not None:
+            total = sum(bodies[i].__alloc__() for i in idle)
+            for i in idle:
+                if total <= room:
+                    break
+                total -= bodies[i].__alloc__()
+                drop.add(i)
+        if keep is not None and len(bodies) - len(drop) >= self.max_bodies:
+            spare = [i for i in idle if i not in drop]
+            if spare:
+                drop.add(spare[0])
+            else:
+                keep = None  # every kept body is in use: this one is not kept
+        if drop:
+            self._bodies = bodies = [b for i, b in enumerate(bodies) if i not in drop]
+        if keep is not None and self.max_bodies:
+            bodies.append(keep)
+            self._taken.add(id(keep))
+
+    def release_idle(self) -> int:
+        """Let go of the idle bodies not taken since the last call (the server calls it every
+        ``HEAP_TRIM_SECONDS``): after a burst the memory goes back within that time, while
+        a steady stream of large frames keeps its bodies.  Returns the bytes let go."""
+        taken, self._taken = self._taken, set()
+        kept: list[bytearray] = []
+        freed = 0
+        for i in range(len(self._bodies)):
+            unused = sys.getrefcount(self._bodies[i]) == _UNREFERENCED
+            if unused and id(self._bodies[i]) not in taken:
+                freed += self._bodies[i].__alloc__()
+            else:
+                kept.append(self._bodies[i])
+        self._bodies = kept
+        return freed
+
+
 class FrameDecoder:
     """Feed bytes in, take whole frames out.
 
@@ -122,6 +250,8 @@ class FrameDecoder:
     and the edge reads into it (``body_view``, then ``received``): the kernel
     copies the bytes to where they stay, with no pieces and no join.  Never on
     the client leg, where an announced size costs nothing until it arrives.
+    *bodies*: where such bodies come from (a ``BodyPool``: used again once nothing
+    refers to them; None: a fresh one each time).
 
     *max_request_frame_bytes* (requests only): a frame larger than this whose
     API key (the two bytes after the size) is not Produce is refused with
@@ -136,6 +266,7 @@ class FrameDecoder:
         "_need",
         "_pieces",
         "assemble_from",
+        "bodies",
         "max_frame_bytes",
         "max_request_frame_bytes",
         "preallocate",
@@ -148,6 +279,7 @@ class FrameDecoder:
         assemble_from: int = COPY_BELOW,
         max_request_frame_bytes: int | None = None,
         preallocate: bool = False,
+        bodies: BodyPool | None = None,
     ) -> None:
         if max_frame_bytes <= 0:
             raise ValueError("max_frame_bytes must be positive")
@@ -163,6 +295,7 @@ class FrameDecoder:
         self._body: bytearray | None = None  # its body, once allocated
         self._have = 0  # bytes in _pieces, or of _body filled
         self.preallocate = preallocate
+        self.bodies = bodies
 
     @property
     def buffered(self) -> int:
@@ -200,7 +333,7 @@ class FrameDecoder:
 
     def _allocate(self) -> bytearray:
         assert self._need is not None
-        body = bytearray(self._need)
+        body = bytearray(self._need) if self.bodies is None else self.bodies.take(self._need)
         have = len(self._buf)
         body[:have] = self._buf
         self._buf = bytearray()

@@ -17,6 +17,7 @@ import trio
 
 from .. import config, logs
 from ..config import FetchPathConfig, InvalidFetchConfig
+from ..protocol.framing import BodyPool
 from ..shaping.budget import BUDGET_FLOOR, MemoryBudget, max_fetch_bytes
 from ..shaping.policy import overridden
 from .allocator import HEAP_TRIM_SECONDS, LARGE_BUFFER_BYTES, fix_mmap_threshold, heap_trimmer
@@ -242,8 +243,9 @@ async def _serve(
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve)
             trim = heap_trimmer()
-            if trim is not None:
-                nursery.start_soon(_trim_heap, trim)
+            bodies = None if proxy.fetch_path is None else proxy.fetch_path.bodies
+            if trim is not None or bodies is not None:
+                nursery.start_soon(_trim_heap, trim, bodies)
             nursery.start_soon(collect_periodically, gc.collect, FULL_COLLECTION_SECONDS)
             config_file = getattr(args, "config", None)
             if reloader is not None and config_file:  # watching before anyone is told we run
@@ -328,11 +330,15 @@ async def collect_periodically(collect: Callable[[], object], seconds: float) ->
         collect()
 
 
-async def _trim_heap(trim: Callable[[], None]) -> None:
-    """Give the heap's free pages back to the system every ``HEAP_TRIM_SECONDS``."""
+async def _trim_heap(trim: Callable[[], None] | None, bodies: BodyPool | None) -> None:
+    """Every ``HEAP_TRIM_SECONDS``, let go of the large frame bodies no frame took since the
+    last time (``BodyPool.release_idle``), and give the heap's free pages back."""
     while True:
         await trio.sleep(HEAP_TRIM_SECONDS)
-        trim()
+        if bodies is not None:
+            bodies.release_idle()
+        if trim is not None:
+            trim()
 
 
 async def _drain(proxy: Proxy, grace: float, stop: trio.CancelScope) -> None:

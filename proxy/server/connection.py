@@ -107,7 +107,7 @@ import trio
 
 from ..protocol.apis import FETCH
 from ..protocol.errors import FrameTooLarge, ProtocolError
-from ..protocol.framing import Buffer, FrameDecoder, Payload, frame_chunks
+from ..protocol.framing import BodyPool, Buffer, FrameDecoder, Payload, frame_chunks
 from ..relay.relay import FetchHandler, Relay
 from ..relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
 from .sockets import LeanSocketStream
@@ -177,11 +177,14 @@ class Connection:
         request_memory: RequestMemory | None = None,
         background: Callable[[], Awaitable[None]] | None = None,
         drain_effects: Callable[[], None] | None = None,
+        bodies: BodyPool | None = None,
     ) -> None:
         self.client = client
         self.upstream = upstream
         self.relay = relay
         self.max_frame_bytes = max_frame_bytes
+        self.bodies = bodies
+        """Where large upstream frame bodies come from (``FetchPath.bodies``; None: fresh)."""
         self.max_client_buffer_bytes = max_client_buffer_bytes
         self.idle_timeout = idle_timeout
         """Seconds; 0: never close for idleness."""
@@ -485,7 +488,7 @@ class Connection:
 
     async def _upstream_loop(self) -> None:
         # Its frames' memory is taken from their length prefix: a large body is read in place.
-        decoder = FrameDecoder(self.max_frame_bytes, preallocate=True)
+        decoder = FrameDecoder(self.max_frame_bytes, preallocate=True, bodies=self.bodies)
         relay = self.relay
         fetch_handler = self.fetch_handler
         size = RECEIVE_BYTES

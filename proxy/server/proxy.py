@@ -622,6 +622,7 @@ class Proxy:
                     self.upstream_ssl,
                     connect_timeout=self.settings.connect_timeout_seconds,
                     max_frame_bytes=self.settings.max_frame_bytes,
+                    bodies=self.fetch_path.bodies,
                 )
                 links.wake = path_handler.wake
                 links.reserve = path_handler.reserve_response
@@ -654,6 +655,7 @@ class Proxy:
                     drain_effects=partial(
                         drain_effects, path_handler, self.metrics, self.decision_log
                     ),
+                    bodies=self.fetch_path.bodies,
                 )
                 conn.on_request = partial(_first_request_arrived, self.slots, slot, conn)
                 self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)

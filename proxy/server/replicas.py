@@ -38,7 +38,7 @@ import trio
 from ..config import HostPort
 from ..protocol.codec import peek_correlation_id
 from ..protocol.errors import ProtocolError
-from ..protocol.framing import Frame, FrameDecoder
+from ..protocol.framing import BodyPool, Frame, FrameDecoder
 from .sockets import LeanSocketStream, lean
 from .upstream import open_upstream
 
@@ -80,11 +80,13 @@ class ReplicaLinks:
         connect_timeout: float,
         max_frame_bytes: int,
         retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        bodies: BodyPool | None = None,
     ) -> None:
         self._address_of = address_of
         self._ssl = ssl_context
         self._connect_timeout = connect_timeout
         self._max_frame_bytes = max_frame_bytes
+        self._bodies = bodies
         self._retry_seconds = retry_seconds
         self._links: dict[int, _Link] = {}
         self._down_until: dict[int, float] = {}
@@ -213,7 +215,7 @@ class ReplicaLinks:
 
     async def _read(self, link: _Link, stream: trio.abc.Stream) -> None:
         # An answer's memory is taken from its length prefix: a large body is read in place.
-        decoder = FrameDecoder(self._max_frame_bytes, preallocate=True)
+        decoder = FrameDecoder(self._max_frame_bytes, preallocate=True, bodies=self._bodies)
         in_place = stream if isinstance(stream, LeanSocketStream) else None
         reserved = False  # the answer in progress has its memory budget
         while True:

@@ -11,7 +11,7 @@ from support.fetch_model import batch, make_partition, make_response
 from proxy.protocol import codec
 from proxy.protocol.codec import drain
 from proxy.protocol.fetch_views import decode_fetch_response_in_ranges
-from proxy.protocol.framing import Frame
+from proxy.protocol.framing import BodyPool, Frame, FrameDecoder
 from proxy.relay.relay import FrameCallback, Relay
 
 ZERO = i32Timedelta.parse(datetime.timedelta(0))
@@ -64,3 +64,68 @@ def test_a_fetch_response_read_in_place_decodes_as_bytes_do_with_read_only_recor
         for p in topic.partitions:
             assert isinstance(p.records, memoryview) and p.records.readonly
             assert p.records.obj is in_place  # a view of the frame, not a copy
+
+
+def _read(decoder: FrameDecoder, frame: bytes) -> Frame:
+    """Feed *frame*'s length prefix, then read its body in place as the edge does."""
+    decoder.feed(len(frame).to_bytes(4, "big"))
+    assert decoder.next_body() is None
+    view = decoder.body_view()
+    assert view is not None
+    with view:
+        view[: len(frame)] = frame
+    decoder.received(len(frame))
+    body = decoder.next_body()
+    assert body is not None
+    return body
+
+
+def test_a_body_is_taken_again_only_once_nothing_refers_to_it() -> None:
+    pool = BodyPool(max_bodies=4)
+    decoder = FrameDecoder(preallocate=True, bodies=pool)
+    big = bytes(range(256)) * 1024  # 256 KiB
+    first = _read(decoder, big)
+    records = memoryview(first)[100:200]  # a record slice, as the fetch path keeps them
+    first_id = id(first)
+    del first
+    second = _read(decoder, big[::-1])
+    assert id(second) != first_id  # the first is referred to by a slice of it
+    assert bytes(records) == big[100:200]  # and its bytes are as they were read
+    del records
+    smaller = big[: 200 * 1024]
+    third = _read(decoder, smaller)  # within [half, all) of the first's allocation
+    assert id(third) == first_id and pool.reused == 1
+    assert third == smaller and len(third) == len(smaller)
+    assert bytes(second) == big[::-1]
+
+
+def test_idle_bodies_keep_at_most_the_room_they_are_given() -> None:
+    room = [1 << 30]
+    pool = BodyPool(max_bodies=8, room=lambda: room[0])
+    bodies = [pool.take(1 << 20) for _ in range(4)]
+    del bodies
+    assert pool.kept_bytes >= 4 << 20
+    room[0] = (2 << 20) + 100
+    body = pool.take(1 << 20)  # one taken again, the idle rest let go past the room
+    assert pool.reused == 1
+    assert pool.kept_bytes <= body.__alloc__() + room[0]
+    room[0] = 0
+    other = pool.take(3 << 20)  # no idle body fits: a fresh one, the idle ones let go
+    assert pool.kept_bytes == body.__alloc__() + other.__alloc__()
+
+
+def test_at_most_max_bodies_are_kept() -> None:
+    pool = BodyPool(max_bodies=2)
+    held = [pool.take(1 << 18) for _ in range(5)]  # all in use: only two are kept
+    assert pool.kept_bytes <= 2 * ((1 << 18) + 1)
+    assert len({id(b) for b in held}) == 5
+
+
+def test_idle_bodies_not_taken_for_a_while_are_let_go() -> None:
+    pool = BodyPool(max_bodies=4)
+    kept = pool.take(1 << 20)
+    idle = pool.take(1 << 20)
+    del idle
+    assert pool.release_idle() == 0  # both were taken since the start
+    assert pool.release_idle() == (1 << 20) + 1  # the idle one was not since the last call
+    assert pool.kept_bytes == kept.__alloc__()  # the one in use stays
