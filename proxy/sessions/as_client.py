@@ -520,7 +520,13 @@ class FetchTranslator:
                     and not sreq.to_send
                     and not sreq.to_forget
                 ):
-                    self._quiet = _Quiet(pending, self.topic_ids.changes)
+                    # Kept without the client request's partitions (a decoded fetch is
+                    # about 110 times its bytes): only its request-wide fields are read
+                    # again; the partitions' own state is in ``partitions``.
+                    kept = dataclasses.replace(
+                        pending, request=dataclasses.replace(pending.request, topics=())
+                    )
+                    self._quiet = _Quiet(kept, self.topic_ids.changes)
                 return ClientReply(reply)
             problem = (
                 f"omitted {len(unusable)} partition(s) with no usable state,"
