@@ -139,8 +139,9 @@ class BodyPool:
     buffers are mapped and unmapped, ``proxy.server.allocator``), faulted in on
     first touch: on this project's 2-core VM, 0.9 ms per MiB, about 30 % of the
     proxy's CPU relaying uncompressed data.  So bodies are kept, at most
-    *max_bodies*, and one is taken again for a frame of at least half and less
-    than its allocated size (resized in place) when nothing refers to it: its
+    *max_bodies*, and one is taken again for a frame at most 1/8 smaller than its
+    allocated size (resized in place, so the memory budget, which counts the
+    frame, is short by at most an eighth of it) when nothing refers to it: its
     reference count says that no frame, view or record slice of it is alive (a
     response written to the client, its held batches dropped), so its old bytes are
     seen by no one when the next frame is read over them.
@@ -179,7 +180,7 @@ class BodyPool:
             if sys.getrefcount(bodies[i]) != _UNREFERENCED:
                 continue  # in use: a frame, a view or a record slice of it is alive
             alloc = bodies[i].__alloc__()
-            if found < 0 and resize is not None and alloc // 2 <= size < alloc:
+            if found < 0 and resize is not None and size < alloc <= size + size // 8 + 1:
                 found = i
             else:
                 idle.append(i)

@@ -92,11 +92,14 @@ def test_a_body_is_taken_again_only_once_nothing_refers_to_it() -> None:
     assert id(second) != first_id  # the first is referred to by a slice of it
     assert bytes(records) == big[100:200]  # and its bytes are as they were read
     del records
-    smaller = big[: 200 * 1024]
-    third = _read(decoder, smaller)  # within [half, all) of the first's allocation
+    smaller = big[: 240 * 1024]
+    third = _read(decoder, smaller)  # at most 1/8 smaller than the first's allocation
     assert id(third) == first_id and pool.reused == 1
     assert third == smaller and len(third) == len(smaller)
     assert bytes(second) == big[::-1]
+    del third
+    fourth = _read(decoder, big[: 200 * 1024])  # 1/5 smaller: a fresh body
+    assert id(fourth) != first_id and pool.reused == 1
 
 
 def test_idle_bodies_keep_at_most_the_room_they_are_given() -> None:
