@@ -211,7 +211,7 @@ from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SAS
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
 from .protocol.framing import BodyPool, Frame, Gathered
-from .protocol.messages import load_fetch_schemas, make, response_module
+from .protocol.messages import load_fetch_schemas, make, request_module, response_module
 from .protocol.partition_key import PartitionKey, TopicKey, topic_key
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, account
@@ -226,7 +226,7 @@ from .sessions.as_broker_cache import FetchSessionCache
 from .sessions.as_client import FetchTranslator, UpstreamFetch
 from .sessions.as_client_session import FetchSessionClient
 from .sessions.client_fetch import ClientFetch, ClientReply, TranslationError
-from .sessions.kip227 import FIRST_TOPIC_ID_VERSION
+from .sessions.kip227 import FINAL_EPOCH, FIRST_TOPIC_ID_VERSION, INVALID_SESSION_ID
 from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
@@ -503,6 +503,8 @@ class FetchPathHandler:
         self._repeat: _Repeat | None = None
         """The last fetch and its answer, when it came from an idle session (``_repeat_of``)."""
         self.repeats = 0
+        self._client_id: str | None = None
+        """The client id of the client's latest fetch (the session's close carries it)."""
         self._unchanged: tuple[tuple[int, int], bytes] | None = None
         """Fetches answered as the last one again, with no stage but the upstream round."""
         """The large request whose decode was put off to the next turn (see ``_serve``)."""
@@ -531,6 +533,7 @@ class FetchPathHandler:
         if self.closed:
             return
         self._upstream = upstream
+        self._client_id = request.header.client_id
         if int(request.header.api_version) < MIN_SESSION_FETCH_VERSION:
             self._passthrough.handle_fetch(request, upstream)
             return
@@ -645,6 +648,42 @@ class FetchPathHandler:
         partitions, self._unwritten_partitions = self._unwritten_partitions, 0
         if partitions:
             self.path.in_flight.give_back(partitions)
+
+    def close_session(self, answered: Callable[[], None]) -> bool:
+        """The client closed its connection: end the upstream fetch session, as Kafka's Java
+        consumer does when it closes (``AbstractFetch.prepareCloseFetchSessionRequests``):
+        a Fetch of the session at FINAL_EPOCH naming no partition, which makes the broker
+        remove it from its cache at once rather than keep it, one of its
+        ``max.incremental.fetch.session.cache.slots``, until it is evicted.  A broker
+        answers a fetch of no partition at once.  False: no session upstream (or no
+        upstream), nothing sent."""
+        translator = self.translator
+        upstream = self._upstream
+        if self.closed or translator is None or upstream is None:
+            return False
+        session_id = translator.session.session_id
+        version = translator.upstream_max_version
+        if session_id == INVALID_SESSION_ID or version < MIN_SESSION_FETCH_VERSION:
+            return False
+        request = make(
+            request_module(FETCH, version).FetchRequest,
+            replica_id=-1,
+            max_wait=timedelta(0),
+            min_bytes=1,
+            max_bytes=1,
+            isolation_level=0,
+            session_id=session_id,
+            session_epoch=FINAL_EPOCH,
+            topics=(),
+            forgotten_topics_data=(),
+        )
+        upstream.send(
+            codec.encode_request(request, 0, self._client_id),
+            api_key=FETCH,
+            api_version=version,
+            on_response=lambda _frame: answered(),
+        )
+        return True
 
     def _give_back_claim(self) -> None:
         """The fetch that held ``_claim`` is dropped unanswered (a follower's, passed through)."""

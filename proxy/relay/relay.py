@@ -204,6 +204,12 @@ class FetchHandler(Protocol):
 
     def written(self) -> None: ...
 
+    def close_session(self, answered: Callable[[], None]) -> bool:
+        """The client closed: send upstream what ends this connection's upstream fetch
+        session, if it holds one; *answered()* is called with the broker's answer.  False:
+        nothing was sent."""
+        ...
+
     def close(self) -> None: ...
 
     @property
@@ -265,6 +271,9 @@ class PassThroughFetch:
 
     def written(self) -> None:
         return None
+
+    def close_session(self, answered: Callable[[], None]) -> bool:
+        return False  # it holds no session
 
     def close(self) -> None:
         return None
