@@ -132,7 +132,7 @@ _UNBOUNDED = 1 << 62
 """The request memory of a connection given no pool: no limit beyond the share's read sizes."""
 SESSION_CLOSE_SECONDS = 1.0
 """How long a connection whose client closed waits for the broker to end its upstream fetch
-session (``_close_upstream_session``): a fetch waiting upstream is answered first, within
+session (``close_upstream_session``): a fetch waiting upstream is answered first, within
 the proxy's ``max_upstream_wait_ms`` (500 ms by default)."""
 UPSTREAM_CLOSE_FLUSH_SECONDS = 5.0
 """When the broker closes, how long the responses it sent before may take to reach the client."""
@@ -452,7 +452,7 @@ class Connection:
             if not data:
                 decoder.close()  # TruncatedFrame if the client left half a frame
                 self._finish("client_closed")
-                await self._close_upstream_session()
+                await self.close_upstream_session()
                 return
             arrived = self._last_active = trio.current_time()
             paused = 0.0
@@ -769,8 +769,9 @@ class Connection:
                     return
             await trio.sleep_until(deadline)
 
-    async def _close_upstream_session(self) -> None:
-        """The client closed: end its upstream fetch session (``FetchHandler.close_session``),
+    async def close_upstream_session(self) -> None:
+        """The client closed, or the proxy drains this connection (``DrainableStream``'s
+        ``before_close``): end its upstream fetch session (``FetchHandler.close_session``),
         waiting at most ``SESSION_CLOSE_SECONDS`` for the broker's answer, as Kafka's Java
         consumer waits for its own on close.  Best effort: a fetch still waiting upstream
         is answered first (a broker answers a connection in order), and the connection

@@ -660,6 +660,7 @@ class Proxy:
                 conn.on_request = partial(_first_request_arrived, self.slots, slot, conn)
                 self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
                 drainable.quiet = _answered(relay, conn)
+                drainable.before_close = conn.close_upstream_session
                 self._drains.add(drainable)
                 if self.draining:  # accepted just before the listeners closed
                     drainable.drain()
@@ -670,6 +671,7 @@ class Proxy:
                     # Both close over conn, which holds them: without this the closed
                     # connection would wait for a full collection (every 60 s, server.cli).
                     drainable.quiet = _always_quiet
+                    drainable.before_close = None
                     upstream.detach()
             if first.cancelled_caught and upstream is not None and upstream.failed:
                 reason = "upstream_unreachable"
@@ -994,6 +996,9 @@ class DrainableStream(trio.abc.Stream, ImmediateWrites):
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.quiet: Callable[[], bool] = lambda: True
+        self.before_close: Callable[[], Awaitable[None]] | None = None
+        """Run once the drained connection is quiet, before it ends (the connection's
+        ``close_upstream_session``: its fetch session upstream ends with it)."""
         self.draining = False
         self._parked = False
         self._reading: trio.CancelScope | None = None
@@ -1026,6 +1031,8 @@ class DrainableStream(trio.abc.Stream, ImmediateWrites):
         # Woken after each write while draining: by then the writer has counted it.
         while not (self.draining and self._parked and self.quiet()):
             await self._changed.wait()
+        if self.before_close is not None:
+            await self.before_close()
         scope.cancel()
 
     def _notify(self) -> None:

@@ -90,3 +90,22 @@ async def test_a_client_closing_during_a_long_poll_ends_its_session_after_it() -
                     await trio.testing.wait_all_tasks_blocked()
             assert sessions.num_sessions == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_a_drained_connection_ends_its_upstream_fetch_session() -> None:
+    """The proxy stopping (``Proxy.drain``, on SIGTERM): each connection, once quiet, ends its
+    session upstream before it closes, so a restarted sidecar leaves no session behind."""
+    with trio.fail_after(20):
+        async with DevCluster(nodes=1, topics={"t": 1}) as cluster, trio.open_nursery() as nursery:
+            proxy = await nursery.start(Proxy(settings(cluster.bootstrap)).serve)
+            await proxy.discovered.wait()
+            sessions = cluster.node(0).sessions
+            stream = await trio.open_tcp_stream("127.0.0.1", proxy.broker_address(0)[1])
+            decoder = FrameDecoder(1 << 20)
+            for cid in (1, 2):
+                await request(stream, decoder, sessionless_fetch(cid))
+            assert sessions.num_sessions == 1
+            await proxy.drain()
+            assert await stream.receive_some(10) == b""  # the proxy closed it
+            assert sessions.num_sessions == 0
+            nursery.cancel_scope.cancel()
