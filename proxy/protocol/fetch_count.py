@@ -53,6 +53,35 @@ def _layout(version: int) -> _Layout | None:
     return request.flexible, head[1], id_size, entry[0][1]
 
 
+def _known_layout(version: int) -> _Layout | None:
+    """``_layout``, None for a version kio does not know (the codec then decides)."""
+    try:
+        return _layout(version)
+    except Exception:
+        return None
+
+
+def _count(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+    """An array's entry count at *pos* (compact in flexible versions: n + 1) and where its
+    entries start."""
+    if flexible:
+        n, pos = read_uvarint(frame, pos)
+        return n - 1, pos
+    return int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
+
+
+def _past_topic(
+    frame: bytes | bytearray | memoryview, pos: int, flexible: bool, id_size: int | None
+) -> int:
+    """Where a topic entry's name (or its id, of *id_size* bytes) at *pos* ends."""
+    if id_size is not None:
+        return pos + id_size
+    if flexible:
+        n, pos = read_uvarint(frame, pos)
+        return pos + n - 1
+    return pos + 2 + int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+
+
 def fetch_partitions(
     version: int, frame: bytes | memoryview, offset: int, *, above: int | None = None
 ) -> int | None:
@@ -67,39 +96,20 @@ def fetch_partitions(
     bytes after them are not read.  A refused Fetch costs a walk of at most *above*
     partitions, however large its frame.
     """
-    try:
-        layout = _layout(version)
-    except Exception:  # an unknown version: the codec decides
-        return None
+    layout = _known_layout(version)
     if layout is None:
         return None
     flexible, head, id_size, fixed = layout
     end = len(frame)
-    pos = offset + head
     try:
-        if flexible:
-            topics, pos = read_uvarint(frame, pos)
-            topics -= 1
-        else:
-            topics, pos = int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
+        topics, pos = _count(frame, offset + head, flexible)
         if topics < 0 or topics > end - pos:
             return None
         named = 0
         for walked in range(topics):
             if above is not None and walked > above:
                 return walked
-            if id_size is not None:
-                pos += id_size
-            elif flexible:
-                n, pos = read_uvarint(frame, pos)
-                pos += n - 1
-            else:
-                pos += 2 + int.from_bytes(frame[pos : pos + 2], "big", signed=True)
-            if flexible:
-                count, pos = read_uvarint(frame, pos)
-                count -= 1
-            else:
-                count, pos = int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
+            count, pos = _count(frame, _past_topic(frame, pos, flexible, id_size), flexible)
             if count >= 0 and above is not None and named + count > above:
                 return named + count  # past it: the partitions are not walked
             if count < 0 or count * fixed > end - pos:
@@ -142,39 +152,21 @@ def order_free(version: int, frame: bytes | bytearray, offset: int) -> OrderFree
     partition).  None when the layout has anything this walk does not follow (a tagged
     field in a topic or partition, an unknown version): the caller treats it as new.
     """
-    try:
-        layout = _layout(version)
-    except Exception:
-        return None
+    layout = _known_layout(version)
     if layout is None:
         return None
     flexible, head, id_size, fixed = layout
     end = len(frame)
-    pos = offset + head
     entries: list[bytes] = []
     try:
-        if flexible:
-            topics, pos = read_uvarint(frame, pos)
-            topics -= 1
-        else:
-            topics, pos = int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
+        topics, pos = _count(frame, offset + head, flexible)
         if topics < 0 or topics > end - pos:
             return None
         for _ in range(topics):
             start = pos
-            if id_size is not None:
-                pos += id_size
-            elif flexible:
-                n, pos = read_uvarint(frame, pos)
-                pos += n - 1
-            else:
-                pos += 2 + int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+            pos = _past_topic(frame, pos, flexible, id_size)
             topic = bytes(frame[start:pos])
-            if flexible:
-                count, pos = read_uvarint(frame, pos)
-                count -= 1
-            else:
-                count, pos = int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
+            count, pos = _count(frame, pos, flexible)
             if count < 0 or count * fixed > end - pos:
                 return None
             for _ in range(count):
@@ -201,7 +193,7 @@ def with_session_epoch(frame: bytes, version: int, epoch: int) -> bytes:
     ``session_epoch`` set to *epoch*: the last of the fixed fields before ``topics``, so
     4 bytes before them (the request header's size read from the frame).  The same bytes
     as kio's encoding of the request with that epoch (``tests/unit/test_fetch_count``)."""
-    layout = _layout(version)
+    layout = _known_layout(version)
     if layout is None or version < 7:
         raise ValueError(f"Fetch v{version} has no session epoch at a fixed place")
     at = parse_request_header(frame).body_offset
