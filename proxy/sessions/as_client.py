@@ -287,16 +287,8 @@ class FetchTranslator:
         upstream = dataclasses.replace(
             last.upstream, session_id=meta.session_id, session_epoch=meta.epoch
         )
-        self._pending = _Pending(
-            request=last.request,
-            partitions=last.partitions,
-            wanted=last.wanted,
-            uses_topic_ids=last.uses_topic_ids,
-            version=last.version,
-            session_request=session_request,
-            missing=(),
-            by_key=last.by_key,
-            upstream=upstream,
+        self._pending = dataclasses.replace(
+            last, session_request=session_request, upstream=upstream
         )
         self._count(session_request)
         return UpstreamFetch(upstream, ())
@@ -305,15 +297,13 @@ class FetchTranslator:
         """Consume *response* when it answers a ``repeat`` with nothing: no error, no
         throttle, no partition, the session continuing.  True: the client's answer is the
         last one again.  False: nothing was consumed; ``complete`` takes the response."""
-        pending = self._pending
-        if pending is None or self._quiet is None or pending.session_request.to_send:
-            return False
-        sent = pending.session_request.metadata
+        session_id = self.repeating
         if (
-            int(getattr(response, "error_code", 0)) != 0
+            session_id is None
+            or int(getattr(response, "error_code", 0)) != 0
             or response.responses
             or _millis(response.throttle_time) != 0
-            or int(getattr(response, "session_id", 0)) != sent.session_id
+            or int(getattr(response, "session_id", 0)) != session_id
             or getattr(response, "node_endpoints", ())
         ):
             return False
@@ -331,13 +321,11 @@ class FetchTranslator:
         """``complete_quiet`` for an answer the caller knows says nothing changed (its bytes
         are those of an answer with no error, no throttle, no partition and the session
         id ``repeating`` names)."""
-        pending = self._pending
-        quiet = self._quiet
-        if pending is None or quiet is None or pending.session_request.to_send:
+        session_id = self.repeating
+        if session_id is None:
             return False
-        sent = pending.session_request.metadata
         outcome = self.session.handle_response(
-            error_code=0, session_id=sent.session_id, throttle_time_ms=0, partitions=()
+            error_code=0, session_id=session_id, throttle_time_ms=0, partitions=()
         )
         self._pending = None
         if not outcome.ok:  # (an incremental answer with no partitions is always ok)
