@@ -408,7 +408,6 @@ class _Exchange:
     replica_answers: dict[int, Any] = dataclasses.field(default_factory=dict)
     served_by: Mapping[PartitionKey, int] | None = None
     """Partitions a preferred replica served, and which (for the rack metrics)."""
-    client: ClientFetch | None = None
     limits: Limits | None = None
     repeat: _Repeat | None = None
     """The fetch is the last one again, sent upstream without its stages (``_repeat_of``)."""
@@ -500,14 +499,16 @@ class FetchPathHandler:
         self._last_decoded: tuple[int, bytes, Any] | None = None
         """(version, body, decoded) of the latest request (see ``_decode``)."""
         self._decode_turn: ClientRequest | None = None
+        """The large request whose decode was put off to the next turn (see ``_serve``)."""
         self._repeat: _Repeat | None = None
         """The last fetch and its answer, when it came from an idle session (``_repeat_of``)."""
         self.repeats = 0
+        """Fetches answered as the last one again, with no stage but the upstream round."""
+        self._unchanged: tuple[tuple[int, int], bytes] | None = None
+        """((version, session id), bytes) of the upstream answer that says nothing changed
+        (``_unchanged_answer``)."""
         self._client_id: str | None = None
         """The client id of the client's latest fetch (the session's close carries it)."""
-        self._unchanged: tuple[tuple[int, int], bytes] | None = None
-        """Fetches answered as the last one again, with no stage but the upstream round."""
-        """The large request whose decode was put off to the next turn (see ``_serve``)."""
 
     @property
     def upstream_session(self) -> FetchSessionClient | None:
@@ -915,7 +916,6 @@ class FetchPathHandler:
             return False
         if client is None:  # (the same bytes as a consumer's fetch: a consumer's)
             raise TranslationError("a repeated fetch is a follower's")
-        exchange.client = client
         opened = yield from self.downstream.open_in_ranges(client, every)
         if self.closed:
             return False
@@ -928,7 +928,6 @@ class FetchPathHandler:
             return False
         exchange.opened = opened
         fetch = _cap_wait(opened.request, self.path.config.max_upstream_wait_ms)
-        self.shaper.limits = repeat.limits
         max_bytes = self._max_bytes(client, repeat.limits)
         exchange.prepared = yield from _shape_in_ranges(
             self.shaper, fetch, exchange.grant, max_bytes, every
@@ -942,7 +941,6 @@ class FetchPathHandler:
         ``DECODE_MEMO_MAX_BYTES`` each."""
         translator = self.translator
         prepared = exchange.prepared
-        client = exchange.client
         request = exchange.request
         offset = request.header.body_offset
         if (
@@ -952,7 +950,6 @@ class FetchPathHandler:
             or exchange.follow
             or exchange.rack is not None
             or exchange.redirects
-            or client is None
             or exchange.limits is None
             or prepared is None
             or prepared.prefixes
@@ -1092,7 +1089,6 @@ class FetchPathHandler:
             started,
             sessionless,
             large=large,
-            client=client,
             limits=limits,
         )
         if large:
