@@ -30,6 +30,35 @@ def serve(tr: FetchTranslator, up: Upstream, request: Any) -> tuple[Any, list[An
     return step.response, sent
 
 
+def other_step(up: Upstream, positions: dict[tuple[str, int], int], step: tuple[Any, ...]) -> bool:
+    """Apply an append, an eviction of the upstream sessions or a seek; False: a fetch."""
+    if step[0] == "append":
+        up.append(*step[1], step[2])
+    elif step[0] == "evict":
+        up.sessions.clear()
+    elif step[0] == "seek":
+        positions[step[1]] = step[2]
+    else:
+        return False
+    return True
+
+
+def advance(
+    positions: dict[tuple[str, int], int], up: Upstream, client_version: int, resp: Any
+) -> None:
+    """The client's next offsets after *resp*: past the records it got, 0 after an
+    OFFSET_OUT_OF_RANGE."""
+    for t in resp.responses:
+        name = t.topic if client_version < 13 else up.state.topics_by_id[t.topic_id].name
+        for pd in t.partitions:
+            if pd.records:
+                positions[(name, int(pd.partition_index))] = list(records.iter_batches(pd.records))[
+                    -1
+                ].next_offset
+            elif int(pd.error_code) == 1:
+                positions[(name, int(pd.partition_index))] = 0
+
+
 other_steps = st.one_of(
     st.tuples(st.just("append"), st.sampled_from(PARTITIONS), st.integers(1, 4)),
     st.tuples(st.just("evict")),
@@ -57,28 +86,15 @@ def test_synthesized_responses_equal_the_dev_broker_sessionless_answer(
     tr = FetchTranslator(up.ids(), upstream_max_version=upstream_version)
     positions = dict.fromkeys(PARTITIONS, 0)
     for step in steps:
-        if step[0] == "append":
-            up.append(*step[1], step[2])
-        elif step[0] == "evict":
-            up.sessions.clear()
-        elif step[0] == "seek":
-            positions[step[1]] = step[2]
-        else:
-            req = client_fetch(up, client_version, [(t, p, positions[(t, p)]) for t, p in step[1]])
-            resp, _ = serve(tr, up, req)
-            assert resp == up.answer(up.direct, req)
-            session = up.sessions.get(tr.session.session_id)
-            if session is not None:  # the upstream session mirrors the client's partitions
-                assert session.size == len(step[1])
-            for t in resp.responses:
-                name = t.topic if client_version < 13 else up.state.topics_by_id[t.topic_id].name
-                for pd in t.partitions:
-                    if pd.records:
-                        positions[(name, int(pd.partition_index))] = list(
-                            records.iter_batches(pd.records)
-                        )[-1].next_offset
-                    elif int(pd.error_code) == 1:
-                        positions[(name, int(pd.partition_index))] = 0
+        if other_step(up, positions, step):
+            continue
+        req = client_fetch(up, client_version, [(t, p, positions[(t, p)]) for t, p in step[1]])
+        resp, _ = serve(tr, up, req)
+        assert resp == up.answer(up.direct, req)
+        session = up.sessions.get(tr.session.session_id)
+        if session is not None:  # the upstream session mirrors the client's partitions
+            assert session.size == len(step[1])
+        advance(positions, up, client_version, resp)
 
 
 def test_idle_consumer_sends_and_receives_almost_nothing_upstream() -> None:
@@ -164,28 +180,16 @@ def test_a_repeated_fetch_gets_what_the_broker_answers_directly(
     last: tuple[Any, Any] | None = None
     wanted = list(PARTITIONS)
     for step in steps:
-        if step[0] == "append":
-            up.append(*step[1], step[2])
-        elif step[0] == "evict":
-            up.sessions.clear()
-        elif step[0] == "seek":
-            positions[step[1]] = step[2]
-        else:
-            if step[0] == "fetch":
-                wanted = step[1]
-            req = client_fetch(up, client_version, [(t, p, positions[(t, p)]) for t, p in wanted])
-            resp, repeated = serve_repeating(tr, up, req, last)
-            assert resp == up.answer(up.direct, req)
-            last = (req, resp)
-            if repeated or not any(pd.records for t in resp.responses for pd in t.partitions):
-                continue
-            for t in resp.responses:
-                name = t.topic if client_version < 13 else up.state.topics_by_id[t.topic_id].name
-                for pd in t.partitions:
-                    if pd.records:
-                        positions[(name, int(pd.partition_index))] = list(
-                            records.iter_batches(pd.records)
-                        )[-1].next_offset
+        if other_step(up, positions, step):
+            continue
+        if step[0] == "fetch":
+            wanted = step[1]
+        req = client_fetch(up, client_version, [(t, p, positions[(t, p)]) for t, p in wanted])
+        resp, repeated = serve_repeating(tr, up, req, last)
+        assert resp == up.answer(up.direct, req)
+        last = (req, resp)
+        if not repeated:
+            advance(positions, up, client_version, resp)
 
 
 def test_an_idle_session_repeats_with_no_partition_sent() -> None:
