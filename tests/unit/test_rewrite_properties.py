@@ -69,7 +69,7 @@ def messages(draw: st.DrawFn) -> tuple[int, int, Any]:
 
 
 @settings(
-    max_examples=300,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
