@@ -28,7 +28,9 @@ PAIRS = sorted((k, v) for k, (lo, hi) in SUPPORTED.items() for v in range(lo, hi
 
 
 @pytest.mark.parametrize(("api_key", "version"), PAIRS)
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 10 well-formed requests for each of the 147 (api, version) pairs (15 until 2026-11-26: cut
+# to keep the suite within 15 minutes, some 15 s of a worker).
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_well_formed_request_gets_an_outcome(
     api_key: int, version: int, data: st.DataObject
