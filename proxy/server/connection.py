@@ -440,15 +440,22 @@ class Connection:
             # A frame that took memory from the pool is read in large pieces (mapped, given
             # back to the system when it is joined: see UPSTREAM_RECEIVE_BYTES).
             size = allowed if allowed <= RECEIVE_BYTES else min(allowed, UPSTREAM_RECEIVE_BYTES)
-            if deadline is None:
-                data = await self.client.receive_some(size)
-            else:
-                data = b""
-                with trio.move_on_at(deadline) as scope:
+            try:
+                if deadline is None:
                     data = await self.client.receive_some(size)
-                if scope.cancelled_caught:
-                    self._frame_timed_out(decoder)
-                    return
+                else:
+                    data = b""
+                    with trio.move_on_at(deadline) as scope:
+                        data = await self.client.receive_some(size)
+                    if scope.cancelled_caught:
+                        self._frame_timed_out(decoder)
+                        return
+            except trio.BrokenResourceError as exc:
+                # Reset by the client (a killed process, a socket closed with unread data):
+                # its session upstream is as dead as after a clean close.
+                self._finish("io_error", f"{type(exc).__name__}: {exc}")
+                await self.close_upstream_session()
+                return
             if not data:
                 decoder.close()  # TruncatedFrame if the client left half a frame
                 self._finish("client_closed")
@@ -770,10 +777,10 @@ class Connection:
             await trio.sleep_until(deadline)
 
     async def close_upstream_session(self) -> None:
-        """The client closed, or the proxy drains this connection (``DrainableStream``'s
-        ``before_close``): end its upstream fetch session (``FetchHandler.close_session``),
-        waiting at most ``SESSION_CLOSE_SECONDS`` for the broker's answer, as Kafka's Java
-        consumer waits for its own on close.  Best effort: a fetch still waiting upstream
+        """The client closed (or reset) the connection, or the proxy drains it
+        (``DrainableStream``'s ``before_close``): end its upstream fetch session
+        (``FetchHandler.close_session``), waiting at most ``SESSION_CLOSE_SECONDS`` for the
+        broker's answer, as Kafka's Java consumer waits for its own on close.  Best effort: a fetch still waiting upstream
         is answered first (a broker answers a connection in order), and the connection
         ends anyway when the time is up."""
         answered = trio.Event()

@@ -4,6 +4,8 @@ the broker's session cache does not keep it, one of its slots, until it is evict
 
 from __future__ import annotations
 
+import socket
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -72,6 +74,16 @@ async def test_a_client_closing_during_a_long_poll_ends_its_session_after_it() -
         await stream.send_all(encode_frame(sessionless_fetch(3, max_wait_ms=300)))
         await trio.testing.wait_all_tasks_blocked()  # the poll waits upstream
         await stream.aclose()
+        await closed_by_proxy(proxy)
+        assert sessions.num_sessions == 0
+
+
+async def test_a_client_resetting_its_connection_ends_its_upstream_fetch_session() -> None:
+    """A reset (SO_LINGER 0: an RST instead of a FIN, as from a killed client with unread
+    bytes) ends the session too: the proxy reads ECONNRESET, not the end of the stream."""
+    async with session_through_proxy(3) as (proxy, sessions, stream):
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        stream.socket.close()
         await closed_by_proxy(proxy)
         assert sessions.num_sessions == 0
 
