@@ -211,7 +211,13 @@ from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SAS
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
 from .protocol.framing import BodyPool, Frame, Gathered
-from .protocol.messages import load_fetch_schemas, make, request_module, response_module
+from .protocol.messages import (
+    load_fetch_schemas,
+    make,
+    replaced,
+    request_module,
+    response_module,
+)
 from .protocol.partition_key import PartitionKey, TopicKey, topic_key
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, account
@@ -889,7 +895,7 @@ class FetchPathHandler:
         self._exchange = None
         self._hold_until_written(exchange.grant)
         self.effects.add(
-            dataclasses.replace(
+            replaced(
                 repeat.report,
                 correlation_id=request.header.correlation_id,
                 latency_ms=(self.path.clock() - exchange.started) * 1000.0,

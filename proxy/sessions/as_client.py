@@ -64,7 +64,14 @@ from ..protocol.error_codes import (
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
-from ..protocol.messages import convert, field_names, make, request_module, response_module
+from ..protocol.messages import (
+    convert,
+    field_names,
+    make,
+    replaced,
+    request_module,
+    response_module,
+)
 from ..protocol.partition_key import PartitionKey, TopicKey, partition_name
 from ..protocol.partition_plan import PartitionPlan, fetch_partition, plan_of
 from ..protocol.partition_result import result_of
@@ -284,12 +291,8 @@ class FetchTranslator:
             return None
         last = quiet.pending
         meta = session_request.metadata
-        upstream = dataclasses.replace(
-            last.upstream, session_id=meta.session_id, session_epoch=meta.epoch
-        )
-        self._pending = dataclasses.replace(
-            last, session_request=session_request, upstream=upstream
-        )
+        upstream = replaced(last.upstream, session_id=meta.session_id, session_epoch=meta.epoch)
+        self._pending = replaced(last, session_request=session_request, upstream=upstream)
         self._count(session_request)
         return UpstreamFetch(upstream, ())
 
