@@ -711,6 +711,8 @@ class Metrics:
         self, records: int, record_bytes: int, *, client_id: str | None = None
     ) -> None:
         """Record batches delivered to a client in a Fetch response."""
+        if not (records or record_bytes):
+            return  # an empty answer (most of an idle consumer's): nothing to add
         self._counters["proxy_to_client_fetch_records_total"].inc(records)
         self._counters["proxy_to_client_fetch_record_bytes_total"].inc(record_bytes)
         by_client = self._counters.get("proxy_to_client_fetch_record_bytes_by_client_total")
@@ -757,8 +759,11 @@ class Metrics:
     def set_cross_zone_price(self, price_per_gb: float) -> None:
         """The ``cross_zone_price_per_gb`` setting (at start and at each reload); bytes
         avoided from now on are valued at it, those before keep their price."""
-        self._cross_zone_price = float(price_per_gb)
-        self._gauges["cross_zone_price_per_gb"].set(self._cross_zone_price)
+        price = float(price_per_gb)
+        if price == self._cross_zone_price:
+            return  # (called for every shaped response: the gauge already says it)
+        self._cross_zone_price = price
+        self._gauges["cross_zone_price_per_gb"].set(price)
 
     def preferred_replica_redirected(self, replicas: Iterable[int]) -> None:
         """A leader named these preferred read replicas, one per partition redirected."""
