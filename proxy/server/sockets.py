@@ -68,6 +68,12 @@ class LeanSocketStream(trio.abc.Stream):
             except OSError as exc:
                 raise _stream_error(exc) from exc
 
+    async def wait_readable(self) -> None:
+        """Until the socket has bytes (or its end) to read, which ``receive_now`` then reads:
+        a caller that may decide not to read after the wait (``DrainableStream``)."""
+        self._fd()  # closed: ClosedResourceError, not a wait on no socket
+        await trio.lowlevel.wait_readable(self._socket)
+
     def receive_now(self, max_bytes: int) -> bytes | None:
         """What the socket holds now, at most *max_bytes* (``b""`` at its end), or None
         when nothing has arrived: never waits, so it costs no scheduler turn (a read the
