@@ -513,8 +513,6 @@ class FetchPathHandler:
         self._unchanged: tuple[tuple[int, int], bytes] | None = None
         """((version, session id), bytes) of the upstream answer that says nothing changed
         (``_unchanged_answer``)."""
-        self._client_id: str | None = None
-        """The client id of the client's latest fetch (the session's close carries it)."""
 
     @property
     def upstream_session(self) -> FetchSessionClient | None:
@@ -540,7 +538,6 @@ class FetchPathHandler:
         if self.closed:
             return
         self._upstream = upstream
-        self._client_id = request.header.client_id
         if int(request.header.api_version) < MIN_SESSION_FETCH_VERSION:
             self._passthrough.handle_fetch(request, upstream)
             return
@@ -656,7 +653,7 @@ class FetchPathHandler:
         if partitions:
             self.path.in_flight.give_back(partitions)
 
-    def close_session(self, answered: Callable[[], None]) -> bool:
+    def close_session(self, client_id: str | None, answered: Callable[[], None]) -> bool:
         """The client closed its connection: end the upstream fetch session, as Kafka's Java
         consumer does when it closes (``AbstractFetch.prepareCloseFetchSessionRequests``):
         a Fetch of the session at FINAL_EPOCH naming no partition, which makes the broker
@@ -685,7 +682,7 @@ class FetchPathHandler:
             forgotten_topics_data=(),
         )
         upstream.send(
-            codec.encode_request(request, 0, self._client_id),
+            codec.encode_request(request, 0, client_id),
             api_key=FETCH,
             api_version=version,
             on_response=lambda _frame: answered(),

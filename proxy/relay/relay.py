@@ -204,10 +204,10 @@ class FetchHandler(Protocol):
 
     def written(self) -> None: ...
 
-    def close_session(self, answered: Callable[[], None]) -> bool:
-        """The client closed: send upstream what ends this connection's upstream fetch
-        session, if it holds one; *answered()* is called with the broker's answer.  False:
-        nothing was sent."""
+    def close_session(self, client_id: str | None, answered: Callable[[], None]) -> bool:
+        """The client closed: send upstream, as *client_id*, what ends this connection's
+        upstream fetch session, if it holds one; *answered()* is called with the broker's
+        answer.  False: nothing was sent."""
         ...
 
     def close(self) -> None: ...
@@ -272,7 +272,7 @@ class PassThroughFetch:
     def written(self) -> None:
         return None
 
-    def close_session(self, answered: Callable[[], None]) -> bool:
+    def close_session(self, client_id: str | None, answered: Callable[[], None]) -> bool:
         return False  # it holds no session
 
     def close(self) -> None:

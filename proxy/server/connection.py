@@ -779,12 +779,13 @@ class Connection:
     async def close_upstream_session(self) -> None:
         """The client closed (or reset) the connection, or the proxy drains it
         (``DrainableStream``'s ``before_close``): end its upstream fetch session
-        (``FetchHandler.close_session``), waiting at most ``SESSION_CLOSE_SECONDS`` for the
-        broker's answer, as Kafka's Java consumer waits for its own on close.  Best effort: a fetch still waiting upstream
-        is answered first (a broker answers a connection in order), and the connection
-        ends anyway when the time is up."""
+        (``FetchHandler.close_session``, as the client id of its latest request), waiting at
+        most ``SESSION_CLOSE_SECONDS`` for the broker's answer, as Kafka's Java consumer
+        waits for its own on close.  Best effort: a fetch still waiting upstream is answered
+        first (a broker answers a connection in order), and the connection ends anyway when
+        the time is up."""
         answered = trio.Event()
-        if not self.fetch_handler.close_session(answered.set):
+        if not self.fetch_handler.close_session(self._client_id, answered.set):
             return
         with trio.move_on_after(SESSION_CLOSE_SECONDS):
             await self._send_upstream()

