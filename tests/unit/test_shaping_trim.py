@@ -468,3 +468,32 @@ def test_trimmed_response_encodes_views_like_bytes() -> None:
     frame = codec.encode_response(res.response, 1)
     _, decoded = codec.decode_response(1, V, frame)
     assert decoded.responses[0].partitions[0].records == batch(0, 2)
+
+
+def test_empty_partitions_share_one_outcome_per_key_within_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition without records gets the outcome the general path would give it, the same
+    frozen object each time (not rebuilt per response), and the shared ones stay bounded."""
+    from proxy.shaping import trim
+
+    monkeypatch.setattr(trim, "_EMPTY_OUTCOMES", {})
+    monkeypatch.setattr(trim, "_EMPTY_OUTCOMES_MAX", 3)
+    empty = make_response(V, [make_partition(V, 0, b"", hw=5), make_partition(V, 1, b"")])
+    first = trim_response(empty, ResponseLimits(response_records=1))
+    second = trim_response(empty, ResponseLimits(response_records=1))
+    for i in (0, 1):
+        outcome = first.outcomes[k(i)]
+        assert outcome is second.outcomes[k(i)]
+        assert (outcome.offered_bytes, outcome.delivered_records) == (0, 0)
+        assert outcome.next_offset is None and not outcome.had_data
+        assert outcome.remainder == Run(b"", (), None)
+    listed = make_response(V, [make_partition(V, 0, b"", aborted=[])])
+    assert trim_response(listed, ResponseLimits()).outcomes[k(0)].remainder.aborted == ()
+    with_aborted = make_response(V, [make_partition(V, 0, b"", aborted=[(7, 3)])])
+    outcome = trim_response(with_aborted, ResponseLimits()).outcomes[k(0)]
+    assert outcome.remainder.aborted == ((7, 3),)  # its own: never shared
+    assert len(trim._EMPTY_OUTCOMES) == 3
+    for i in range(2, 6):
+        trim_response(make_response(V, [make_partition(V, i, b"")]), ResponseLimits())
+        assert 1 <= len(trim._EMPTY_OUTCOMES) <= 3
