@@ -395,25 +395,37 @@ def trim_response_in_ranges(
     upstream: dict[PartitionKey, tuple[int, int, int, int]] = {}
     errors: dict[PartitionKey, int] = {}
     legacy: set[PartitionKey] = set()
-    empty: set[PartitionKey] = set()
-    """Partitions with no records, none held and no aborted list: passed on as they are."""
+    outcomes: dict[PartitionKey, PartitionOutcome] = {}
+    marks: dict[PartitionKey, tuple[int, int, int]] = {}
+    # Per topic, the entries whose outcome waits for the plan: (position, entry, key).  A
+    # partition with no records, none held and no aborted list (most of a sessionless
+    # client's partitions in most responses) gets its outcome here and is not walked again.
+    work: list[list[tuple[int, Any, PartitionKey]]] = []
     for topic in response.responses:
         tkey = topic_key(topic)
-        for pd in topic.partitions:
+        todo: list[tuple[int, Any, PartitionKey]] = []
+        work.append(todo)
+        for position, pd in enumerate(topic.partitions):
             walked += 1
             if every and walked % every == 0:
                 yield
             key = (tkey, int(pd.partition_index))
             if pd.error_code != NONE:
                 errors[key] = int(pd.error_code)
+                todo.append((position, pd, key))
                 continue
             if not pd.records and not pd.aborted_transactions and key not in prefixes:
-                empty.add(key)
+                marks[key] = _marks_of(pd)
+                outcomes[key] = _nothing_offered(
+                    key, None if pd.aborted_transactions is None else ()
+                )
                 continue
+            todo.append((position, pd, key))
             if is_legacy(pd.records):
                 legacy.add(key)
                 errors[key] = NONE
                 continue
+            marks[key] = _marks_of(pd)
             aborted = _aborted_of(pd)
             run, partial = parse_records(pd.records, aborted)
             up_bytes = len(pd.records or b"")
@@ -432,7 +444,18 @@ def trim_response_in_ranges(
         runs[key] = prefixes[key].run
         upstream[key] = (0, 0, 0, prefixes[key].run.size)
     if missing:
+        lengths = [len(t.partitions) for t in response.responses]
         response = _add_partitions(response, {k: prefixes[k] for k in missing})
+        for index, topic in enumerate(response.responses):
+            if index == len(work):
+                work.append([])
+            first_added = lengths[index] if index < len(lengths) else 0
+            tkey = topic_key(topic)
+            for position in range(first_added, len(topic.partitions)):
+                pd = topic.partitions[position]
+                key = (tkey, int(pd.partition_index))
+                marks[key] = _marks_of(pd)
+                work[index].append((position, pd, key))
 
     with_data = [k for k, r in runs.items() if r.headers]
     serve = list(order(with_data)) if order is not None else with_data
@@ -440,24 +463,15 @@ def trim_response_in_ranges(
         raise ValueError("serve order must be a permutation of the partitions with data")
     plan = yield from allocate_in_ranges(runs, serve, limits, every)
 
-    outcomes: dict[PartitionKey, PartitionOutcome] = {}
-    marks: dict[PartitionKey, tuple[int, int, int]] = {}
     new_topics = []
     all_limited: set[str] = set()
-    for topic in response.responses:
-        tkey = topic_key(topic)
-        new_parts = []
-        for pd in topic.partitions:
+    walked = 0
+    for topic, todo in zip(response.responses, work, strict=True):
+        new_parts: list[Any] | None = None
+        for position, pd, key in todo:
             walked += 1
             if every and walked % every == 0:
                 yield
-            key = (tkey, int(pd.partition_index))
-            if key not in errors:
-                marks[key] = (
-                    int(pd.high_watermark),
-                    int(getattr(pd, "last_stable_offset", -1)),
-                    int(getattr(pd, "log_start_offset", -1)),
-                )
             if key in errors:
                 up_bytes = len(pd.records or b"")
                 passed = up_bytes if key in legacy else 0
@@ -478,11 +492,6 @@ def trim_response_in_ranges(
                     remainder=Run(b"", ()),
                     shaped=key not in legacy,
                 )
-                new_parts.append(pd)
-                continue
-            if key in empty:
-                outcomes[key] = _nothing_offered(key, _aborted_of(pd))
-                new_parts.append(pd)
                 continue
             run = runs[key]
             up_bytes, up_records, partial, reused = upstream[key]
@@ -505,8 +514,12 @@ def trim_response_in_ranges(
                 limited_by=held,
                 remainder=tail,
             )
-            new_parts.append(_rebuild_partition(pd, head))
-        if all(a is b for a, b in zip(new_parts, topic.partitions, strict=True)):
+            rebuilt = _rebuild_partition(pd, head)
+            if rebuilt is not pd:
+                if new_parts is None:
+                    new_parts = list(topic.partitions)
+                new_parts[position] = rebuilt
+        if new_parts is None:
             new_topics.append(topic)  # nothing trimmed: the entry as it came
         else:
             new_topics.append(dataclasses.replace(topic, partitions=tuple(new_parts)))
@@ -585,6 +598,15 @@ def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
             )
             index[tkey] = len(topics) - 1
     return dataclasses.replace(response, responses=tuple(topics))
+
+
+def _marks_of(pd: Any) -> tuple[int, int, int]:
+    """The high watermark, last stable offset and log start offset a partition entry gives."""
+    return (
+        int(pd.high_watermark),
+        int(getattr(pd, "last_stable_offset", -1)),
+        int(getattr(pd, "log_start_offset", -1)),
+    )
 
 
 def _aborted_of(pd: Any) -> Aborted | None:
