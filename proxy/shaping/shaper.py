@@ -141,6 +141,11 @@ class FetchShaper:
         self.watermarks: dict[PartitionKey, tuple[int, int, int]] = {}
         """Per partition, (high watermark, last stable offset, log start offset) as the last
         response gave them to the client: what an answer from held data carries."""
+        self.held_entries: dict[PartitionKey, tuple[tuple[Any, ...], Any]] = {}
+        """Per partition, the last partition entry an answer from held data made (frozen),
+        with what it was made from (watermarks, isolation, version): most of a
+        sessionless client's partitions are idle, their entries the same each time.
+        Its keys are the watermarks' and leave with them."""
         self.held_answers = 0
         """Client fetches answered from held data alone (no upstream round)."""
         self.waiting: dict[PartitionKey, int] = {}
@@ -350,6 +355,7 @@ class FetchShaper:
             return None
         mod = response_module(FETCH, int(request.__version__))
         marks = self.watermarks
+        entries = self.held_entries
         topics = []
         walked = 0
         for topic in request.topics:
@@ -370,19 +376,23 @@ class FetchShaper:
                         max(mark[1], held.last_stable_offset),
                         max(mark[2], held.log_start_offset),
                     )
-                parts.append(
-                    make(
-                        mod.PartitionData,
-                        partition_index=int(p.partition),
-                        error_code=ErrorCode.none,
-                        high_watermark=mark[0],
-                        last_stable_offset=mark[1],
-                        log_start_offset=mark[2],
-                        aborted_transactions=() if read_committed else None,
-                        preferred_read_replica=-1,
-                        records=b"",
-                    )
+                made = entries.get(key)
+                if made is not None and made[0] == (mark, read_committed, mod):
+                    parts.append(made[1])
+                    continue
+                entry = make(
+                    mod.PartitionData,
+                    partition_index=int(p.partition),
+                    error_code=ErrorCode.none,
+                    high_watermark=mark[0],
+                    last_stable_offset=mark[1],
+                    log_start_offset=mark[2],
+                    aborted_transactions=() if read_committed else None,
+                    preferred_read_replica=-1,
+                    records=b"",
                 )
+                entries[key] = ((mark, read_committed, mod), entry)
+                parts.append(entry)
             topics.append(
                 make(mod.FetchableTopicResponse, topic=tkey, topic_id=tkey, partitions=tuple(parts))
             )
@@ -485,6 +495,7 @@ class FetchShaper:
                     del waiting[key]
             elif outcome.error_code != 0 or not outcome.shaped:
                 marks.pop(key, None)
+                self.held_entries.pop(key, None)
             if outcome.delivered_batches:
                 served.append(key)
             if outcome.next_offset is not None:
@@ -538,6 +549,7 @@ class FetchShaper:
         self.upstream_rotation.clear()
         self.serve_rotation.clear()
         self.watermarks.clear()
+        self.held_entries.clear()
         self.waiting.clear()
 
     def forget(self, keys: list[PartitionKey]) -> None:
@@ -545,6 +557,7 @@ class FetchShaper:
         for key in keys:
             self.buffer.drop(key, counted=False)
             self.watermarks.pop(key, None)
+            self.held_entries.pop(key, None)
             self.waiting.pop(key, None)
         self.serve_rotation.forget(keys)
         self.upstream_rotation.forget(keys)

@@ -145,6 +145,35 @@ def test_held_data_that_fills_the_response_answers_it_without_upstream() -> None
     assert prepared.upstream_offsets == {(T, 0): 6}
 
 
+def test_held_answers_reuse_an_idle_partitions_entry_until_its_watermarks_move() -> None:
+    """The entry of a partition without held data is made once and given again while its
+    watermarks stay (a sessionless client lists every partition in every fetch); when an
+    upstream answer moves them, the next held answer carries the new ones."""
+    shaper = _three_batches(Limits(max_records=1))
+
+    def held_at(offset: int, idle_at: int = 0) -> object:
+        request = make_request(V, {0: (offset, 10_000), 1: (idle_at, 10_000)})
+        prepared = shaper.prepare(request)
+        held = shaper.held_answer(prepared)
+        assert held is not None
+        shaper.finish(prepared, held)
+        return held
+
+    first, again = held_at(2), held_at(4)
+    assert first.responses[0].partitions[1] is again.responses[0].partitions[1]  # type: ignore[attr-defined]
+    assert _marks(again) == {0: (6, 6, 0), 1: (0, 0, 0)}
+    # An upstream round: partition 0 has 6-7 and 8-9 (8-9 is held); partition 1 has grown
+    # to 5, where the client is (it has nothing to wait for).
+    prepared = shaper.prepare(make_request(V, {0: (6, 10_000), 1: (5, 10_000)}))
+    assert shaper.held_answer(prepared) is None
+    data = batch(6, 2) + batch(8, 2)
+    upstream = make_response(
+        V, [make_partition(V, 0, data, hw=10), make_partition(V, 1, b"", hw=5)]
+    )
+    assert delivered(shaper.finish(prepared, upstream).response)[(T, 0)] == [batch(6, 2)]
+    assert _marks(held_at(8, idle_at=5))[1] == (5, 5, 0)
+
+
 def test_a_held_batch_over_the_partition_cap_goes_out_alone_without_upstream() -> None:
     """Batches larger than max_partition_bytes go out one per response, as KIP-74's first
     batch (a broker's read ends there too): a held one answers alone, with no upstream
