@@ -206,7 +206,7 @@ from .effects import (
     ShapedReport,
     UpstreamData,
 )
-from .protocol import codec, fetch_count
+from .protocol import codec, fetch_count, writers
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
@@ -468,6 +468,10 @@ class FetchPathHandler:
         self.closed = False
         self.rack = rack_fetch.RackFetch(config.rack) if config.rack else None
         """The proxy's rack on this connection's fetches (None: no ``rack`` setting)."""
+        self._encoded: writers.Written = {}
+        """The encodings of the partition entries this connection's responses gave, by
+        entry (``writers.write_remembered``): an unchanged partition's entry is the same
+        object from one response to the next."""
         self._old_version_counted = False
         """A fetch too old for a rack (v10-) was counted as a fallback (once per connection)."""
         self._passthrough = PassThroughFetch(self.rack)
@@ -726,6 +730,7 @@ class FetchPathHandler:
         self._waiting_for = None
         self.downstream.close()
         self.translator = None
+        self._encoded = {}
         self._upstream = None
         self._waker = None
         self.replicas = None  # the edge's links hold this handler's wake and reserve
@@ -1296,6 +1301,7 @@ class FetchPathHandler:
             exchange.request.header.correlation_id,
             path=codec.FETCH_RESPONSE_PARTITIONS,
             every=SLICE_PARTITIONS if exchange.large else 0,
+            remember=self._encoded,
         )
         if self.closed:
             return

@@ -307,12 +307,17 @@ def _encode(head: bytes, obj: Any) -> bytes:
 
 
 def _encode_in_ranges(
-    head: bytes, obj: Any, path: tuple[str, ...], every: int
+    head: bytes,
+    obj: Any,
+    path: tuple[str, ...],
+    every: int,
+    *,
+    remember: writers.Written | None = None,
 ) -> Generator[None, None, _Pieces]:
     """*head*, then *obj* written in ranges (``writers.encode_in_ranges``): the pieces
     ``_encode`` joins, the same bytes in the same order."""
     pieces = _Pieces((head,))
-    yield from writers.encode_in_ranges(obj, pieces, path, every)
+    yield from writers.encode_in_ranges(obj, pieces, path, every, remember=remember)
     return pieces
 
 
@@ -386,11 +391,13 @@ def encode_response_gathered_in_ranges(
     path: tuple[str, ...] = (),
     every: int = 0,
     copy_below: int = COPY_BELOW,
+    remember: writers.Written | None = None,
 ) -> Generator[None, None, Gathered]:
     """``encode_response_gathered``, yielding after every *every* entries of the entity
-    array at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``writers.encode_in_ranges``)."""
+    array at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``writers.encode_in_ranges``),
+    whose entries are written through *remember* if given (``writers.write_remembered``)."""
     head = _response_head(obj, correlation_id)
-    pieces = yield from _encode_in_ranges(head, obj, path, every)
+    pieces = yield from _encode_in_ranges(head, obj, path, every, remember=remember)
     # The gather walks every piece (a few per partition): in ranges too, a run of small
     # pieces then joined at a range's end (the same bytes, in a few more parts).
     step = every * GATHER_PIECES_PER_ENTRY

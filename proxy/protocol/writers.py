@@ -111,7 +111,12 @@ def writer_for(cls: type) -> Writer:
 
 
 def encode_in_ranges(
-    obj: Any, out: Pieces, path: tuple[str, ...], every: int
+    obj: Any,
+    out: Pieces,
+    path: tuple[str, ...],
+    every: int,
+    *,
+    remember: Written | None = None,
 ) -> Generator[None, None, None]:
     """``encode``, yielding after every *every* entries of the innermost entity array
     along *path* (``("responses", "partitions")``: a Fetch response's partitions).
@@ -120,14 +125,20 @@ def encode_in_ranges(
     concatenation of its fields, so it is written as the fields before the array
     (``split_writer``), the array's count and its entries (each by its own writer,
     or cut further along the rest of *path*), then the fields after it.
+    *remember*: those entries are written through it (``write_remembered``).
     """
     # A module-level walk, not a nested recursive one: a closure that calls itself is
     # a reference cycle, and *out* (a response's pieces) would wait for the cyclic GC.
-    yield from _walk_in_ranges(obj, path, out, every, [0])
+    yield from _walk_in_ranges(obj, path, out, every, [0], remember)
 
 
 def _walk_in_ranges(
-    entity: Any, rest: tuple[str, ...], out: Pieces, every: int, done: list[int]
+    entity: Any,
+    rest: tuple[str, ...],
+    out: Pieces,
+    every: int,
+    done: list[int],
+    remember: Written | None,
 ) -> Generator[None, None, None]:
     """``encode_in_ranges``'s walk; ``done[0]`` counts the entries written so far."""
     cls: type = type(entity)
@@ -140,13 +151,67 @@ def _walk_in_ranges(
     write_count(out, len(items))
     for item in items:
         if len(rest) > 1:
-            yield from _walk_in_ranges(item, rest[1:], out, every, done)
+            yield from _walk_in_ranges(item, rest[1:], out, every, done, remember)
             continue
-        write_item(out, item)
+        if remember is not None:
+            write_remembered(write_item, out, item, remember)
+        else:
+            write_item(out, item)
         done[0] += 1
         if every and done[0] % every == 0:
             yield
     after(out, entity)
+
+
+class _Collected(list[Any]):
+    __slots__ = ()
+
+    def write(self, data: Any) -> int:
+        self.append(data)
+        return len(data)
+
+
+Written = dict[int, tuple[Any, bytes]]
+"""id(entry) -> (the entry, its encoding): see ``write_remembered``."""
+
+WRITTEN_MAX = 4096
+WRITTEN_BELOW = 128
+"""Bytes: a larger encoding is not remembered (it carries records, and is rarely repeated)."""
+
+
+def write_remembered(write_item: Writer, out: Pieces, item: Any, written: Written) -> None:
+    """``write_item(out, item)``, from *written* when *item* was written before.
+
+    For the entries of a Fetch response's partitions, which the Fetch path gives again
+    unchanged (a partition's entry in the upstream session's cache, held answers): kio's
+    entities are frozen, and a 1,000-partition consumer's idle partitions were most of
+    the cost of encoding each response.  The entry is kept with its bytes, so its id
+    cannot be reused meanwhile.  Only small encodings made of bytes objects are kept
+    (never a view or a buffer of records, which would pin the frame it points into).
+    Bounded: *written* is emptied when it reaches WRITTEN_MAX entries.  Its owner (a
+    connection's Fetch path) drops it when the connection ends.
+    """
+    known = written.get(id(item))
+    if known is not None and known[0] is item:
+        out.write(known[1])
+        return
+    pieces = _Collected()
+    write_item(pieces, item)
+    size = 0
+    for piece in pieces:
+        if type(piece) is not bytes:
+            size = WRITTEN_BELOW  # a view or a mutable buffer: written as it is, not kept
+            break
+        size += len(piece)
+    if size >= WRITTEN_BELOW:
+        for piece in pieces:
+            out.write(piece)
+        return
+    data = b"".join(pieces)
+    if len(written) >= WRITTEN_MAX:
+        written.clear()
+    written[id(item)] = (item, data)
+    out.write(data)
 
 
 @cache
