@@ -468,7 +468,7 @@ class FetchPathHandler:
         self.closed = False
         self.rack = rack_fetch.RackFetch(config.rack) if config.rack else None
         """The proxy's rack on this connection's fetches (None: no ``rack`` setting)."""
-        self._encoded: writers.Written = {}
+        self._encoded = writers.Written()
         """The encodings of the partition entries this connection's responses gave, by
         entry (``writers.write_remembered``): an unchanged partition's entry is the same
         object from one response to the next."""
@@ -730,7 +730,7 @@ class FetchPathHandler:
         self._waiting_for = None
         self.downstream.close()
         self.translator = None
-        self._encoded = {}
+        self._encoded = writers.Written()
         self._upstream = None
         self._waker = None
         self.replicas = None  # the edge's links hold this handler's wake and reserve

@@ -397,6 +397,8 @@ def encode_response_gathered_in_ranges(
     array at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``writers.encode_in_ranges``),
     whose entries are written through *remember* if given (``writers.write_remembered``)."""
     head = _response_head(obj, correlation_id)
+    if remember is not None:
+        remember.turn()
     pieces = yield from _encode_in_ranges(head, obj, path, every, remember=remember)
     # The gather walks every piece (a few per partition): in ranges too, a run of small
     # pieces then joined at a range's end (the same bytes, in a few more parts).

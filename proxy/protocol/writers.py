@@ -171,10 +171,26 @@ class _Collected(list[Any]):
         return len(data)
 
 
-Written = dict[int, tuple[Any, bytes]]
-"""id(entry) -> (the entry, its encoding): see ``write_remembered``."""
+class Written:
+    """The encodings of the small entries of the last two responses a connection gave, by
+    entry (see ``write_remembered``): ``turn`` at each response lets go of the entries the
+    one before last gave and the last did not give again, so what it holds is bounded by
+    the entries of two responses, and nothing outlives its use by more than one."""
 
-WRITTEN_MAX = 4096
+    __slots__ = ("last", "now")
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[Any, bytes]] = {}
+        self.now: dict[int, tuple[Any, bytes]] = {}
+
+    def turn(self) -> None:
+        """A new response: the last one's entries become the ones to look back to."""
+        self.last, self.now = self.now, {}
+
+    def __len__(self) -> int:
+        return len(self.now) + len(self.last)
+
+
 WRITTEN_BELOW = 128
 """Bytes: a larger encoding is not remembered (it carries records, and is rarely repeated)."""
 
@@ -188,11 +204,13 @@ def write_remembered(write_item: Writer, out: Pieces, item: Any, written: Writte
     the cost of encoding each response.  The entry is kept with its bytes, so its id
     cannot be reused meanwhile.  Only small encodings made of bytes objects are kept
     (never a view or a buffer of records, which would pin the frame it points into).
-    Bounded: *written* is emptied when it reaches WRITTEN_MAX entries.  Its owner (a
-    connection's Fetch path) drops it when the connection ends.
     """
-    known = written.get(id(item))
+    key = id(item)
+    known = written.now.get(key)
+    if known is None:
+        known = written.last.get(key)
     if known is not None and known[0] is item:
+        written.now[key] = known
         out.write(known[1])
         return
     pieces = _Collected()
@@ -208,9 +226,7 @@ def write_remembered(write_item: Writer, out: Pieces, item: Any, written: Writte
             out.write(piece)
         return
     data = b"".join(pieces)
-    if len(written) >= WRITTEN_MAX:
-        written.clear()
-    written[id(item)] = (item, data)
+    written.now[key] = (item, data)
     out.write(data)
 
 

@@ -134,43 +134,44 @@ def test_a_null_where_none_is_allowed_fails_as_in_kio() -> None:
 
 @pytest.mark.parametrize("version", [11, 12, 13, 16])
 def test_a_partition_written_again_is_kio_s_bytes_and_only_small_bytes_are_remembered(
-    version: int, monkeypatch: pytest.MonkeyPatch
+    version: int,
 ) -> None:
     """The gathered encoding of a Fetch response remembers a small partition entry's bytes
     by the entry itself; written again, they are kio's, and neither records nor a view (it
-    would pin its frame) is remembered; the memory stays within its bound."""
+    would pin its frame) is remembered; what the last two responses did not give is let go."""
     from proxy.protocol import codec
 
-    monkeypatch.setattr(writers, "WRITTEN_MAX", 3)
-    written: writers.Written = {}
+    written = writers.Written()
+
+    def encode(obj: Any) -> bytes:
+        gathered = codec.drain(
+            codec.encode_response_gathered_in_ranges(
+                obj, 7, path=codec.FETCH_RESPONSE_PARTITIONS, every=1, remember=written
+            )
+        )
+        data = b"".join(gathered.parts)
+        assert data == codec.encode_response(obj, 7)
+        assert data.endswith(kio_bytes(obj))
+        return data
+
     view = memoryview(b"\x07" * 100)[10:10]  # empty, but a view of a larger buffer
     responses = [
         _fetch_response(version, records=records, tagged=False)
         for records in (None, b"", b"\x01" * 300, view)
     ]
-    for _ in range(2):
-        for obj in responses:
-            gathered = codec.drain(
-                codec.encode_response_gathered_in_ranges(
-                    obj, 7, path=codec.FETCH_RESPONSE_PARTITIONS, every=1, remember=written
-                )
-            )
-            assert b"".join(gathered.parts) == codec.encode_response(obj, 7)
-            assert b"".join(gathered.parts).endswith(kio_bytes(obj))
-    kept = {id(entry): data for entry, data in written.values()}
-    assert len(kept) == 2
-    assert all(type(data) is bytes and len(data) < writers.WRITTEN_BELOW for data in kept.values())
     for obj, remembered in zip(responses, (True, True, False, False), strict=True):
-        assert (id(obj.responses[0].partitions[0]) in kept) == remembered
-    # Past the bound the memory is emptied, not grown.
-    for _ in range(3):
-        obj = _fetch_response(version, records=b"", tagged=False)
-        codec.drain(
-            codec.encode_response_gathered_in_ranges(
-                obj, 7, path=codec.FETCH_RESPONSE_PARTITIONS, remember=written
-            )
-        )
-        assert 1 <= len(written) <= 3
+        first = encode(obj)
+        assert encode(obj) == first  # written from what was remembered
+        entry = obj.responses[0].partitions[0]
+        kept = {id(e): data for e, data in (*written.now.values(), *written.last.values())}
+        assert (id(entry) in kept) == remembered
+        assert all(type(d) is bytes and len(d) < writers.WRITTEN_BELOW for d in kept.values())
+    # Responses that give other entries: the old ones are let go after two turns.
+    for _ in range(2):
+        encode(_fetch_response(version, records=b"", tagged=False))
+    assert len(written) == 2
+    assert all(e is not responses[1].responses[0].partitions[0] for e, _ in written.now.values())
+    assert all(e is not responses[1].responses[0].partitions[0] for e, _ in written.last.values())
     # A large entry's records are still handed over as the object held.
     big = responses[2]
     pieces = Collect()
