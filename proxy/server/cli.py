@@ -246,7 +246,12 @@ async def _serve(
             bodies = None if proxy.fetch_path is None else proxy.fetch_path.bodies
             if trim is not None or bodies is not None:
                 nursery.start_soon(_trim_heap, trim, bodies)
-            nursery.start_soon(collect_periodically, gc.collect, FULL_COLLECTION_SECONDS)
+            nursery.start_soon(
+                collect_periodically,
+                gc.collect,
+                FULL_COLLECTION_SECONDS,
+                FULL_COLLECTION_MAX_SECONDS,
+            )
             config_file = getattr(args, "config", None)
             if reloader is not None and config_file:  # watching before anyone is told we run
                 await nursery.start(watch_file, config_file, lambda: reloader.reload("file"))
@@ -299,7 +304,11 @@ def freeze_startup_heap() -> None:
 
 
 FULL_COLLECTION_SECONDS = 60.0
-"""How often the server runs a full collection of the cycle collector (``only_young_collections``)."""
+"""How often the server runs a full collection of the cycle collector (``only_young_collections``)
+while collections find cyclic garbage."""
+FULL_COLLECTION_MAX_SECONDS = 600.0
+"""The longest wait between two full collections: while they find nothing, the wait doubles
+up to this (``collect_periodically``)."""
 _NEVER = 2**31 - 1
 
 
@@ -323,11 +332,26 @@ def only_young_collections() -> None:
     gc.set_threshold(young, middle, _NEVER)
 
 
-async def collect_periodically(collect: Callable[[], object], seconds: float) -> None:
-    """Run *collect* (``gc.collect``: a full collection) every *seconds*."""
+async def collect_periodically(
+    collect: Callable[[], object], seconds: float, longest: float | None = None
+) -> None:
+    """Run *collect* (``gc.collect``: a full collection, which returns the unreachable
+    objects it found) after *seconds*, then again and again.
+
+    A full collection walks every tracked object with the loop stopped: at 1,000
+    long-polling connections (bench fetch_cpu), 177 and 213 ms for some 340,000 objects,
+    and both found nothing (the connections' state is freed by reference counting).  So while collections find nothing the wait doubles, up to *longest*
+    (None: always *seconds*); one that finds something brings it back to *seconds*.
+    Cyclic garbage made after a quiet spell waits up to *longest*.
+    """
+    wait = seconds
     while True:
-        await trio.sleep(seconds)
-        collect()
+        await trio.sleep(wait)
+        found = collect()
+        if longest is None or (isinstance(found, int) and found > 0):
+            wait = seconds
+        else:
+            wait = min(longest, wait * 2)
 
 
 async def _trim_heap(trim: Callable[[], None] | None, bodies: BodyPool | None) -> None:

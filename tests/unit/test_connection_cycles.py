@@ -1,7 +1,8 @@
 """A closed client connection is freed by reference counting, not by the cycle collector.
 
-The server runs a full collection only every ``FULL_COLLECTION_SECONDS`` (issue 19), so
-whatever a closed connection leaves in a reference cycle stays until then.  Its
+The server runs a full collection only on a timer (issue 19: ``FULL_COLLECTION_SECONDS``,
+up to ``FULL_COLLECTION_MAX_SECONDS`` while they find nothing), so whatever a closed
+connection leaves in a reference cycle stays until then.  Its
 ``Connection`` was in two: the drain's ``quiet`` check and the lazy upstream's
 ``on_open`` callback were closures over it, held by objects it holds.
 """

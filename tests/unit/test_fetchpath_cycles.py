@@ -1,8 +1,8 @@
 """A closed connection that fetched through the fetch path is freed by reference counting.
 
-The server runs a full collection of the cycle collector only every
-``FULL_COLLECTION_SECONDS`` (issue 19), so whatever a closed connection leaves in a
-reference cycle stays until then.  ``test_connection_cycles`` checks a connection that
+The server runs a full collection of the cycle collector only on a timer (issue 19:
+``FULL_COLLECTION_SECONDS``, up to ``FULL_COLLECTION_MAX_SECONDS`` while they find
+nothing), so whatever a closed connection leaves in a reference cycle stays until then.  ``test_connection_cycles`` checks a connection that
 only relayed; here the connection fetched with a fetch session, through shaping that
 trimmed its responses and held the rest (its reuse buffer, its rotations, its
 upstream session and translator, its downstream session), then closed.  Its handler
