@@ -284,24 +284,8 @@ def decode_response(
     return peek_correlation_id(frame), body
 
 
-class _Pieces(list[Any]):
-    """A ``writers.Pieces`` that keeps the written buffers instead of copying them.
-
-    The writers (kio's bytes, :mod:`.writers`) write bytes fields (a Fetch
-    response's records) with one ``write`` of the value itself, so the encoded
-    message is assembled by a single join: no growing buffer, no ``getvalue``
-    copy, no header concatenation.
-    """
-
-    __slots__ = ()
-
-    def write(self, data: Any) -> int:
-        self.append(data)
-        return len(data)
-
-
 def _encode(head: bytes, obj: Any) -> bytes:
-    pieces = _Pieces((head,))
+    pieces = writers.Collected((head,))
     writers.encode(obj, pieces)
     return b"".join(pieces)
 
@@ -313,10 +297,10 @@ def _encode_in_ranges(
     every: int,
     *,
     remember: writers.Written | None = None,
-) -> Generator[None, None, _Pieces]:
+) -> Generator[None, None, writers.Collected]:
     """*head*, then *obj* written in ranges (``writers.encode_in_ranges``): the pieces
     ``_encode`` joins, the same bytes in the same order."""
-    pieces = _Pieces((head,))
+    pieces = writers.Collected((head,))
     yield from writers.encode_in_ranges(obj, pieces, path, every, remember=remember)
     return pieces
 

@@ -163,7 +163,14 @@ def _walk_in_ranges(
     after(out, entity)
 
 
-class _Collected(list[Any]):
+class Collected(list[Any]):
+    """A ``Pieces`` that keeps the written buffers instead of copying them.
+
+    The writers write bytes fields (a Fetch response's records) with one ``write`` of
+    the value itself, so an encoded message is assembled by a single join (``codec``):
+    no growing buffer, no ``getvalue`` copy, no header concatenation.
+    """
+
     __slots__ = ()
 
     def write(self, data: Any) -> int:
@@ -213,7 +220,7 @@ def write_remembered(write_item: Writer, out: Pieces, item: Any, written: Writte
         written.now[key] = known
         out.write(known[1])
         return
-    pieces = _Collected()
+    pieces = Collected()
     write_item(pieces, item)
     size = 0
     for piece in pieces:

@@ -416,9 +416,7 @@ def trim_response_in_ranges(
                 continue
             if not pd.records and not pd.aborted_transactions and key not in prefixes:
                 marks[key] = _marks_of(pd)
-                outcomes[key] = _nothing_offered(
-                    key, None if pd.aborted_transactions is None else ()
-                )
+                outcomes[key] = _nothing_offered(key, _aborted_of(pd))
                 continue
             todo.append((position, pd, key))
             if is_legacy(pd.records):
