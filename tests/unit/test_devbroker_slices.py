@@ -284,7 +284,13 @@ async def test_a_cancelled_request_leaves_the_lane_to_the_others() -> None:
             await _until(lambda: len(lane._waiting) == 1)
             holder.cancel()  # in the lane: it hands the lane on
     assert log.count("waiter") == 1  # its first range only
-    assert after(log, "holder") == ["last"] * 3
+    # The first ranges ran at once, outside the lane, whenever trio ran those tasks: before
+    # or after the holder's last range (a cancel delivered at the holder's next checkpoint
+    # can come before it logs again).  The lane's own ranges after the holder's: last's 3.
+    in_lane = list(log)
+    in_lane.remove("waiter")
+    in_lane.remove("last")
+    assert after(in_lane, "holder") == ["last"] * 3
     assert not lane._busy and not lane._waiting
 
 
