@@ -1087,7 +1087,7 @@ class FetchPathHandler:
             self._hold_until_written(grant)
             self._reply(request, opened.response, upstream, sessionless=sessionless)
             return
-        large = len(opened.by_ref) > SLICE_PARTITIONS
+        large = opened.covered > SLICE_PARTITIONS
         self._exchange = exchange = _Exchange(
             request,
             opened,

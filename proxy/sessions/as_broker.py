@@ -32,8 +32,12 @@ partitions, and the sessions of every listener together at most
 ``max_cached_session_partitions`` (:class:`SessionPartitionBound`).  Past
 either, the fetch is answered as Kafka answers when its session cache cannot
 hold a session: in full, with session id 0 (no session; the client goes on
-with full fetches).  Sessionless fetches (epoch -1, or Fetch v4-v6) go
-through the same path and come back unchanged.
+with full fetches).  Sessionless fetches (epoch -1, or Fetch v4-v6) change no
+session: one already in a full fetch's form (each topic listed once, each partition
+once, as a rebuild writes it: what librdkafka, aiokafka and sarama send) is its own
+full fetch after one walk that checks it, and its answer is upstream's full response
+as it is when that is grouped as a broker groups it (``DownstreamFetch.as_listed``);
+any other goes through the session cache's sessionless context, as a broker's does.
 
 Values in, values out::
 
@@ -85,7 +89,7 @@ from .client_fetch import (
     group_runs,
     topic_entries_in_ranges,
 )
-from .kip227 import FIRST_TOPIC_ID_VERSION, INVALID_SESSION_ID, is_full
+from .kip227 import FINAL_EPOCH, FIRST_TOPIC_ID_VERSION, INVALID_SESSION_ID, is_full
 from .topic_ids import TopicIdMap
 
 DEFAULT_MAX_SESSION_PARTITIONS = 10_000
@@ -152,6 +156,13 @@ class DownstreamFetch:
     version: int
     context: FetchContext
     by_ref: dict[PartitionKey, TopicIdPartition]
+    """Per (topic ref, partition) of the fetch, its session key (empty when ``as_listed``)."""
+    covered: int
+    """The partitions this fetch covers."""
+    as_listed: bool = False
+    """A sessionless fetch whose own partitions are the full fetch (each once, one entry per
+    run of a topic, nothing a rebuild would change): it passes through without a session
+    context's walks, and its answer is the full response as it is (``answer``)."""
 
 
 class DownstreamSessions:
@@ -214,6 +225,22 @@ class DownstreamSessions:
                 f" ({self.max_fetch_partitions})"
             )
         on_ids = version >= FIRST_TOPIC_ID_VERSION
+        session_id, epoch = fetch.session_id, fetch.session_epoch
+        if session_id == INVALID_SESSION_ID and epoch == FINAL_EPOCH:
+            # Sessionless (librdkafka, aiokafka, sarama, kcat: every fetch of theirs): no
+            # session to look up or change, so the fetch is its own full fetch when it is
+            # already in the form one is built in.
+            listed = yield from _as_listed_in_ranges(request, on_ids, every)
+            if listed:
+                full = consumer_fetch(
+                    request_module(FETCH, int(request.__version__)),
+                    request,
+                    session_id=INVALID_SESSION_ID,
+                    session_epoch=FINAL_EPOCH,
+                    topics=request.topics,
+                    forgotten=(),
+                )
+                return DownstreamFetch(full, version, _SESSIONLESS, {}, named, as_listed=True)
         names = self.topic_ids.names_by_id()
 
         def tp(topic: Any, partition: int) -> TopicIdPartition:
@@ -234,7 +261,6 @@ class DownstreamSessions:
             for topic in getattr(request, "forgotten_topics_data", ())
             for p in topic.partitions
         ]
-        session_id, epoch = fetch.session_id, fetch.session_epoch
         own = self.session
         context: FetchContext
         if session_id != INVALID_SESSION_ID and (own is None or own.id != session_id):
@@ -267,7 +293,7 @@ class DownstreamSessions:
                 yield
             by_ref[(_ref(t, on_ids), t.partition)] = t
         sessionless = yield from _sessionless_request(request, effective, on_ids, every)
-        return DownstreamFetch(sessionless, version, context, by_ref)
+        return DownstreamFetch(sessionless, version, context, by_ref, len(by_ref))
 
     def _within_limit(
         self,
@@ -314,8 +340,10 @@ class DownstreamSessions:
         if int(getattr(full, "error_code", 0)) != 0:
             # The upstream kept failing: the client's session moved on, so it must reset.
             return full
-        updates: dict[TopicIdPartition, Any] = {}
         on_ids = fetch.version >= FIRST_TOPIC_ID_VERSION
+        if fetch.as_listed:
+            return (yield from _sessionless_answer(fetch.version, full, on_ids, every))
+        updates: dict[TopicIdPartition, Any] = {}
         i = 0
         for topic in full.responses:
             ref = topic.topic_id if on_ids else topic.topic
@@ -357,6 +385,76 @@ class DownstreamSessions:
         return result
 
 
+_SESSIONLESS = SessionlessFetchContext({})
+"""The context of every ``as_listed`` fetch (its partitions are its request's)."""
+
+
+def _as_listed_in_ranges(request: Any, on_ids: bool, every: int = 0) -> Ranges[bool]:
+    """True when the sessionless *request*'s topics are the full fetch ``open`` would build
+    from them: each topic listed once and not empty, each partition once, and every field
+    as a rebuild writes it (epochs as ``plan_of`` keeps them: -1 or more; the fields a
+    rebuild leaves out at their defaults).  A topic listed twice, even if a rebuild would
+    keep it so, takes the general path.  One walk, no entity built."""
+    walked = 0
+    refs: set[Any] = set()
+    for topic in request.topics:
+        ref = topic.topic_id if on_ids else topic.topic
+        parts = topic.partitions
+        if ref in refs or not parts or not _at_defaults(topic, _TOPIC_FIELDS):
+            return False
+        refs.add(ref)
+        cls: type = type(parts[0])
+        others = _other_fields(cls, _PARTITION_FIELDS)
+        if others is None or len({int(p.partition) for p in parts}) != len(parts):
+            return False
+        for p in parts:
+            walked += 1
+            if every and walked % every == 0:
+                yield
+            leader = getattr(p, "current_leader_epoch", NO_EPOCH)
+            fetched = getattr(p, "last_fetched_epoch", NO_EPOCH)
+            if (leader < 0 and leader != NO_EPOCH) or (fetched < 0 and fetched != NO_EPOCH):
+                return False  # plan_of writes -1 for any negative epoch
+            if others and not all(getattr(p, n) == d for n, d in others):
+                return False
+    return True
+
+
+def _sessionless_answer(version: int, full: Any, on_ids: bool, every: int) -> Ranges[Any]:
+    """A sessionless client's answer: the full response with no session (id 0), its topic
+    entries one per run of a topic.  Upstream's full response is usually that already, and
+    goes out as it is; else it is regrouped as ``_response`` does for a session context."""
+    mod = response_module(FETCH, version)
+    canonical = type(full) is mod.FetchResponse and full.session_id == INVALID_SESSION_ID
+    previous: Any = _NO_REF
+    for topic in full.responses if canonical else ():
+        ref = topic.topic_id if on_ids else topic.topic
+        if (
+            ref == previous
+            or not topic.partitions
+            or type(topic) is not mod.FetchableTopicResponse
+            or not _at_defaults(topic, _RESPONSE_TOPIC_FIELDS)
+        ):
+            canonical = False
+            break
+        previous = ref
+    if canonical:
+        return full
+    # the same as a session context's answer: each partition once (the last answer for
+    # it, at the place of the first), in the full response's order
+    answered: dict[tuple[Any, int], Any] = {}
+    for topic in full.responses:
+        ref = topic.topic_id if on_ids else topic.topic
+        for pd in topic.partitions:
+            answered[(ref, int(pd.partition_index))] = pd
+    pairs = [(ref, pd) for (ref, _), pd in answered.items()]
+    return (
+        yield from _response_of_pairs(
+            version, int(ErrorCode.none), INVALID_SESSION_ID, pairs, full, every
+        )
+    )
+
+
 def _ref(tp: TopicIdPartition, on_ids: bool) -> TopicKey:
     return tp.topic_id if on_ids else tp.topic
 
@@ -376,6 +474,7 @@ def _sessionless_request(
 
 
 _TOPIC_FIELDS = frozenset({"topic", "topic_id", "partitions"})
+_RESPONSE_TOPIC_FIELDS = _TOPIC_FIELDS
 _PARTITION_FIELDS = frozenset(
     {
         "partition",
@@ -478,17 +577,33 @@ def _rebuilt_topics_in_ranges(
 def _response(
     version: int, result: SessionResponse[Any], full: Any | None, every: int = 0
 ) -> Ranges[Any]:
-    mod = response_module(FETCH, version)
     on_ids = version >= FIRST_TOPIC_ID_VERSION
+    pairs = ((_ref(tp, on_ids), pd) for tp, pd in result.partitions)
+    return (
+        yield from _response_of_pairs(
+            version, result.error_code, result.session_id, pairs, full, every
+        )
+    )
+
+
+def _response_of_pairs(
+    version: int,
+    error_code: int,
+    session_id: int,
+    pairs: Iterable[tuple[Any, Any]],
+    full: Any | None,
+    every: int = 0,
+) -> Ranges[Any]:
+    """``_response`` from (topic ref, partition data) pairs."""
+    mod = response_module(FETCH, version)
     topics: list[Any] = []
     # one entry per run of a topic, as a broker groups them
-    pairs = ((_ref(tp, on_ids), pd) for tp, pd in result.partitions)
     yield from topic_entries_in_ranges(mod, pairs, topics, every)
     return make(
         mod.FetchResponse,
         throttle_time=full.throttle_time if full is not None else timedelta(0),
-        error_code=ErrorCode(result.error_code),
-        session_id=result.session_id,
+        error_code=ErrorCode(error_code),
+        session_id=session_id,
         responses=tuple(topics),
         node_endpoints=getattr(full, "node_endpoints", ()) if full is not None else (),
     )

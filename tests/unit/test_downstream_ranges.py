@@ -11,6 +11,7 @@ a fetch of 20,000 partitions must yield many times in each direction.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from typing import Any
@@ -20,6 +21,7 @@ from support.fetch_messages import counted, fetch_request, fetch_response, parti
 
 from proxy.protocol import codec
 from proxy.protocol.messages import make, request_module, response_module
+from proxy.sessions import as_broker
 from proxy.sessions.as_broker import DownstreamFetch, DownstreamSessions
 from proxy.sessions.as_broker_cache import FetchSessionCache
 from proxy.sessions.client_fetch import ClientFetch, ClientReply
@@ -187,28 +189,89 @@ def test_a_fetch_of_20000_partitions_yields_in_every_walk() -> None:
     rng = random.Random(5)
     n, every = 20_000, 500
     ds = twins(1)[0]
-    request = fetch(12, [("big", uuid.uuid4(), list(range(n)))], rng)
+    # A full fetch that asks for a session (epoch 0; too large for one, so it is served
+    # sessionless) goes the general way: reading the client's partitions, listing them,
+    # checking the request lists them as is; then reading the answer and grouping it.
+    request = fetch(12, [("big", uuid.uuid4(), list(range(n)))], rng, epoch=0)
     opened, yields_open = counted(ds.open_in_ranges(client(request), every))
     assert isinstance(opened, DownstreamFetch) and len(opened.by_ref) == n
-    # reading the client's partitions, listing them, checking the request lists them as is
+    assert not opened.as_listed and opened.covered == n
     assert yields_open >= 3 * (n // every) - 3
     answered, yields_answer = counted(ds.answer_in_ranges(opened, full_answer(opened, rng), every))
-    # reading the answer, grouping the client's (a sessionless fetch updates no session)
     assert yields_answer >= 2 * (n // every) - 2
     assert sum(len(t.partitions) for t in answered.responses) == n
+    # A sessionless fetch in a full fetch's form: one walk, and the answer is upstream's.
+    request = fetch(12, [("big", uuid.uuid4(), list(range(n)))], rng)
+    opened, yields_open = counted(ds.open_in_ranges(client(request), every))
+    assert isinstance(opened, DownstreamFetch) and opened.as_listed and opened.covered == n
+    assert yields_open >= n // every - 1
+    full = full_answer(opened, rng)
+    answered, yields_answer = counted(ds.answer_in_ranges(opened, full, every))
+    assert answered is full and yields_answer == 0
 
 
-def test_a_session_of_10000_partitions_is_built_in_ranges_and_cached_at_one_point() -> None:
-    rng = random.Random(7)
-    n, every = 10_000, 500
-    ds = twins(2)[0]
-    request = fetch(13, [("big", uuid.uuid4(), list(range(n)))], rng, epoch=0)
-    opened, _ = counted(ds.open_in_ranges(client(request), every))
-    assert isinstance(opened, DownstreamFetch)
-    ranges = ds.answer_in_ranges(opened, full_answer(opened, rng), every)
-    for _ in range(n // every - 1):  # building the session's partitions: not cached yet
-        next(ranges)
-        assert ds.sessions.num_sessions == 0 and ds.sessions.num_partitions == 0
-    answered, more = counted(ranges)
-    assert more >= n // every - 1  # then grouping the client's answer
-    assert answered.session_id != 0 and ds.sessions.num_partitions == n
+def odd_fetch(version: int, rng: random.Random) -> Any:
+    """A sessionless fetch with what a full fetch's form excludes, now and then: a topic
+    listed twice, a partition named twice, an epoch below -1, an empty topic entry."""
+    runs = topics_of(rng, rng.randint(1, 60))
+    if rng.random() < 0.3 and runs:
+        name, tid, parts = runs[0]
+        runs.append((name, tid, parts[:1]))  # listed again (and its partition twice)
+    if rng.random() < 0.2 and runs:
+        name, tid, parts = runs[-1]
+        runs[-1] = (name, tid, [*parts, parts[0]])  # twice in one entry
+    if rng.random() < 0.1:
+        runs.append(("empty", uuid.UUID(int=7), []))
+    request = fetch(version, runs, rng)
+    if version >= 9 and rng.random() < 0.2:  # (current_leader_epoch from v9 on)
+        t = request.topics[0]
+        p = dataclasses.replace(t.partitions[0], current_leader_epoch=-2)
+        t = dataclasses.replace(t, partitions=(p, *t.partitions[1:]))
+        request = dataclasses.replace(request, topics=(t, *request.topics[1:]))
+    return request
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("version", [7, 12, 13, 17])
+def test_a_sessionless_fetch_is_opened_and_answered_as_the_general_path_does(
+    seed: int, version: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``as_listed`` shortcut for sessionless fetches gives, byte for byte, the request
+    and the answer the general path (the session cache's context) gives."""
+    rng = random.Random(seed * 1000 + version)
+    request = odd_fetch(version, rng)
+    state = rng.getstate()
+    quick, general = twins(seed)
+    a = quick.open(client(request))
+    assert isinstance(a, DownstreamFetch)
+    full = full_answer(a, rng)
+    ra = quick.answer(a, full)
+    with monkeypatch.context() as m:
+        m.setattr(as_broker, "_as_listed_in_ranges", lambda *args: _no())
+        b = general.open(client(request))
+    assert isinstance(b, DownstreamFetch) and not b.as_listed
+    rng.setstate(state)
+    rb = general.answer(b, full_answer(b, rng))
+    assert codec.encode_request(a.request, 1, "c") == codec.encode_request(b.request, 1, "c")
+    assert a.covered == b.covered == len(b.by_ref)
+    assert codec.encode_response(ra, 3) == codec.encode_response(rb, 3)
+    # upstream's answer in another grouping (a topic's partitions in two entries) is
+    # regrouped as the general path regroups it
+    if len(full.responses) == 1 and len(full.responses[0].partitions) > 1:
+        t = full.responses[0]
+        split = dataclasses.replace(
+            full,
+            responses=(
+                dataclasses.replace(t, partitions=t.partitions[:1]),
+                dataclasses.replace(t, partitions=t.partitions[1:]),
+            ),
+        )
+        assert codec.encode_response(quick.answer(a, split), 3) == codec.encode_response(
+            general.answer(b, split), 3
+        )
+
+
+def _no() -> Any:
+    """``_as_listed_in_ranges`` saying no at once: the general path."""
+    return False
+    yield

@@ -21,9 +21,10 @@ from kio.schema.errors import ErrorCode
 
 from proxy.protocol.codec import request_schema, response_schema
 from proxy.protocol.messages import make
+from proxy.protocol.partition_plan import plan_of
 from proxy.sessions import as_broker
 from proxy.sessions.as_broker import DownstreamFetch, DownstreamSessions
-from proxy.sessions.as_broker_cache import FetchSessionCache
+from proxy.sessions.as_broker_cache import FetchSessionCache, TopicIdPartition
 from proxy.sessions.as_client import FetchTranslator, UpstreamFetch
 from proxy.sessions.client_fetch import ClientFetch, ClientReply
 from proxy.sessions.partition_cache import PartitionStateCache
@@ -91,7 +92,12 @@ def opened(request: Any) -> DownstreamFetch:
 def rebuilt(request: Any, result: DownstreamFetch) -> Any:
     """What the sessionless request was before the shortcut: every topic built anew."""
     mod = _mod(int(request.__version__), "request")
-    effective = result.context.partitions()
+    # the partitions a full fetch covers: each once, the last plan given, at the first place
+    fetch_data = {}
+    for t in request.topics:
+        for p in t.partitions:
+            fetch_data[TopicIdPartition(None, t.topic, int(p.partition))] = plan_of(p)
+    effective = list(fetch_data.items())
     topics = as_broker._rebuilt_topics(mod, effective, on_ids=False)
     return as_broker.make(
         mod.FetchRequest,
