@@ -20,11 +20,14 @@ time.  A consumer fetch (v4+, not a follower's) goes through
       downstream session        DownstreamSessions.open: the partitions this fetch
                                 covers, as one sessionless full fetch (or a session
                                 error, answered at once)
-      shaping                   FetchShaper.prepare: caps clamped, held batches taken
-                                from the reuse buffer, round-robin order; when they
-                                fill the response (FetchShaper.held_answer, not for a
+      shaping                   FetchShaper.prepare: held batches taken from the
+                                reuse buffer, the response's limits; when they fill
+                                the response (FetchShaper.held_answer, not for a
                                 fetch naming a rack) the client is answered from them
-                                with no upstream round (straight to shaping's finish)
+                                with no upstream round (straight to shaping's finish);
+                                else FetchShaper.upstream builds the upstream request
+                                (caps clamped, offsets past held batches, round-robin
+                                order)
       replica split             read_replica.split, only when the proxy follows
                                 preferred_read_replica for this client (Fetch
                                 v10-, or a client that ignores redirects):
@@ -1111,18 +1114,17 @@ class FetchPathHandler:
         follows = self._follows(int(request.header.api_version))
         if self.path.shaping:
             self.shaper.limits = limits
+            every = SLICE_PARTITIONS if large else 0
+            # (the upstream request is built below, if the fetch goes up)
             prepared = yield from _shape_in_ranges(
-                self.shaper, fetch, grant, max_bytes, SLICE_PARTITIONS if large else 0
+                self.shaper, fetch, grant, max_bytes, every, upstream=False
             )
-            fetch = prepared.upstream_request
             # A fetch naming a rack may be sent to a preferred read replica (KIP-392): the
             # leader's answer must reach the client as the leader gives it, so it goes up.
             redirectable = follows or bool(getattr(fetch, "rack_id", "") or "")
             held = None
             if not redirectable:
-                held = yield from self.shaper.held_answer_in_ranges(
-                    prepared, SLICE_PARTITIONS if large else 0
-                )
+                held = yield from self.shaper.held_answer_in_ranges(prepared, every)
             if held is not None:
                 # Held data fills the response: answered with no upstream round (the
                 # upstream session learns the offsets from the next fetch it is given).
@@ -1133,6 +1135,8 @@ class FetchPathHandler:
                 yield
                 if self.closed:
                     return
+            prepared = yield from _upstream_in_ranges(self.shaper, prepared, every)
+            fetch = prepared.upstream_request
         translator.use_sessions = self.path.config.fetch_sessions
         exchange.prepared, exchange.rack = prepared, step
         if follows:
@@ -1628,10 +1632,18 @@ def _cap_wait(fetch: Any, max_wait_ms: int) -> Any:
 
 
 def _shape_in_ranges(
-    shaper: FetchShaper, request: Any, grant: Reservation, max_bytes: int, every: int
+    shaper: FetchShaper,
+    request: Any,
+    grant: Reservation,
+    max_bytes: int,
+    every: int,
+    *,
+    upstream: bool = True,
 ) -> Generator[None, None, PreparedFetch]:
     """Shaping's way up: the sessionless full fetch -> the one to serve upstream (its
-    prepare yields after every *every* partitions of its walks, 0: never)."""
+    prepare yields after every *every* partitions of its walks, 0: never).  *upstream*
+    False: the upstream request is left to ``_upstream_in_ranges`` (not needed for an
+    answer from held data)."""
     if len(shaper.buffer) or len(shaper.watermarks) > sum(
         len(t.partitions) for t in request.topics
     ):
@@ -1649,7 +1661,21 @@ def _shape_in_ranges(
         gone += [k for k in shaper.watermarks if k not in asked and k not in shaper.buffer]
         if gone:
             shaper.forget(gone)
-    prepared = yield from shaper.prepare_in_ranges(request, every, grant=grant, max_bytes=max_bytes)
+    prepared = yield from shaper.prepare_in_ranges(
+        request, every, grant=grant, max_bytes=max_bytes, upstream=upstream
+    )
+    return _no_long_poll(prepared) if upstream else prepared
+
+
+def _upstream_in_ranges(
+    shaper: FetchShaper, prepared: PreparedFetch, every: int
+) -> Generator[None, None, PreparedFetch]:
+    """*prepared*'s upstream request, built (``FetchShaper.upstream_in_ranges``)."""
+    prepared = yield from shaper.upstream_in_ranges(prepared, every)
+    return _no_long_poll(prepared)
+
+
+def _no_long_poll(prepared: PreparedFetch) -> PreparedFetch:
     upstream = prepared.upstream_request
     if prepared.prefixes and upstream.max_wait != timedelta(0):
         # The client gets data at once from the buffer: no long poll upstream.

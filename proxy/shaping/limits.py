@@ -137,6 +137,15 @@ def clamp_request(request: Any, limits: Limits, *, max_bytes_cap: int | None = N
     return drain(clamp_request_in_ranges(request, limits, 0, max_bytes_cap=max_bytes_cap))
 
 
+def upstream_max_bytes(request: Any, limits: Limits, max_bytes_cap: int | None) -> int:
+    """The max_bytes ``clamp_request`` gives *request*."""
+    if max_bytes_cap is not None and max_bytes_cap < 0:
+        raise ValueError("max_bytes_cap must be >= 0")
+    out = _min(int(request.max_bytes), limits.max_response_bytes, max_bytes_cap)
+    assert out is not None
+    return out
+
+
 def clamp_request_in_ranges(
     request: Any,
     limits: Limits,
@@ -148,9 +157,7 @@ def clamp_request_in_ranges(
     """``clamp_request``, yielding after every *every* partitions it walks (0: never);
     it reads only the request and *limits*.  *partition_cap* False: ``max_partition_bytes``
     is left to trimming (the shaper running ahead) and the partitions are not walked."""
-    if max_bytes_cap is not None and max_bytes_cap < 0:
-        raise ValueError("max_bytes_cap must be >= 0")
-    new_max = _min(int(request.max_bytes), limits.max_response_bytes, max_bytes_cap)
+    new_max = upstream_max_bytes(request, limits, max_bytes_cap)
     cap = limits.max_partition_bytes if partition_cap else None
     topics = request.topics
     if cap is not None:

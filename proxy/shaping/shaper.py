@@ -67,7 +67,13 @@ from ..protocol.partition_key import PartitionKey, topic_key
 from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
 from .decision import ShapingDecision
-from .limits import Limits, ResponseLimits, clamp_request_in_ranges, response_limits_in_ranges
+from .limits import (
+    Limits,
+    ResponseLimits,
+    clamp_request_in_ranges,
+    response_limits_in_ranges,
+    upstream_max_bytes,
+)
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
 from .trim import (
     PartitionOutcome,
@@ -90,10 +96,23 @@ def is_full_fetch(request: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamPlan:
+    """What ``prepare`` decided for the upstream request, which ``upstream`` builds only
+    when the fetch goes upstream (an answer from held data needs none)."""
+
+    max_bytes_cap: int | None
+    partition_cap: bool
+    """False: running ahead, the partition cap is left to trimming (see ``prepare``)."""
+    upstream_epochs: Mapping[PartitionKey, int]
+    """Per partition moved past held batches, the leader epoch of the last one."""
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedFetch:
     client_request: Any
     upstream_request: Any
-    """The request to send upstream: clamped, rotated, offsets moved past held batches."""
+    """The request to send upstream: clamped, rotated, offsets moved past held batches.
+    None until built (``FetchShaper.upstream``) when ``prepare`` was asked not to."""
     limits: Limits
     response_limits: ResponseLimits
     prefixes: Mapping[PartitionKey, Prefix]
@@ -105,6 +124,9 @@ class PreparedFetch:
     epochs: Mapping[PartitionKey, int]
     grant: Reservation | None = None
     """The memory budget's reservation for this fetch (see :meth:`FetchShaper.prepare`)."""
+    plan: UpstreamPlan | None = None
+    upstream_max_bytes: int = 0
+    """The upstream request's max_bytes (built or not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +225,7 @@ class FetchShaper:
         grant: Reservation | None = None,
         session_offsets: Mapping[PartitionKey, tuple[int, int]] | None = None,
         session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
+        upstream: bool = True,
     ) -> Generator[None, None, PreparedFetch]:
         """``prepare``, yielding after every *every* partitions (0: never) of its walks: the
         offsets the request names, the held batches taken from the reuse buffer (into the
@@ -211,7 +234,11 @@ class FetchShaper:
         Between two ranges only this connection's own fetch changes its buffer, except
         ``FetchPath.shed_buffers`` (another connection short of budget), which empties
         it: the rest of the walk then takes nothing, as a prepare after the shed would.
-        The rotation is read and changed at one point."""
+        The rotation is read and changed at one point.
+
+        *upstream* False: the upstream request is not built (``upstream_request`` None)
+        until ``upstream_in_ranges`` is called, so a fetch answered from held data
+        (``held_answer``) spares the walks that build it."""
         limits = self.limits
         client_offsets: dict[PartitionKey, int] = {}
         epochs: dict[PartitionKey, int] = {}
@@ -253,23 +280,10 @@ class FetchShaper:
         ahead = self._ahead(rlimits, held)
         if ahead is not None:
             max_bytes_cap = ahead if max_bytes_cap is None else min(max_bytes_cap, ahead)
-        # Running ahead, the partition cap is applied by trimming (``rlimits``) and
-        # upstream is asked the client's own partition max_bytes: a broker cuts a read at
-        # what it is asked, mid-batch, and a partial batch per partition per round would
-        # be fetched twice.  The response's max_bytes is the one cut.
-        upstream = yield from clamp_request_in_ranges(
-            request, limits, every, max_bytes_cap=max_bytes_cap, partition_cap=ahead is None
-        )
-        full = yield from _partitions_full_in_ranges(prefixes, rlimits, every)
-        if upstream_offsets:
-            upstream = yield from _with_offsets_in_ranges(
-                upstream, upstream_offsets, upstream_epochs, full, every
-            )
-        if is_full_fetch(request):
-            upstream = yield from self._rotate_in_ranges(upstream, every)
-        return PreparedFetch(
+        plan = UpstreamPlan(max_bytes_cap, ahead is None, upstream_epochs)
+        prepared = PreparedFetch(
             client_request=request,
-            upstream_request=upstream,
+            upstream_request=None,
             limits=limits,
             response_limits=rlimits,
             prefixes=prefixes,
@@ -277,7 +291,45 @@ class FetchShaper:
             upstream_offsets=upstream_offsets,
             epochs=epochs,
             grant=grant,
+            plan=plan,
+            upstream_max_bytes=upstream_max_bytes(request, limits, max_bytes_cap),
         )
+        if not upstream:
+            return prepared
+        return (yield from self.upstream_in_ranges(prepared, every))
+
+    def upstream_in_ranges(
+        self, prepared: PreparedFetch, every: int
+    ) -> Generator[None, None, PreparedFetch]:
+        """*prepared* with its upstream request built (as ``prepare`` builds it unless told
+        not to): clamped, offsets moved past held batches, in the upstream rotation's order
+        for a full fetch; yields after every *every* partitions (0: never) of its walks.
+        The rotation is read and changed at one point."""
+        plan = prepared.plan
+        if prepared.upstream_request is not None or plan is None:
+            return prepared
+        request = prepared.client_request
+        # Running ahead, the partition cap is applied by trimming (``rlimits``) and
+        # upstream is asked the client's own partition max_bytes: a broker cuts a read at
+        # what it is asked, mid-batch, and a partial batch per partition per round would
+        # be fetched twice.  The response's max_bytes is the one cut.
+        upstream = yield from clamp_request_in_ranges(
+            request,
+            prepared.limits,
+            every,
+            max_bytes_cap=plan.max_bytes_cap,
+            partition_cap=plan.partition_cap,
+        )
+        if prepared.upstream_offsets:
+            full = yield from _partitions_full_in_ranges(
+                prepared.prefixes, prepared.response_limits, every
+            )
+            upstream = yield from _with_offsets_in_ranges(
+                upstream, prepared.upstream_offsets, plan.upstream_epochs, full, every
+            )
+        if is_full_fetch(request):
+            upstream = yield from self._rotate_in_ranges(upstream, every)
+        return dataclasses.replace(prepared, upstream_request=upstream, plan=None)
 
     def _ahead(self, limits: ResponseLimits, held: int) -> int | None:
         """The most record bytes to ask upstream for, so that all of it is delivered or held.
@@ -536,7 +588,7 @@ class FetchShaper:
             every,
             api_version=int(type(response).__version__),
             requested_max_bytes=int(prepared.client_request.max_bytes),
-            upstream_max_bytes=int(prepared.upstream_request.max_bytes),
+            upstream_max_bytes=prepared.upstream_max_bytes,
             limits=prepared.limits,
             buffered_bytes=buffered,
             max_starvation=self.serve_rotation.max_starvation,

@@ -153,3 +153,30 @@ def test_a_held_answer_is_built_in_ranges_and_is_the_same() -> None:
     assert expected is not None and answer == expected
     assert sliced.held_answers == whole.held_answers == 1
     assert yields >= 2 * N // EVERY  # the allocation of held batches and the answer's walk
+
+
+def test_a_fetch_answered_from_held_data_builds_no_upstream_request() -> None:
+    """The fetch path prepares without the upstream request (``upstream=False``) and builds
+    it only when held data does not answer: the clamp, the moved offsets and the rotation's
+    walks are spared for a held answer, and a request built later is the one ``prepare``
+    builds."""
+    request, response = _first_round(N)
+    whole, lazy = _twins(HOLDING)
+    for shaper in (whole, lazy):
+        shaper.finish(shaper.prepare(request), response)
+    again = make_request(V, {p: (1, 1 << 20) for p in range(N)})
+    expected = whole.prepare(again)
+    deferred, yields = counted(lazy.prepare_in_ranges(again, EVERY, upstream=False))
+    assert deferred.upstream_request is None
+    assert deferred.upstream_max_bytes == int(expected.upstream_request.max_bytes)
+    # the offsets named, the buffer's take and the response limits: three walks, not six
+    assert 3 * N // EVERY - 3 <= yields < 4 * N // EVERY
+    held = lazy.held_answer(deferred)
+    assert held is not None and held == whole.held_answer(expected)
+    assert deferred.upstream_request is None
+    built, yields = counted(lazy.upstream_in_ranges(deferred, EVERY))
+    assert built == expected
+    # the partitions whose held batches fill them, the moved offsets, the rotation's walk
+    assert yields >= 3 * N // EVERY - 3
+    # a finish of either gives the same decision (upstream's max_bytes included)
+    assert lazy.finish(deferred, held).decision == whole.finish(expected, held).decision
