@@ -1129,7 +1129,7 @@ class FetchPathHandler:
                 # Held data fills the response: answered with no upstream round (the
                 # upstream session learns the offsets from the next fetch it is given).
                 exchange.prepared, exchange.rack = prepared, step
-                yield from self._complete(exchange, held, upstream)
+                yield from self._complete(exchange, held, upstream, held=True)
                 return
             if large:
                 yield
@@ -1272,8 +1272,11 @@ class FetchPathHandler:
             return
         yield from self._complete(exchange, step.response, upstream)
 
-    def _complete(self, exchange: _Exchange, full: Any, upstream: Upstream) -> Slices:
-        """The full answer to the exchange's fetch (from upstream): shape it and answer."""
+    def _complete(
+        self, exchange: _Exchange, full: Any, upstream: Upstream, *, held: bool = False
+    ) -> Slices:
+        """The full answer to the exchange's fetch (from upstream, or *held*: made of held
+        data by ``FetchShaper.held_answer``): shape it and answer."""
         shaped: ShapedResponse | None = None
         if exchange.prepared is not None and int(getattr(full, "error_code", 0)) == 0:
             if exchange.large:
@@ -1281,7 +1284,7 @@ class FetchPathHandler:
                 if self.closed:
                     return
             shaped = yield from self.shaper.finish_in_ranges(
-                exchange.prepared, full, SLICE_PARTITIONS if exchange.large else 0
+                exchange.prepared, full, SLICE_PARTITIONS if exchange.large else 0, held=held
             )
             full = shaped.response
         if self.rack is not None and exchange.rack is not None:

@@ -260,15 +260,16 @@ def response_bound(
     With any partition the bound is at least *floor*, so a grant it caps still
     covers the exemption as the floor does.
     """
-    total = 0
-    least: int | None = None
-    for n in partition_max_bytes:
-        n = max(0, n if partition_cap is None else min(n, partition_cap))
-        total += n
-        least = n if least is None else min(least, n)
-    if least is None:
+    sizes = list(partition_max_bytes)
+    if not sizes:
         return 0
-    return total + max(0, floor - least)
+    if partition_cap is not None and max(sizes) > partition_cap:
+        sizes = [min(n, partition_cap) for n in sizes]
+    least = min(sizes)
+    if least < 0:
+        sizes = [max(0, n) for n in sizes]
+        least = 0
+    return sum(sizes) + max(0, floor - least)
 
 
 class Waiter(Protocol):

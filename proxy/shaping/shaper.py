@@ -464,7 +464,7 @@ class FetchShaper:
         return drain(steps)
 
     def finish_in_ranges(
-        self, prepared: PreparedFetch, response: Any, every: int
+        self, prepared: PreparedFetch, response: Any, every: int, *, held: bool = False
     ) -> Generator[None, None, ShapedResponse]:
         """``finish``, yielding after every *every* partitions (0: never) of its walks: over
         upstream's response (the bytes in memory, upstream's word on held batches), the
@@ -473,15 +473,20 @@ class FetchShaper:
         changes the watermarks, waits and rotations; the reuse buffer may be emptied by
         ``FetchPath.shed_buffers`` (another connection short of budget), after which the
         rest of upstream's word finds nothing to apply to, as it would at once.  The
-        grant is resized and the rotations observe at one point each."""
+        grant is resized and the rotations observe at one point each.
+
+        *held*: *response* is ``held_answer``'s, not upstream's.  It carries no word of
+        upstream to apply (its entries have the watermarks the client was given, raised
+        to the held batches', no error, epoch or replica) and no records of its own, so
+        its walk over the partitions for them is skipped."""
         grant = prepared.grant
         prefixes = dict(prepared.prefixes)
         discarded: set[PartitionKey] = set()
         in_memory = sum(p.run.size for p in prepared.prefixes.values())
         # Upstream's word matters only to held batches: none held, nothing to apply it to.
-        observe = bool(prefixes or len(self.buffer))
+        observe = bool(prefixes or len(self.buffer)) and not held
         walked = 0
-        for topic in response.responses if grant is not None or observe else ():
+        for topic in response.responses if (grant is not None and not held) or observe else ():
             tkey = topic_key(topic)
             for pd in topic.partitions:
                 walked += 1

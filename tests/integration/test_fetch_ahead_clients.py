@@ -73,8 +73,10 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> Watch:
     finish = FetchShaper.finish_in_ranges
     held_answer = FetchShaper.held_answer_in_ranges
 
-    def finishing(self: FetchShaper, prepared: PreparedFetch, response: Any, every: int) -> Any:
-        shaped = yield from finish(self, prepared, response, every)
+    def finishing(
+        self: FetchShaper, prepared: PreparedFetch, response: Any, every: int, **kw: Any
+    ) -> Any:
+        shaped = yield from finish(self, prepared, response, every, **kw)
         w.finished(self, shaped.response)
         return shaped
 

@@ -123,6 +123,23 @@ def test_response_bound_is_each_partition_s_max_bytes_plus_the_one_batch_exempti
     assert response_bound([-1, 10], 5) == 10 + 5  # a negative max_bytes returns nothing
 
 
+@settings(max_examples=500, deadline=None)
+@given(
+    sizes=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=12),
+    floor=st.integers(0, 2**31 - 1),
+    cap=st.none() | st.integers(0, 2**31 - 1),
+)
+def test_response_bound_is_the_sum_of_clamped_sizes_and_the_exemption(
+    sizes: list[int], floor: int, cap: int | None
+) -> None:
+    """The bound, computed with the built-ins over the whole list, is the plain per-partition
+    sum: each size capped and not below 0, plus what the floor exceeds the least by."""
+    clamped = [max(0, n if cap is None else min(n, cap)) for n in sizes]
+    expected = sum(clamped) + max(0, floor - min(clamped)) if clamped else 0
+    assert response_bound(sizes, floor, cap) == expected
+    assert response_bound(iter(sizes), floor, cap) == expected  # any iterable, read once
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     floor=st.integers(1, 3000),

@@ -178,5 +178,12 @@ def test_a_fetch_answered_from_held_data_builds_no_upstream_request() -> None:
     assert built == expected
     # the partitions whose held batches fill them, the moved offsets, the rotation's walk
     assert yields >= 3 * N // EVERY - 3
-    # a finish of either gives the same decision (upstream's max_bytes included)
-    assert lazy.finish(deferred, held).decision == whole.finish(expected, held).decision
+    # a finish of either gives the same (the decision's upstream max_bytes included); told
+    # the answer is held (no upstream word in it), finish skips its walk for upstream's word
+    shaped, yields = counted(lazy.finish_in_ranges(deferred, held, EVERY, held=True))
+    assert shaped == whole.finish(expected, held)
+    assert list(lazy.buffer.keys()) == list(whole.buffer.keys())
+    assert lazy.watermarks == whole.watermarks
+    assert lazy.waiting == whole.waiting
+    _, walked = counted(FetchShaper(HOLDING).finish_in_ranges(expected, held, EVERY))
+    assert yields < walked
