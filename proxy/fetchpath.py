@@ -104,7 +104,7 @@ the response limits, the ``max_partition_bytes`` clamp, the offsets moved past
 held batches, the upstream rotation's rebuild; ``held_answer_in_ranges``;
 ``finish_in_ranges``: upstream's word on held batches, the trim walks, the
 outcomes and the decision's totals), the partitions a full fetch no longer
-asks (``_shape_in_ranges``), and the encodes of the upstream request and of the client's
+asks (forgotten in prepare's first walk), and the encodes of the upstream request and of the client's
 response (``codec.encode_request_in_ranges``,
 ``encode_response_gathered_in_ranges``).  Between two ranges only this
 connection's own state is half-updated (its translator, its session, its
@@ -221,7 +221,7 @@ from .protocol.messages import (
     request_module,
     response_module,
 )
-from .protocol.partition_key import PartitionKey, TopicKey, topic_key
+from .protocol.partition_key import PartitionKey, TopicKey
 from .relay import rack_fetch, read_replica
 from .relay.racks import FallbackReason, RackMap, account
 from .relay.relay import ClientRequest, FrameCallback, PassThroughFetch, Upstream
@@ -1647,25 +1647,9 @@ def _shape_in_ranges(
     prepare yields after every *every* partitions of its walks, 0: never).  *upstream*
     False: the upstream request is left to ``_upstream_in_ranges`` (not needed for an
     answer from held data)."""
-    if len(shaper.buffer) or len(shaper.watermarks) > sum(
-        len(t.partitions) for t in request.topics
-    ):
-        # The client no longer fetches these (a full fetch lists every partition).
-        asked: set[PartitionKey] = set()
-        walked = 0
-        for topic in request.topics:
-            tkey = topic_key(topic)
-            for p in topic.partitions:
-                asked.add((tkey, int(p.partition)))
-                walked += 1
-                if every and walked % every == 0:
-                    yield
-        gone = [k for k in shaper.buffer.keys() if k not in asked]
-        gone += [k for k in shaper.watermarks if k not in asked and k not in shaper.buffer]
-        if gone:
-            shaper.forget(gone)
+    # The client no longer fetches what its full fetch does not list (forget_unlisted).
     prepared = yield from shaper.prepare_in_ranges(
-        request, every, grant=grant, max_bytes=max_bytes, upstream=upstream
+        request, every, grant=grant, max_bytes=max_bytes, upstream=upstream, forget_unlisted=True
     )
     return _no_long_poll(prepared) if upstream else prepared
 

@@ -105,6 +105,10 @@ class ShapingDecision:
         for walked, o in enumerate(outs, 1):
             if every and walked % every == 0:
                 yield
+            if not o.offered_bytes and not o.upstream_bytes and o.shaped:
+                # nothing on offer or from upstream (most partitions of a sessionless
+                # fetch): every count below is 0 for it
+                continue
             delivered_bytes += o.delivered_bytes
             delivered_records += o.delivered_records
             upstream_bytes += o.upstream_bytes

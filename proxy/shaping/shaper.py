@@ -226,6 +226,7 @@ class FetchShaper:
         session_offsets: Mapping[PartitionKey, tuple[int, int]] | None = None,
         session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
         upstream: bool = True,
+        forget_unlisted: bool = False,
     ) -> Generator[None, None, PreparedFetch]:
         """``prepare``, yielding after every *every* partitions (0: never) of its walks: the
         offsets the request names, the held batches taken from the reuse buffer (into the
@@ -238,7 +239,10 @@ class FetchShaper:
 
         *upstream* False: the upstream request is not built (``upstream_request`` None)
         until ``upstream_in_ranges`` is called, so a fetch answered from held data
-        (``held_answer``) spares the walks that build it."""
+        (``held_answer``) spares the walks that build it.  *forget_unlisted*: a full fetch
+        lists every partition the client reads, so what this connection holds for a
+        partition it does not list (held batches, watermarks, waits, rotations) is
+        forgotten, before anything is taken."""
         limits = self.limits
         client_offsets: dict[PartitionKey, int] = {}
         epochs: dict[PartitionKey, int] = {}
@@ -255,6 +259,8 @@ class FetchShaper:
                 walked += 1
                 if every and walked % every == 0:
                     yield
+        if forget_unlisted and is_full_fetch(request):
+            self._forget_unlisted(client_offsets)
         prefixes: dict[PartitionKey, Prefix] = {}
         upstream_offsets: dict[PartitionKey, int] = {}
         upstream_epochs: dict[PartitionKey, int] = {}
@@ -330,6 +336,15 @@ class FetchShaper:
         if is_full_fetch(request):
             upstream = yield from self._rotate_in_ranges(upstream, every)
         return dataclasses.replace(prepared, upstream_request=upstream, plan=None)
+
+    def _forget_unlisted(self, listed: Mapping[PartitionKey, int]) -> None:
+        buffer, marks = self.buffer, self.watermarks
+        if not len(buffer) and len(marks) <= len(listed):
+            return
+        gone = [k for k in buffer.keys() if k not in listed]
+        gone += [k for k in marks if k not in listed and k not in buffer]
+        if gone:
+            self.forget(gone)
 
     def _ahead(self, limits: ResponseLimits, held: int) -> int | None:
         """The most record bytes to ask upstream for, so that all of it is delivered or held.
@@ -553,6 +568,8 @@ class FetchShaper:
             elif outcome.error_code != 0 or not outcome.shaped:
                 marks.pop(key, None)
                 self.held_entries.pop(key, None)
+            if not outcome.offered_bytes and not outcome.upstream_bytes:
+                continue  # nothing on offer: nothing served, kept, delivered or fetched
             if outcome.delivered_batches:
                 served.append(key)
             if outcome.next_offset is not None:

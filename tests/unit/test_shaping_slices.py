@@ -187,3 +187,28 @@ def test_a_fetch_answered_from_held_data_builds_no_upstream_request() -> None:
     assert lazy.waiting == whole.waiting
     _, walked = counted(FetchShaper(HOLDING).finish_in_ranges(expected, held, EVERY))
     assert yields < walked
+
+
+def test_a_full_fetch_forgets_what_it_no_longer_lists() -> None:
+    """The fetch path prepares with ``forget_unlisted``: a full fetch lists every partition
+    the client reads, so the held batches, watermarks and waits of one it dropped go (in
+    prepare's first walk, before anything is taken); without it, they stay."""
+    n = 40
+    request, response = _first_round(n)
+    for forget in (True, False):
+        shaper = FetchShaper(HOLDING, buffer_capacity=1 << 30)
+        shaper.finish(shaper.prepare(request), response)
+        assert len(shaper.buffer) == n and len(shaper.watermarks) == n
+        half = make_request(V, {p: (1, 1 << 20) for p in range(n // 2)})
+        prepared = drain_prepare(shaper, half, forget)
+        assert len(prepared.prefixes) == n // 2
+        kept = {k[1] for k in shaper.buffer.keys()} | {k[1] for k in shaper.watermarks}
+        if forget:
+            assert kept == set(range(n // 2))  # (the taken batches left the buffer)
+        else:
+            assert kept == set(range(n))
+
+
+def drain_prepare(shaper: FetchShaper, request: Any, forget: bool) -> Any:
+    prepared, _ = counted(shaper.prepare_in_ranges(request, EVERY, forget_unlisted=forget))
+    return prepared
