@@ -425,7 +425,9 @@ def _sessionless_answer(version: int, full: Any, on_ids: bool, every: int) -> Ra
     entries one per run of a topic.  Upstream's full response is usually that already, and
     goes out as it is; else it is regrouped as ``_response`` does for a session context."""
     mod = response_module(FETCH, version)
-    canonical = type(full) is mod.FetchResponse and full.session_id == INVALID_SESSION_ID
+    canonical = type(full) is mod.FetchResponse and (
+        getattr(full, "session_id", INVALID_SESSION_ID) == INVALID_SESSION_ID  # (v7+)
+    )
     previous: Any = _NO_REF
     for topic in full.responses if canonical else ():
         ref = topic.topic_id if on_ids else topic.topic

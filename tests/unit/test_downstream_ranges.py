@@ -232,7 +232,7 @@ def odd_fetch(version: int, rng: random.Random) -> Any:
 
 
 @pytest.mark.parametrize("seed", range(40))
-@pytest.mark.parametrize("version", [7, 12, 13, 17])
+@pytest.mark.parametrize("version", [4, 6, 7, 12, 13, 17])
 def test_a_sessionless_fetch_is_opened_and_answered_as_the_general_path_does(
     seed: int, version: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
