@@ -25,9 +25,9 @@ time.  A consumer fetch (v4+, not a follower's) goes through
                                 the response (FetchShaper.held_answer, not for a
                                 fetch naming a rack) the client is answered from them
                                 with no upstream round (straight to shaping's finish);
-                                else FetchShaper.upstream builds the upstream request
-                                (caps clamped, offsets past held batches, round-robin
-                                order)
+                                else FetchShaper.upstream_in_ranges builds the
+                                upstream request (caps clamped, offsets past held
+                                batches, round-robin order)
       replica split             read_replica.split, only when the proxy follows
                                 preferred_read_replica for this client (Fetch
                                 v10-, or a client that ignores redirects):

@@ -232,14 +232,7 @@ class DownstreamSessions:
             # already in the form one is built in.
             listed = yield from _as_listed_in_ranges(request, on_ids, every)
             if listed:
-                full = consumer_fetch(
-                    request_module(FETCH, int(request.__version__)),
-                    request,
-                    session_id=INVALID_SESSION_ID,
-                    session_epoch=FINAL_EPOCH,
-                    topics=request.topics,
-                    forgotten=(),
-                )
+                full = _full_fetch(request, request.topics)
                 return DownstreamFetch(full, version, _SESSIONLESS, {}, named, as_listed=True)
         names = self.topic_ids.names_by_id()
 
@@ -435,7 +428,7 @@ def _sessionless_answer(version: int, full: Any, on_ids: bool, every: int) -> Ra
             ref == previous
             or not topic.partitions
             or type(topic) is not mod.FetchableTopicResponse
-            or not _at_defaults(topic, _RESPONSE_TOPIC_FIELDS)
+            or not _at_defaults(topic, _TOPIC_FIELDS)  # (the same names in responses)
         ):
             canonical = False
             break
@@ -468,15 +461,27 @@ def _sessionless_request(
     every: int = 0,
 ) -> Ranges[Any]:
     """The client's fetch as one sessionless full fetch at its own version."""
-    mod = request_module(FETCH, int(request.__version__))
     topics = yield from _listed_as_is(request, effective, on_ids, every)
     if topics is None:
+        mod = request_module(FETCH, int(request.__version__))
         topics = yield from _rebuilt_topics_in_ranges(mod, effective, on_ids, every)
-    return consumer_fetch(mod, request, session_id=0, session_epoch=-1, topics=topics, forgotten=())
+    return _full_fetch(request, topics)
+
+
+def _full_fetch(request: Any, topics: Any) -> Any:
+    """The client's *request* with *topics*, as one sessionless full fetch at its version."""
+    mod = request_module(FETCH, int(request.__version__))
+    return consumer_fetch(
+        mod,
+        request,
+        session_id=INVALID_SESSION_ID,
+        session_epoch=FINAL_EPOCH,
+        topics=topics,
+        forgotten=(),
+    )
 
 
 _TOPIC_FIELDS = frozenset({"topic", "topic_id", "partitions"})
-_RESPONSE_TOPIC_FIELDS = _TOPIC_FIELDS
 _PARTITION_FIELDS = frozenset(
     {
         "partition",

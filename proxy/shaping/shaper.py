@@ -112,7 +112,7 @@ class PreparedFetch:
     client_request: Any
     upstream_request: Any
     """The request to send upstream: clamped, rotated, offsets moved past held batches.
-    None until built (``FetchShaper.upstream``) when ``prepare`` was asked not to."""
+    None until built (``FetchShaper.upstream_in_ranges``) when ``prepare`` was asked not to."""
     limits: Limits
     response_limits: ResponseLimits
     prefixes: Mapping[PartitionKey, Prefix]

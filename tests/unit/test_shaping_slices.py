@@ -124,12 +124,18 @@ def test_the_clamp_to_max_partition_bytes_yields_every_range() -> None:
     assert yields >= 4 * N // EVERY
 
 
-def test_taking_held_batches_and_moving_offsets_past_them_yield_every_range() -> None:
+def _holding_twins() -> tuple[FetchShaper, FetchShaper, Any]:
+    """Twin shapers after the first round (every partition's second and third batches
+    held), and the fetch that asks for them next (every partition at offset 1)."""
     request, response = _first_round(N)
-    whole, sliced = _twins(HOLDING)
-    for shaper in (whole, sliced):
+    a, b = _twins(HOLDING)
+    for shaper in (a, b):
         shaper.finish(shaper.prepare(request), response)
-    again = make_request(V, {p: (1, 1 << 20) for p in range(N)})
+    return a, b, make_request(V, {p: (1, 1 << 20) for p in range(N)})
+
+
+def test_taking_held_batches_and_moving_offsets_past_them_yield_every_range() -> None:
+    whole, sliced, again = _holding_twins()
     expected = whole.prepare(again)
     prepared, yields = counted(sliced.prepare_in_ranges(again, EVERY))
     assert prepared == expected and len(prepared.prefixes) == N
@@ -143,11 +149,7 @@ def test_taking_held_batches_and_moving_offsets_past_them_yield_every_range() ->
 
 
 def test_a_held_answer_is_built_in_ranges_and_is_the_same() -> None:
-    request, response = _first_round(N)
-    whole, sliced = _twins(HOLDING)
-    for shaper in (whole, sliced):
-        shaper.finish(shaper.prepare(request), response)
-    again = make_request(V, {p: (1, 1 << 20) for p in range(N)})
+    whole, sliced, again = _holding_twins()
     expected = whole.held_answer(whole.prepare(again))
     answer, yields = counted(sliced.held_answer_in_ranges(sliced.prepare(again), EVERY))
     assert expected is not None and answer == expected
@@ -160,11 +162,7 @@ def test_a_fetch_answered_from_held_data_builds_no_upstream_request() -> None:
     it only when held data does not answer: the clamp, the moved offsets and the rotation's
     walks are spared for a held answer, and a request built later is the one ``prepare``
     builds."""
-    request, response = _first_round(N)
-    whole, lazy = _twins(HOLDING)
-    for shaper in (whole, lazy):
-        shaper.finish(shaper.prepare(request), response)
-    again = make_request(V, {p: (1, 1 << 20) for p in range(N)})
+    whole, lazy, again = _holding_twins()
     expected = whole.prepare(again)
     deferred, yields = counted(lazy.prepare_in_ranges(again, EVERY, upstream=False))
     assert deferred.upstream_request is None
