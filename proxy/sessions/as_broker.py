@@ -422,7 +422,9 @@ def _sessionless_answer(version: int, full: Any, on_ids: bool, every: int) -> Ra
         getattr(full, "session_id", INVALID_SESSION_ID) == INVALID_SESSION_ID  # (v7+)
     )
     previous: Any = _NO_REF
-    for topic in full.responses if canonical else ():
+    for i, topic in enumerate(full.responses if canonical else (), 1):
+        if every and i % every == 0:
+            yield  # (a topic entry per partition is possible: 20,000 of them)
         ref = topic.topic_id if on_ids else topic.topic
         if (
             ref == previous
@@ -438,9 +440,13 @@ def _sessionless_answer(version: int, full: Any, on_ids: bool, every: int) -> Ra
     # the same as a session context's answer: each partition once (the last answer for
     # it, at the place of the first), in the full response's order
     answered: dict[tuple[Any, int], Any] = {}
+    walked = 0
     for topic in full.responses:
         ref = topic.topic_id if on_ids else topic.topic
         for pd in topic.partitions:
+            walked += 1
+            if every and walked % every == 0:
+                yield
             answered[(ref, int(pd.partition_index))] = pd
     pairs = [(ref, pd) for (ref, _), pd in answered.items()]
     return (

@@ -275,3 +275,24 @@ def _no() -> Any:
     """``_as_listed_in_ranges`` saying no at once: the general path."""
     return False
     yield
+
+
+def test_a_sessionless_answer_of_20000_topic_entries_yields_in_its_walks() -> None:
+    """The as-listed answer checks upstream's topic entries and, when they must be
+    regrouped, walks the partitions twice: with a topic entry per partition each walk is
+    20,000 long, and yields as the others do."""
+    rng = random.Random(6)
+    n, every = 20_000, 500
+    ds = twins(1)[0]
+    request = fetch(12, [(f"t{i}", uuid.uuid4(), [0]) for i in range(n)], rng)
+    opened, _ = counted(ds.open_in_ranges(client(request), every))
+    assert isinstance(opened, DownstreamFetch) and opened.as_listed
+    full = full_answer(opened, rng)
+    answered, yields = counted(ds.answer_in_ranges(opened, full, every))
+    assert answered is full and yields >= n // every - 1  # the check of its entries
+    # a session id on upstream's answer (not the client's): regrouped, session id 0
+    answered, yields = counted(
+        ds.answer_in_ranges(opened, dataclasses.replace(full, session_id=5), every)
+    )
+    assert answered.session_id == 0 and len(answered.responses) == n
+    assert yields >= 2 * (n // every) - 2  # the partitions, then their grouping
