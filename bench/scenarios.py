@@ -23,7 +23,7 @@ import confluent_kafka
 from confluent_kafka.admin import AdminClient
 
 from . import fetchloop
-from .stack import Arrangement, ProxyProcess, Stack, cpu_seconds, rss_bytes
+from .stack import Arrangement, ProxyProcess, Stack, cpu_seconds, rss_bytes, stop
 
 Numbers = dict[str, float | None]
 FETCH = 'kafka_fetch_proxy_client_to_proxy_requests_total{api="fetch"}'
@@ -657,12 +657,16 @@ class IdleRss(Scenario):
     name = "rss"
     description = (
         "N connections to the leader's address, one ApiVersions round trip each, then idle for "
-        "`settle` s; VmRSS of the relay (and of the broker) with them open minus just before, over N."
+        "`settle` s; VmRSS of the relay (and of the broker) with them open minus just before, over N. "
+        "Each proxy repetition runs on a proxy process of its own, started for it: in a process "
+        "that has served earlier scenarios (or repetitions), new connections take memory the "
+        "allocator already holds, and the RSS does not show them."
     )
     title = "Memory per idle connection"
 
     def __init__(self) -> None:
         self.topic = ""
+        self.started = 0
 
     def cases(self, sizes: Sizes) -> list[str]:
         return [f"{sizes.rss_connections} conn"]
@@ -671,6 +675,17 @@ class IdleRss(Scenario):
         self.topic = _new_topic(stack, "rss", 1)
 
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
+        if arr.proxy is None:
+            return self._measure(stack, arr, case, sizes)
+        self.started += 1
+        fresh = stack.start_proxy((), f"proxy-rss-{self.started}")
+        try:
+            own = Arrangement("proxy", fresh.bootstrap, fresh.proc.pid, fresh)
+            return self._measure(stack, own, case, sizes)
+        finally:
+            stop(fresh.proc)
+
+    def _measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         n = int(case.split()[0])
         address = leader_address(arr.bootstrap, self.topic)
         time.sleep(sizes.settle)
