@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy import config
-
 SHAPED = {"max_records": 500, "max_partition_bytes": 65_536}
 CAPS = ("max_records", "max_partition_records", "max_partition_bytes", "max_response_bytes")
 shaped_proxies = 0
@@ -24,7 +22,14 @@ shaped_proxies = 0
 
 
 def pytest_configure() -> None:
-    """Patch before any fixture starts a stack (stacks are module- and session-scoped)."""
+    """Patch before any fixture starts a stack (stacks are module- and session-scoped).
+
+    ``proxy.config`` is imported here, not at the top: it imports kio, which imports
+    hypothesis and builds strategies, and a ``-p`` plugin is imported before hypothesis's
+    own pytest plugin, which then refuses to load (``HypothesisSideeffectWarning``, an
+    error under the suite's ``filterwarnings``)."""
+    from proxy import config
+
     plain = config.validate
 
     def shaped(values: Mapping[str, Any], source: Mapping[str, str] | None = None) -> Any:
