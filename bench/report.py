@@ -693,5 +693,28 @@ def merge_markdown(
             ]
         section = "\n".join(scenario_section(name, data, plot_dir, plotted, tuple(preface)))
         text = _replace_section(text, data["title"], section + "\n", "## Sizes")
+        for t in targets:
+            text = _replace_target_row(text, t)
     section = "\n".join(sizing(combine(base, partial)))
     return _replace_section(text, "Sizing", section + "\n", "## Sizes")
+
+
+def _replace_target_row(text: str, target: dict[str, Any]) -> str:
+    """*text* with the top Targets table's row of *target* (the same target and case)
+    replaced by the merged run's verdict, labelled with that run, so the table at the
+    top does not keep a verdict the run below it contradicts.  The row of a target the
+    table does not have is left out: the table lists the full run's targets."""
+    start = text.find("\n## Targets\n")
+    if start < 0:
+        return text
+    end = text.find("\n## ", start + 1)
+    end = len(text) if end < 0 else end
+    prefix = f"| {target['target']} | {target['case'] or '-'} | "
+    table = text[start:end].split("\n")
+    for i, line in enumerate(table):
+        if line.startswith(prefix):
+            table[i] = (
+                f"{prefix}**{target['status']}** | {target['numbers']} "
+                f"(merged from {target['run']}: see its section) |"
+            )
+    return text[:start] + "\n".join(table) + text[end:]

@@ -30,3 +30,51 @@ def test_nothing_is_kept_without_the_mark_or_the_file(run: ModuleType, tmp_path:
     assert run.kept_discussion(page) == ""
     page.write_text("# Benchmarks\n\n## Discussion\n\nno mark\n")
     assert run.kept_discussion(page) == ""
+
+
+@pytest.fixture
+def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``bench.report`` (imported as ``bench.run`` is, above)."""
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module("bench.report")
+
+
+def test_a_merged_run_replaces_its_targets_rows_in_the_top_table(report: ModuleType) -> None:
+    page = "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            "## Targets",
+            "",
+            "| target | case | status | numbers |",
+            "|---|---|---|---|",
+            "| <= 30 KB RSS per idle connection | 1000 conn | **met** | 0.0 KB per connection |",
+            "| uncompressed throughput | uncompressed | **missed** | 0.81x haproxy |",
+            "",
+            "## Memory per idle connection",
+            "",
+            "| 1000 conn | proxy | 49 |",
+            "",
+            "## Sizes",
+            "",
+        ]
+    )
+    merged = {
+        "target": "<= 30 KB RSS per idle connection",
+        "case": "1000 conn",
+        "status": "missed",
+        "numbers": "50.4 KB per connection",
+        "run": "ec66057, 2026-11-26T23:23, 3 rep.",
+        "scenario": "rss",
+    }
+    out = report._replace_target_row(page, merged)
+    rows = [line for line in out.splitlines() if line.startswith("| <= 30 KB")]
+    assert rows == [
+        "| <= 30 KB RSS per idle connection | 1000 conn | **missed** | 50.4 KB per connection"
+        " (merged from ec66057, 2026-11-26T23:23, 3 rep.: see its section) |"
+    ]
+    # the other target's row and the scenario's own section are left as they were
+    assert "| uncompressed throughput | uncompressed | **missed** | 0.81x haproxy |" in out
+    assert "| 1000 conn | proxy | 49 |" in out
+    other = {**merged, "case": "100 conn"}
+    assert report._replace_target_row(page, other) == page
