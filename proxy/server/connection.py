@@ -246,6 +246,10 @@ class Connection:
         self.upstream_paused = False
         """The upstream connection is not read: the Fetch response in progress waits for
         memory budget (``FetchHandler.reserve_response``)."""
+        self._ended = False
+        """``run`` has ended (its nursery is closed to new tasks)."""
+        self._wakeup = trio.Event()
+        """Set by the fetch handler's waker; ``_wake_loop`` waits on it (``_bind_waker``)."""
         self.reading_paused: str | None = None
         """Why the client is not read for request memory: ``"own"`` (its requests must
         drain first) or ``"pool"`` (the process's request memory is taken); None: it is."""
@@ -287,12 +291,13 @@ class Connection:
                 nursery.start_soon(self._guard, self._client_loop, scope)
                 nursery.start_soon(self._guard, self._upstream_loop, scope)
                 nursery.start_soon(self._guard, self._writer_loop, scope)
-                nursery.start_soon(self._guard, self._wake_loop, scope)
+                self._bind_waker(nursery, scope)
                 if self.background is not None:
                     nursery.start_soon(self._guard, self.background, scope)
                 if self.idle_timeout > 0:
                     nursery.start_soon(self._guard, self._idle_loop, scope)
         finally:
+            self._ended = True  # the nursery is closed: a late wake starts nothing
             if self.drain_effects is not None:
                 self.drain_effects()  # what the last inputs did
             self._account.close()  # its request memory goes back to the other connections
@@ -715,6 +720,25 @@ class Connection:
             " client_write_timeout_seconds)",
         )
 
+    def _bind_waker(self, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
+        """Give the fetch handler its waker; the task that serves it (``_wake_loop``) is
+        started at the first wake, so a connection that never needs one (no fetch that
+        waited for budget, no large fetch: most of them) holds no task, coroutine and
+        event for it (a few KiB each of 1,000 idle connections).  A wake once the
+        connection has ended (another connection freeing budget) starts nothing."""
+        wakeup = trio.Event()
+        self._wakeup = wakeup
+        started = False
+
+        def wake() -> None:
+            nonlocal started
+            self._wakeup.set()
+            if not started and not self._ended:
+                started = True
+                nursery.start_soon(self._guard, self._wake_loop, scope)
+
+        self.fetch_handler.bind_waker(wake)
+
     async def _wake_loop(self) -> None:
         """Fetches that waited outside this connection (the memory budget) resume here,
         and a large fetch's slices run here, one per scheduler batch, in the lane.
@@ -732,19 +756,13 @@ class Connection:
         decoded at once).
         """
         fetch_handler = self.fetch_handler
-        wakeup = trio.Event()
-
-        def wake() -> None:
-            wakeup.set()
-
-        fetch_handler.bind_waker(wake)
         lane = _slice_lane()
         while True:
-            await wakeup.wait()
+            await self._wakeup.wait()
             async with lane:
                 turn_ends = trio.current_time() + SLICE_LANE_TURN_SECONDS
                 while True:
-                    wakeup = trio.Event()
+                    self._wakeup = wakeup = trio.Event()
                     fetch_handler.resume()
                     self._notify()  # an upstream loop waiting for budget asks again
                     self._take_replies()

@@ -53,8 +53,8 @@ async def test_large_fetches_take_the_lane_in_turn_and_others_run_between_slices
     fetches = [SlicedFetch(name, 5, log) for name in "abc"]
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            for f in fetches:
-                nursery.start_soon(connection(f)._wake_loop)
+            for f in fetches:  # (each connection's wake task starts at its first wake)
+                connection(f)._bind_waker(nursery, trio.CancelScope())
             await trio.testing.wait_all_tasks_blocked()
 
             async def other_client() -> None:  # another connection's task, always ready
@@ -77,3 +77,29 @@ async def test_large_fetches_take_the_lane_in_turn_and_others_run_between_slices
     first = log.index(slices[0])
     last = len(log) - 1 - log[::-1].index(slices[-1])
     assert log[first:last].count("-") >= len(slices) - 1 - 2
+
+
+async def test_the_wake_task_starts_at_the_first_wake_and_never_after_the_end() -> None:
+    """A connection holds no wake task until its fetch handler first wakes it (an idle
+    connection never does), and a wake after the connection ended (another connection
+    freeing budget) starts nothing in its closed nursery."""
+    log: list[str] = []
+    fetch = SlicedFetch("a", 1, log)
+    conn = connection(fetch)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            conn._bind_waker(nursery, trio.CancelScope())
+            await trio.testing.wait_all_tasks_blocked()
+            assert nursery.child_tasks == frozenset()
+            fetch.wake()
+            assert len(nursery.child_tasks) == 1
+            await trio.testing.wait_all_tasks_blocked()
+            assert log == ["a"]
+            nursery.cancel_scope.cancel()
+        late = SlicedFetch("b", 1, log)
+        ended = connection(late)
+        async with trio.open_nursery() as closed:
+            ended._bind_waker(closed, trio.CancelScope())
+        ended._ended = True  # as ``run`` marks it when its nursery has closed
+        late.wake()  # no RuntimeError from a closed nursery
+        assert log == ["a"]
