@@ -248,6 +248,10 @@ class Connection:
         memory budget (``FetchHandler.reserve_response``)."""
         self._ended = False
         """``run`` has ended (its nursery is closed to new tasks)."""
+        self._nursery: trio.Nursery | None = None
+        self._scope: trio.CancelScope | None = None
+        """``run``'s nursery and cancel scope, for the tasks started when first needed."""
+        self._writer_started = False
         self._wakeup = trio.Event()
         """Set by the fetch handler's waker; ``_wake_loop`` waits on it (``_bind_waker``)."""
         self.reading_paused: str | None = None
@@ -290,7 +294,7 @@ class Connection:
                 scope = nursery.cancel_scope
                 nursery.start_soon(self._guard, self._client_loop, scope)
                 nursery.start_soon(self._guard, self._upstream_loop, scope)
-                nursery.start_soon(self._guard, self._writer_loop, scope)
+                self._nursery, self._scope = nursery, scope  # (the writer starts when needed)
                 self._bind_waker(nursery, scope)
                 if self.background is not None:
                     nursery.start_soon(self._guard, self.background, scope)
@@ -371,8 +375,8 @@ class Connection:
             self._out += frames
             self.buffered += sum(4 + len(f) for f in frames)
             self.peak_buffered = max(self.peak_buffered, self.buffered)
-            if wake_writer and self._queued:
-                self._queued.unpark_all()
+            if wake_writer:
+                self._wake_writer()
             self._notify()
 
     def _can_read_client(self) -> bool:
@@ -614,13 +618,12 @@ class Connection:
         before.  Only on a plain TCP client socket, while the client is not being
         drained (``_client_sender``); otherwise the writer writes everything."""
         if not self._out or self._writing_client or self._unsent:
-            if self._out and self._queued:
-                self._queued.unpark_all()
+            if self._out:
+                self._wake_writer()
             return
         send_now = self._client_sender()
         if send_now is None:
-            if self._queued:
-                self._queued.unpark_all()
+            self._wake_writer()
             return
         frames, self._out = self._out, []
         meter = self.meter
@@ -640,8 +643,7 @@ class Connection:
                     # The rest waits for the client: the writer writes it, then what follows.
                     chunks[-1] = memoryview(chunk)[sent:]
                     self._unsent, self._unsent_done = chunks, done
-                    if self._queued:
-                        self._queued.unpark_all()
+                    self._wake_writer()
                     return
                 chunks.pop()
             if done is not None and meter is not None:
@@ -662,6 +664,18 @@ class Connection:
         if isinstance(client, ImmediateWrites):
             return client.immediate_sender()
         return None
+
+    def _wake_writer(self) -> None:
+        """Responses wait for the writer: wake it, or start it.  It is started at the first
+        response the upstream loop could not write itself (``_write_client_now``), so a
+        connection whose answers all went out at once (most small ones) holds no writer
+        task.  Once the connection has ended nothing is started."""
+        if self._writer_started:
+            if self._queued:
+                self._queued.unpark_all()
+        elif not self._ended and self._nursery is not None and self._scope is not None:
+            self._writer_started = True
+            self._nursery.start_soon(self._guard, self._writer_loop, self._scope)
 
     async def _writer_loop(self) -> None:
         """Write the queued responses in order; each buffer is let go once written.
