@@ -252,6 +252,7 @@ class Connection:
         self._scope: trio.CancelScope | None = None
         """``run``'s nursery and cancel scope, for the tasks started when first needed."""
         self._writer_started = False
+        self._waker_started = False
         self._wakeup = trio.Event()
         """Set by the fetch handler's waker; ``_wake_loop`` waits on it (``_bind_waker``)."""
         self.reading_paused: str | None = None
@@ -294,8 +295,8 @@ class Connection:
                 scope = nursery.cancel_scope
                 nursery.start_soon(self._guard, self._client_loop, scope)
                 nursery.start_soon(self._guard, self._upstream_loop, scope)
-                self._nursery, self._scope = nursery, scope  # (the writer starts when needed)
-                self._bind_waker(nursery, scope)
+                self._nursery, self._scope = nursery, scope  # (writer and waker: when needed)
+                self._bind_waker()
                 if self.background is not None:
                     nursery.start_soon(self._guard, self.background, scope)
                 if self.idle_timeout > 0:
@@ -673,9 +674,17 @@ class Connection:
         if self._writer_started:
             if self._queued:
                 self._queued.unpark_all()
-        elif not self._ended and self._nursery is not None and self._scope is not None:
-            self._writer_started = True
-            self._nursery.start_soon(self._guard, self._writer_loop, self._scope)
+        else:
+            self._writer_started = self._start_when_needed(self._writer_loop)
+
+    def _start_when_needed(self, loop: Callable[[], Awaitable[None]]) -> bool:
+        """Start *loop* as one of ``run``'s tasks (the writer, the waker: tasks most
+        connections never need, started at their first use).  False: nothing started,
+        the connection has ended (its nursery is closed) or not begun."""
+        if self._ended or self._nursery is None or self._scope is None:
+            return False
+        self._nursery.start_soon(self._guard, loop, self._scope)
+        return True
 
     async def _writer_loop(self) -> None:
         """Write the queued responses in order; each buffer is let go once written.
@@ -734,22 +743,17 @@ class Connection:
             " client_write_timeout_seconds)",
         )
 
-    def _bind_waker(self, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
+    def _bind_waker(self) -> None:
         """Give the fetch handler its waker; the task that serves it (``_wake_loop``) is
         started at the first wake, so a connection that never needs one (no fetch that
         waited for budget, no large fetch: most of them) holds no task, coroutine and
         event for it (a few KiB each of 1,000 idle connections).  A wake once the
         connection has ended (another connection freeing budget) starts nothing."""
-        wakeup = trio.Event()
-        self._wakeup = wakeup
-        started = False
 
         def wake() -> None:
-            nonlocal started
             self._wakeup.set()
-            if not started and not self._ended:
-                started = True
-                nursery.start_soon(self._guard, self._wake_loop, scope)
+            if not self._waker_started:
+                self._waker_started = self._start_when_needed(self._wake_loop)
 
         self.fetch_handler.bind_waker(wake)
 

@@ -48,13 +48,20 @@ def connection(fetch: SlicedFetch) -> Connection:
     )
 
 
+def bound(conn: Connection, nursery: trio.Nursery) -> Connection:
+    """*conn* with its waker bound as ``run`` binds it, its tasks started in *nursery*."""
+    conn._nursery, conn._scope = nursery, trio.CancelScope()
+    conn._bind_waker()
+    return conn
+
+
 async def test_large_fetches_take_the_lane_in_turn_and_others_run_between_slices() -> None:
     log: list[str] = []
     fetches = [SlicedFetch(name, 5, log) for name in "abc"]
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             for f in fetches:  # (each connection's wake task starts at its first wake)
-                connection(f)._bind_waker(nursery, trio.CancelScope())
+                bound(connection(f), nursery)
             await trio.testing.wait_all_tasks_blocked()
 
             async def other_client() -> None:  # another connection's task, always ready
@@ -88,7 +95,7 @@ async def test_the_wake_task_starts_at_the_first_wake_and_never_after_the_end() 
     conn = connection(fetch)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            conn._bind_waker(nursery, trio.CancelScope())
+            bound(conn, nursery)
             await trio.testing.wait_all_tasks_blocked()
             assert nursery.child_tasks == frozenset()
             fetch.wake()
@@ -99,7 +106,7 @@ async def test_the_wake_task_starts_at_the_first_wake_and_never_after_the_end() 
         late = SlicedFetch("b", 1, log)
         ended = connection(late)
         async with trio.open_nursery() as closed:
-            ended._bind_waker(closed, trio.CancelScope())
+            bound(ended, closed)
         ended._ended = True  # as ``run`` marks it when its nursery has closed
         late.wake()  # no RuntimeError from a closed nursery
         assert log == ["a"]
