@@ -633,14 +633,23 @@ def budget_advice(results: dict[str, Any]) -> str:
 # -- merging a partial run into the published BENCHMARKS.md --------------------------------
 
 
+def _section_span(text: str, title: str) -> tuple[int, int] | None:
+    """Where *text*'s ``## {title}`` section is: from the newline before its heading to
+    the newline before the next ``## `` heading (or the end); None when it has none."""
+    head = f"## {title}\n"
+    at = text.find("\n" + head)
+    if at < 0:
+        return None
+    end = text.find("\n## ", at + len(head))
+    return at, len(text) if end < 0 else end
+
+
 def _replace_section(text: str, title: str, section: str, before: str) -> str:
     """*text* with its ``## {title}`` section (up to the next ``## ``) replaced by
     *section*, or *section* inserted before the line *before* when there is none."""
-    head = f"## {title}\n"
-    at = text.find("\n" + head)
-    if at >= 0:
-        end = text.find("\n## ", at + len(head))
-        end = len(text) if end < 0 else end
+    span = _section_span(text, title)
+    if span is not None:
+        at, end = span
         return text[: at + 1] + section.rstrip("\n") + "\n" + text[end:]
     at = text.find("\n" + before)
     if at < 0:
@@ -704,11 +713,10 @@ def _replace_target_row(text: str, target: dict[str, Any]) -> str:
     replaced by the merged run's verdict, labelled with that run, so the table at the
     top does not keep a verdict the run below it contradicts.  The row of a target the
     table does not have is left out: the table lists the full run's targets."""
-    start = text.find("\n## Targets\n")
-    if start < 0:
+    span = _section_span(text, "Targets")
+    if span is None:
         return text
-    end = text.find("\n## ", start + 1)
-    end = len(text) if end < 0 else end
+    start, end = span
     prefix = f"| {target['target']} | {target['case'] or '-'} | "
     table = text[start:end].split("\n")
     for i, line in enumerate(table):
