@@ -73,14 +73,15 @@ Limits (each a setting, see ``proxy.config``):
     response after its ``request.timeout.ms`` (30 s) anyway, so a client that
     has taken nothing for that long is not going to, and the budget it holds
     serves the others again.
-``idle_timeout``
+``idle`` (``idle_timeout_seconds``)
     the connection closes (``idle_timeout``) when no request awaits its
-    response and no byte has moved to or from the client for that long; a
+    response and no byte has moved to or from the client for the timeout; a
     request waiting upstream (a long-poll Fetch) keeps it open, unless its
     answer is stuck behind responses the client does not read.  The check
-    costs one timer per timeout period, not a wake-up per message: the timer
-    fires at the earliest moment the connection could be idle long enough and
-    re-arms itself from the latest activity.
+    costs one look per timeout period, not a wake-up per message, and no task
+    of the connection's own: the process's one ``IdleTimer`` (``idle.py``)
+    looks at the earliest moment the connection could be idle long enough and
+    again from the latest activity.
 
 Scheduler turns: a request and its response cost the tasks that move them and
 nothing else.  The upstream loop writes the responses it read to a plain TCP
@@ -100,6 +101,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -110,6 +112,7 @@ from ..protocol.errors import FrameTooLarge, ProtocolError
 from ..protocol.framing import BodyPool, Buffer, FrameDecoder, Payload, frame_chunks
 from ..relay.relay import FetchHandler, Relay
 from ..relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
+from .idle import IdleTimer, IdleWatch
 from .sockets import LeanSocketStream
 
 if TYPE_CHECKING:
@@ -172,14 +175,13 @@ class Connection:
         *,
         max_frame_bytes: int,
         max_client_buffer_bytes: int = DEFAULT_MAX_CLIENT_BUFFER_BYTES,
-        idle_timeout: float = 0.0,
+        idle: IdleTimer | None = None,
         client_write_timeout: float = 0.0,
         on_request: Callable[[int, int, int], None] | None = None,
         meter: TrafficMeter | None = None,
         max_request_frame_bytes: int | None = None,
         request_frame_timeout: float = 0.0,
         request_memory: RequestMemory | None = None,
-        background: Callable[[], Awaitable[None]] | None = None,
         drain_effects: Callable[[], None] | None = None,
         bodies: BodyPool | None = None,
     ) -> None:
@@ -190,8 +192,8 @@ class Connection:
         self.bodies = bodies
         """Where large upstream frame bodies come from (``FetchPath.bodies``; None: fresh)."""
         self.max_client_buffer_bytes = max_client_buffer_bytes
-        self.idle_timeout = idle_timeout
-        """Seconds; 0: never close for idleness."""
+        self.idle = idle
+        """The process's idle timer (``idle.py``); None: never close for idleness."""
         self.client_write_timeout = client_write_timeout
         """Seconds a write to the client may take; 0: no limit."""
         self.on_request = on_request
@@ -201,12 +203,10 @@ class Connection:
         self.fetch_handler: FetchHandler = relay.fetch_handler
         """The relay's fetch handler: the loops below call the edge's part of its
         ``FetchHandler`` protocol (memory budget, its waker, the responses written)."""
-        self.background = background
         self.drain_effects = drain_effects
         """Takes what the fetch handler did (``proxy.effects``) to the metrics and the
         decision log (``proxy.observe.apply.drain``): called after every input the loops
         feed the handler, so its effects never pile up."""
-        """A task that lives as long as the connection (its replica links, ``replicas.py``)."""
         self._upstream_lock = trio.Lock()
         self._changed = trio.lowlevel.ParkingLot()
         """Tasks waiting for slots or queued bytes to change (``_notify`` wakes them)."""
@@ -290,6 +290,7 @@ class Connection:
         """Relay until one side ends; returns the reason (see ``proxy.logs``)."""
         self._last_active = trio.current_time()
         self._log_requests = _debug_enabled()
+        watch: IdleWatch | None = None
         try:
             async with trio.open_nursery() as nursery:
                 scope = nursery.cancel_scope
@@ -297,12 +298,12 @@ class Connection:
                 nursery.start_soon(self._guard, self._upstream_loop, scope)
                 self._nursery, self._scope = nursery, scope  # (writer and waker: when needed)
                 self._bind_waker()
-                if self.background is not None:
-                    nursery.start_soon(self._guard, self.background, scope)
-                if self.idle_timeout > 0:
-                    nursery.start_soon(self._guard, self._idle_loop, scope)
+                if self.idle is not None:
+                    watch = self.idle.watch(self._idle_check, self._last_active + self.idle.timeout)
         finally:
             self._ended = True  # the nursery is closed: a late wake starts nothing
+            if watch is not None:
+                watch.cancel()
             if self.drain_effects is not None:
                 self.drain_effects()  # what the last inputs did
             self._account.close()  # its request memory goes back to the other connections
@@ -332,9 +333,15 @@ class Connection:
             self.outcome.reason = reason
             self.outcome.error = error
 
-    async def _guard(self, loop: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
+    async def _guard(
+        self, loop: Callable[[], Awaitable[None]], scope: trio.CancelScope, *, ends: bool = True
+    ) -> None:
+        """Run one of the connection's tasks: when it ends (*ends*) or fails, so does the
+        connection."""
+        failed = True
         try:
             await loop()
+            failed = False
         except ProtocolError as exc:
             if self.outcome.reason is None and isinstance(exc, FrameTooLarge):
                 self.outcome.frame_too_large = True
@@ -345,7 +352,8 @@ class Connection:
             log.exception("connection_failed", error=f"{type(exc).__name__}: {exc}")
             self._finish("internal_error", f"{type(exc).__name__}: {exc}")
         finally:
-            scope.cancel()
+            if ends or failed:
+                scope.cancel()
 
     # --- state changes ---------------------------------------------------------------------
 
@@ -677,6 +685,22 @@ class Connection:
         else:
             self._writer_started = self._start_when_needed(self._writer_loop)
 
+    @property
+    def running(self) -> bool:
+        """``run`` has begun and not ended: tasks can start beside its loops."""
+        return not self._ended and self._nursery is not None
+
+    def start_task(self, task: Callable[[], Awaitable[None]]) -> bool:
+        """Start *task* beside the connection's loops, for at most as long as the
+        connection lives (a replica link, ``replicas.py``: started by its first fetch, so
+        a connection that never follows a replica runs no task for it).  Its end does not
+        end the connection; an exception it lets out does, as a loop's.  False: nothing
+        started (the connection has ended or not begun)."""
+        if self._ended or self._nursery is None or self._scope is None:
+            return False
+        self._nursery.start_soon(partial(self._guard, task, self._scope, ends=False))
+        return True
+
     def _start_when_needed(self, loop: Callable[[], Awaitable[None]]) -> bool:
         """Start *loop* as one of ``run``'s tasks (the writer, the waker: tasks most
         connections never need, started at their first use).  False: nothing started,
@@ -791,26 +815,23 @@ class Connection:
                     await trio.lowlevel.checkpoint()  # another slice follows: others run first
             await self._send_upstream()
 
-    async def _idle_loop(self) -> None:
-        """Close the connection once it has been idle for ``idle_timeout`` seconds.
-
-        No wake-up per message: the timer sleeps until the earliest moment the
-        connection could have been idle for the whole timeout and then looks at
-        the state (the latest activity, what is in flight), re-arming itself
-        from it.  Activity only moves ``_last_active``; a request in flight
-        upstream with nothing queued for the client (a long poll) is activity
-        that lasts, so the timer looks again a whole timeout later.
-        """
-        while True:
-            now = trio.current_time()
-            if self.relay.in_flight and not self.buffered:
-                deadline = now + self.idle_timeout  # a request awaits upstream (a long poll)
-            else:
-                deadline = self._last_active + self.idle_timeout
-                if now >= deadline:
-                    self._finish("idle_timeout")
-                    return
-            await trio.sleep_until(deadline)
+    def _idle_check(self, now: float) -> float | None:
+        """The idle timer's look at this connection (``IdleTimer.watch``): close it if it
+        has been idle for the whole timeout (None), else when to look again.  Activity
+        only moves ``_last_active``; a request in flight upstream with nothing queued for
+        the client (a long poll) is activity that lasts, so it looks again a whole
+        timeout later."""
+        assert self.idle is not None
+        if self._ended or self._scope is None:
+            return None
+        if self.relay.in_flight and not self.buffered:
+            return now + self.idle.timeout  # a request awaits upstream (a long poll)
+        deadline = self._last_active + self.idle.timeout
+        if now >= deadline:
+            self._finish("idle_timeout")
+            self._scope.cancel()
+            return None
+        return deadline
 
     async def close_upstream_session(self) -> None:
         """The client closed (or reset) the connection, or the proxy drains it

@@ -49,7 +49,8 @@ from ..relay.relay import FetchHandler, Relay
 from ..relay.request_memory import RequestMemory
 from ..sessions.as_broker import limit_session_partitions
 from .connection import RECEIVE_BYTES, Connection, ImmediateWrites
-from .replicas import ReplicaLinks
+from .idle import IdleTimer
+from .replicas import ReplicaLinks, TaskHost
 from .silent import SilentSockets
 from .sockets import LeanSocketStream, lean
 from .upstream import LazyUpstream, client_ssl_context, open_upstream, server_ssl_context
@@ -280,6 +281,10 @@ class Proxy:
         """Plain-TCP connections that have not sent a byte yet: no task each, one watcher
         for all (``proxy.server.silent``); ``drain()`` closes them."""
         self._connections: trio.Nursery | None = None
+        self.idle = (
+            IdleTimer(settings.idle_timeout_seconds) if settings.idle_timeout_seconds > 0 else None
+        )
+        """Every client connection's idle timeout, on one task (``proxy.server.idle``)."""
         self._listen_scope = trio.CancelScope()
         self._served = trio.Event()
         self._conn_ids = itertools.count(1)
@@ -362,29 +367,37 @@ class Proxy:
     ) -> None:
         self.bind()
         try:
-            # Client connections live in their own nursery, so that drain() can close
-            # the listeners (and stop discovery and probes) while they finish.
-            async with trio.open_nursery() as connections:
-                self._connections = connections
-                try:
-                    with self._listen_scope:
-                        async with trio.open_nursery() as nursery:
-                            self._nursery = nursery
-                            await nursery.start(self.silent.run)
-                            assert self._bootstrap_sock is not None
-                            nursery.start_soon(self._serve_listener, self._bootstrap_sock, None)
-                            log.info(
-                                "listener_bound",
-                                listener="bootstrap",
-                                address=str(self.bootstrap),
-                            )
-                            nursery.start_soon(self._discover)
-                            task_status.started(self)
-                finally:  # stopped or cancelled: no socket is left open unwatched
-                    self._close_silent_sockets()
-                log.info("listeners_closed", connections=len(self._drains))
+            # The idle timer serves every connection: it stops once they have all ended.
+            async with trio.open_nursery() as timers:
+                if self.idle is not None:
+                    timers.start_soon(self.idle.run)
+                await self._serve_connections(task_status)
+                timers.cancel_scope.cancel()
         finally:
             self._served.set()
+
+    async def _serve_connections(self, task_status: trio.TaskStatus[Proxy]) -> None:
+        # Client connections live in their own nursery, so that drain() can close
+        # the listeners (and stop discovery and probes) while they finish.
+        async with trio.open_nursery() as connections:
+            self._connections = connections
+            try:
+                with self._listen_scope:
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        await nursery.start(self.silent.run)
+                        assert self._bootstrap_sock is not None
+                        nursery.start_soon(self._serve_listener, self._bootstrap_sock, None)
+                        log.info(
+                            "listener_bound",
+                            listener="bootstrap",
+                            address=str(self.bootstrap),
+                        )
+                        nursery.start_soon(self._discover)
+                        task_status.started(self)
+            finally:  # stopped or cancelled: no socket is left open unwatched
+                self._close_silent_sockets()
+            log.info("listeners_closed", connections=len(self._drains))
 
     async def drain(self) -> None:
         """Stop serving: the listeners first, then each connection once it is answered.
@@ -645,18 +658,19 @@ class Proxy:
                     relay,
                     max_frame_bytes=self.settings.max_frame_bytes,
                     max_client_buffer_bytes=self.settings.max_client_buffer_bytes,
-                    idle_timeout=self.settings.idle_timeout_seconds,
+                    idle=self.idle,
                     client_write_timeout=self.settings.client_write_timeout_seconds,
                     max_request_frame_bytes=self.settings.max_request_frame_bytes,
                     request_frame_timeout=self.settings.request_frame_timeout_seconds,
                     request_memory=self.request_memory,
                     meter=self._meter(node_id),
-                    background=links.run,
                     drain_effects=partial(
                         drain_effects, path_handler, self.metrics, self.decision_log
                     ),
                     bodies=self.fetch_path.bodies,
                 )
+                # a link's task, and the wait for quiet once draining, run beside its loops
+                links.host = drainable.host = conn
                 conn.on_request = partial(_first_request_arrived, self.slots, slot, conn)
                 self.live[conn_id] = LiveConnection(conn_id, node_id, relay, conn)
                 drainable.quiet = _answered(relay, conn)
@@ -668,10 +682,11 @@ class Proxy:
                     reason = await drainable.serve(conn.run)
                 finally:
                     self._drains.discard(drainable)
-                    # Both close over conn, which holds them: without this the closed
+                    # These refer to conn, which holds them: without this the closed
                     # connection would wait for a full collection (every 60 s, server.cli).
                     drainable.quiet = _always_quiet
                     drainable.before_close = None
+                    drainable.host = links.host = None
                     upstream.detach()
             if first.cancelled_caught and upstream is not None and upstream.failed:
                 reason = "upstream_unreachable"
@@ -991,6 +1006,9 @@ class DrainableStream(trio.abc.Stream, ImmediateWrites):
     client loop parked here, and ``quiet()`` (every request read is answered and
     the answer written).  A Kafka client loses nothing when a connection closes
     between requests: it reconnects, to whatever serves this address next.
+
+    The task that waits for quiet runs beside the connection's loops (``host``)
+    from the drain on: until then a connection holds no task for it.
     """
 
     def __init__(self, stream: trio.abc.Stream) -> None:
@@ -999,7 +1017,13 @@ class DrainableStream(trio.abc.Stream, ImmediateWrites):
         self.before_close: Callable[[], Awaitable[None]] | None = None
         """Run once the drained connection is quiet, before it ends (the connection's
         ``close_upstream_session``: its fetch session upstream ends with it)."""
+        self.host: TaskHost | None = None
+        """The connection served (bound by the proxy): the wait for quiet is its task."""
         self.draining = False
+        self._watching = False
+        """The wait for quiet has started (``_watch``)."""
+        self._serving: trio.CancelScope | None = None
+        """``serve``'s scope while it runs: cancelled once the drained connection is quiet."""
         self._parked = False
         self._waiting = False
         """A plain TCP read waits for the socket (``_receive_plain``)."""
@@ -1018,24 +1042,30 @@ class DrainableStream(trio.abc.Stream, ImmediateWrites):
         if self._reading is not None:
             self._reading.cancel()  # a cancelled receive_some consumed nothing
         self._notify()
+        self._watch()
 
     async def serve(self, run: Callable[[], Awaitable[str]]) -> str:
         """``run()``'s reason, or ``drained`` when draining ended it."""
         reason = "drained"
-        with trio.CancelScope() as scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._close_when_quiet, scope)
-                reason = await run()
-                nursery.cancel_scope.cancel()
+        with trio.CancelScope() as self._serving:
+            reason = await run()
+        self._serving = None
         return reason
 
-    async def _close_when_quiet(self, scope: trio.CancelScope) -> None:
+    def _watch(self) -> None:
+        """Start the wait for quiet, once; a drain before the connection runs starts it
+        when its reader parks (``_park``)."""
+        if not self._watching and self.host is not None:
+            self._watching = self.host.start_task(self._close_when_quiet)
+
+    async def _close_when_quiet(self) -> None:
         # Woken after each write while draining: by then the writer has counted it.
         while not (self.draining and (self._parked or self._waiting) and self.quiet()):
             await self._changed.wait()
         if self.before_close is not None:
             await self.before_close()
-        scope.cancel()
+        if self._serving is not None:
+            self._serving.cancel()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -1078,6 +1108,7 @@ class DrainableStream(trio.abc.Stream, ImmediateWrites):
     async def _park(self) -> NoReturn:
         self._parked = True
         self._notify()
+        self._watch()
         await trio.sleep_forever()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import structlog
 import trio
@@ -50,6 +51,17 @@ _PREFIX_BYTES = 4
 """A Kafka frame's length prefix."""
 DEFAULT_RETRY_SECONDS = 5.0
 _ERRORS = (OSError, ssl.SSLError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class TaskHost(Protocol):
+    """Where the links' tasks run: the client connection's own nursery."""
+
+    @property
+    def running(self) -> bool:
+        """The connection is being served (its tasks can start)."""
+
+    def start_task(self, task: Callable[[], Awaitable[None]]) -> bool:
+        """Start *task* beside the connection's loops; False: the connection has ended."""
 
 
 @dataclass(slots=True)
@@ -91,7 +103,9 @@ class ReplicaLinks:
         self._links: dict[int, _Link] = {}
         self._down_until: dict[int, float] = {}
         self._done: list[Callable[[], None]] = []
-        self._nursery: trio.Nursery | None = None
+        self.host: TaskHost | None = None
+        """The client connection the links live beside (``Connection``: bound by the
+        proxy): a link's task is one of its tasks, started by the link's first fetch."""
         self.wake: Callable[[], None] = lambda: None
         """Asks the connection's task to call ``deliver`` (bound by the fetch path)."""
         self.reserve: Callable[[int], bool] = lambda nbytes: True
@@ -102,19 +116,10 @@ class ReplicaLinks:
         self._budget = trio.Event()
         """Set by ``deliver``: links waiting for budget ask again."""
 
-    async def run(self) -> None:
-        """Own the links' tasks for as long as the client connection lives."""
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                await trio.sleep_forever()
-        finally:
-            self._nursery = None
-
     # -- ReplicaUpstream ---------------------------------------------------------------
 
     def available(self, node: int) -> bool:
-        if self._nursery is None or self._address_of(node) is None:
+        if self.host is None or not self.host.running or self._address_of(node) is None:
             return False
         until = self._down_until.get(node)
         return until is None or trio.current_time() >= until
@@ -131,11 +136,15 @@ class ReplicaLinks:
         link = self._links.get(node)
         if link is None:
             address = self._address_of(node)
-            if address is None or self._nursery is None:
+            link = None if address is None else _Link(node, address)
+            if (
+                link is None
+                or self.host is None
+                or not self.host.start_task(partial(self._run, link))
+            ):
                 self._finished(on_failure)
                 return
-            link = self._links[node] = _Link(node, address)
-            self._nursery.start_soon(self._run, link)
+            self._links[node] = link
         link.queue.append(_Send(frame, on_response, on_failure))
         link.ready.set()
 

@@ -5,6 +5,7 @@ its own: it checks the drain after its wait)."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Awaitable, Callable
 
 import trio
 import trio.testing
@@ -27,6 +28,19 @@ async def test_a_read_returns_what_arrived() -> None:
         assert await stream.receive_some(100) == b"request"
         peer.close()
         assert await stream.receive_some(100) == b""
+
+
+class _Host:
+    """The connection as the stream sees it (``TaskHost``): runs the wait for quiet."""
+
+    running = True
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+
+    def start_task(self, task: Callable[[], Awaitable[None]]) -> bool:
+        self.nursery.start_soon(task)
+        return True
 
 
 class _HeldLean(LeanSocketStream):
@@ -85,14 +99,50 @@ async def test_a_drain_while_the_reader_waits_counts_it_as_parked() -> None:
 
         async with trio.open_nursery() as nursery:
             result: list[str] = []
+            stream.host = _Host(nursery)
 
             async def serve() -> None:
                 result.append(await stream.serve(run))
 
             nursery.start_soon(serve)
             await trio.testing.wait_all_tasks_blocked()
+            assert nursery.child_tasks and len(nursery.child_tasks) == 1  # no wait before the drain
             stream.drain()
         assert result == ["drained"]
         peer.send(b"after")
         assert lean.receive_now(100) == b"after"  # the drain read nothing
+        peer.close()
+
+
+async def test_a_drain_before_the_connection_runs_ends_it_when_its_reader_parks() -> None:
+    """Accepted just before the listeners closed: the drain comes before the connection's
+    nursery opens, so the wait for quiet cannot start then; it starts when the reader
+    parks, and the connection ends with nothing read."""
+    with trio.fail_after(5):
+        lean, peer = _pair()
+        stream = DrainableStream(lean)
+        peer.send(b"request")
+        async with trio.open_nursery() as nursery:
+            host = _Host(nursery)
+            host.running = False
+            stream.host = host
+            started: list[bool] = []
+            real_start = host.start_task
+
+            def start_task(task: Callable[[], Awaitable[None]]) -> bool:
+                started.append(host.running)
+                return host.running and real_start(task)
+
+            host.start_task = start_task  # type: ignore[method-assign]
+            stream.drain()
+            assert started == [False]
+
+            async def run() -> str:
+                host.running = True  # the connection's nursery is open
+                await stream.receive_some(100)
+                return "read"
+
+            assert await stream.serve(run) == "drained"
+            assert started == [False, True]
+        assert lean.receive_now(100) == b"request"  # never read
         peer.close()

@@ -30,6 +30,7 @@ from proxy.protocol import codec
 from proxy.protocol.framing import FrameDecoder, encode_frame
 from proxy.relay.relay import Relay
 from proxy.server.connection import UPSTREAM_RECEIVE_BYTES, Connection
+from proxy.server.idle import IdleTimer
 from proxy.server.proxy import Proxy
 
 P = "kafka_fetch_proxy_"
@@ -126,7 +127,7 @@ class Served:
             self.relay,
             max_frame_bytes=max_frame_bytes,
             max_client_buffer_bytes=max_client_buffer_bytes,
-            idle_timeout=idle_timeout,
+            idle=IdleTimer(idle_timeout) if idle_timeout > 0 else None,
         )
         self.reason: str | None = None
         self.ended = trio.Event()
@@ -134,7 +135,11 @@ class Served:
 
     def start(self, nursery: trio.Nursery) -> None:
         async def run() -> None:
-            self.reason = await self.conn.run()
+            async with trio.open_nursery() as timers:
+                if self.conn.idle is not None:
+                    timers.start_soon(self.conn.idle.run)
+                self.reason = await self.conn.run()
+                timers.cancel_scope.cancel()
             await trio.aclose_forcefully(self.conn.client)
             await trio.aclose_forcefully(self.conn.upstream)
             self.ended.set()

@@ -39,6 +39,7 @@ from proxy.protocol.framing import FrameDecoder, encode_frame
 from proxy.relay.relay import ClientRequest, PassThroughFetch, Relay, Upstream
 from proxy.relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
 from proxy.server.connection import Connection
+from proxy.server.idle import IdleTimer
 from proxy.server.proxy import Proxy
 
 P = "kafka_fetch_proxy_"
@@ -405,6 +406,9 @@ class Served:
         self.upstream_bytes = 0
 
     def start(self, nursery: trio.Nursery) -> None:
+        if self.conn.idle is not None:
+            nursery.start_soon(self.conn.idle.run)
+
         async def run() -> None:
             self.reason = await self.conn.run()
             await trio.aclose_forcefully(self.conn.client)
@@ -454,7 +458,7 @@ async def test_a_trickled_frame_is_closed_at_the_frame_timeout(
     frame = encode_frame(opaque(8, 1, 10_000))
     with trio.fail_after(3600), structlog.testing.capture_logs() as logs:  # virtual seconds
         async with trio.open_nursery() as nursery:
-            s = Served(request_frame_timeout=30.0, idle_timeout=600.0)
+            s = Served(request_frame_timeout=30.0, idle=IdleTimer(600.0))
             s.start(nursery)
             await s.client.send_all(encode_frame(opaque(8, 0, 100)))  # a whole one first
             assert await s.answers(1) == [0]

@@ -19,6 +19,7 @@ from proxy.protocol.apis import SASL_AUTHENTICATE
 from proxy.protocol.framing import FrameDecoder, encode_frame
 from proxy.relay.relay import Relay
 from proxy.server.connection import Connection
+from proxy.server.idle import IdleTimer
 from proxy.server.sockets import LeanSocketStream, lean
 
 
@@ -135,7 +136,7 @@ class Served:
             upstream_side,
             Relay(lambda node, host, port: (host, port)),
             max_frame_bytes=1 << 20,
-            idle_timeout=idle_timeout,
+            idle=IdleTimer(idle_timeout),
         )
         self.reason: str | None = None
         self.ended = trio.Event()
@@ -143,8 +144,12 @@ class Served:
         """Seconds the broker waits before each answer (a long poll)."""
 
     async def run(self) -> None:
-        self.reason = await self.conn.run()
-        self.ended.set()
+        assert self.conn.idle is not None
+        async with trio.open_nursery() as timers:
+            timers.start_soon(self.conn.idle.run)
+            self.reason = await self.conn.run()
+            self.ended.set()
+            timers.cancel_scope.cancel()
 
     async def broker_loop(self) -> None:
         decoder = FrameDecoder(1 << 20)
