@@ -191,7 +191,6 @@ import dataclasses
 import time
 import uuid
 import weakref
-from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -427,6 +426,56 @@ class _Exchange:
 class FetchPathHandler:
     """The relay's FetchHandler for one client connection (see the module docstring)."""
 
+    __slots__ = (
+        "__dict__",  # created only if a test wraps one of its methods on the instance
+        "__weakref__",
+        "_authenticated_counted",
+        "_busy",
+        "_claim",
+        "_decode_turn",
+        "_encoded",
+        "_exchange",
+        "_fetches",
+        "_last_decoded",
+        "_old_version_counted",
+        "_partitions_waiting",
+        "_passthrough",
+        "_queue",
+        "_repeat",
+        "_slices",
+        "_starting",
+        "_unchanged",
+        "_unwritten",
+        "_unwritten_partitions",
+        "_upstream",
+        "_waiting_for",
+        "_waker",
+        "authenticated",
+        "budget_waits",
+        "client_fetch_bytes",
+        "closed",
+        "downstream",
+        "effects",
+        "listener",
+        "max_resends",
+        "node_id",
+        "path",
+        "rack",
+        "read_replicas",
+        "repeats",
+        "replicas",
+        "session_cache",
+        "sessionless_backoff",
+        "shaper",
+        "slices",
+        "topic_id_requests",
+        "translator",
+        "upstream_fetch_bytes",
+        "upstream_fetch_max",
+        "upstream_metadata_max",
+        "watermarks",
+    )
+
     def __init__(
         self,
         path: FetchPath,
@@ -486,7 +535,7 @@ class FetchPathHandler:
         """The client authenticates end to end (SASL through the proxy)."""
         self._authenticated_counted = False
         self._upstream: Upstream | None = None
-        self._queue: deque[tuple[ClientRequest, ClientFetch | None, int]] = deque()
+        self._queue: list[tuple[ClientRequest, ClientFetch | None, int]] = []
         """Fetches waiting their turn; each is decoded and validated when it reaches the
         head (None until then), so queued fetches hold their frames, not their decoded
         form; and the partitions it names (counted from its bytes, 0 when they could not
@@ -623,7 +672,7 @@ class FetchPathHandler:
         self._busy = False
         client = ClientFetch.validate(decoded)  # the one validation (its replica id)
         if client is None:  # a follower's: not ours to reshape
-            self._queue.popleft()
+            self._queue.pop(0)
             self._give_back_claim()
             self._passthrough.handle_fetch(request, upstream)
         else:
@@ -780,7 +829,7 @@ class FetchPathHandler:
                     # the one validation (its replica id); the stages get the validated value
                     client = ClientFetch.validate(self._decode(request))
                     if client is None:  # a follower's: not ours to reshape
-                        self._queue.popleft()
+                        self._queue.pop(0)
                         self._give_back_claim()
                         self._passthrough.handle_fetch(request, upstream)
                         continue
@@ -790,7 +839,7 @@ class FetchPathHandler:
                         return
                 policy, limits = self.path.select(request.header.client_id, self.listener)
                 max_bytes = self._max_bytes(client, limits)
-                self._queue.popleft()
+                self._queue.pop(0)
                 self._fetches += 1
                 self._busy = True
                 self._repeat = None  # (set again when this one is answered from an idle session)
@@ -855,7 +904,7 @@ class FetchPathHandler:
         if step is None or repeat is None:
             self._repeat = None
             return False
-        self._queue.popleft()
+        self._queue.pop(0)
         self._fetches += 1
         self._busy = True
         self.shaper.limits = repeat.limits

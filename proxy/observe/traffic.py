@@ -43,7 +43,6 @@ two bytes of the error code are read (after the header and throttle_time_ms).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,8 +96,8 @@ class TrafficMeter:
     def __init__(self, metrics: Metrics, *, node: int | None = None) -> None:
         self.metrics = metrics
         self.node = node
-        self._client: deque[tuple[int, int, float]] = deque()  # (api_key, version, arrival)
-        self._upstream: deque[tuple[int, float]] = deque()  # (api_key, sent)
+        self._client: list[tuple[int, int, float]] = []  # (api_key, version, arrival)
+        self._upstream: list[tuple[int, float]] = []  # (api_key, sent)
         legs = metrics.legs
         self._from_client = legs[Direction.CLIENT_TO_PROXY]
         self._to_broker = legs[Direction.PROXY_TO_BROKER]
@@ -154,7 +153,7 @@ class TrafficMeter:
     def upstream_frame(self, frame: Frame, now: float) -> None:
         """A response frame from the broker (before the relay handles it)."""
         if self._upstream:
-            api_key, sent = self._upstream.popleft()
+            api_key, sent = self._upstream.pop(0)
             self._broker_durations(api_key, max(0.0, now - sent))
         else:  # nothing pending: the relay closes the connection over it
             api_key = UNKNOWN_API
@@ -169,7 +168,7 @@ class TrafficMeter:
         done = []
         for frame in frames:
             api_key, api_version, arrival = (
-                self._client.popleft() if self._client else (UNKNOWN_API, 0, float("nan"))
+                self._client.pop(0) if self._client else (UNKNOWN_API, 0, float("nan"))
             )
             self._to_client(api_key, len(frame))
             if api_key == FETCH and api_version >= FETCH_SESSIONS_SINCE:

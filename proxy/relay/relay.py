@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import struct
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -394,8 +393,8 @@ class Relay:
         self._resolve = resolve
         self.fetch_handler: FetchHandler = fetch_handler or PassThroughFetch()
         self.max_in_flight = max_in_flight
-        self._slots: deque[_Slot] = deque()
-        self._pending: deque[_Pending] = deque()
+        self._slots: list[_Slot] = []
+        self._pending: list[_Pending] = []
         self._to_upstream: list[bytes] = []
         self._queued_bytes = 0
         """Bytes of the frames in ``_to_upstream``."""
@@ -412,7 +411,7 @@ class Relay:
         """The connection's SASL exchange (its counts are what tests and logs read)."""
         self._held: list[tuple[bytes, int, int, ResponseCallback | None]] = []
         """The FetchHandler's sends made while ``sasl.active``, in order."""
-        self._deferred: deque[bytes] = deque()
+        self._deferred: list[bytes] = []
         """Client frames from a SaslHandshake on, while earlier requests await answers."""
         self._deferred_bytes = 0
         self._draining = False
@@ -519,7 +518,7 @@ class Relay:
     def upstream_frame(self, frame: Frame) -> None:
         """A whole response frame from upstream."""
         if self._pending and self._pending[0].correlation_id is None:
-            self._pending.popleft().on_response(bytes(frame))  # a raw SASL v0 token answer
+            self._pending.pop(0).on_response(bytes(frame))  # a raw SASL v0 token answer
             return
         cid = codec.peek_correlation_id(frame)
         if not self._pending:
@@ -530,7 +529,7 @@ class Relay:
                 f"upstream correlation id {cid} does not match the oldest request"
                 f" ({entry.correlation_id})"
             )
-        self._pending.popleft()
+        self._pending.pop(0)
         callback = entry.on_response
         if isinstance(frame, bytearray):
             if isinstance(callback, FrameCallback):
@@ -623,7 +622,7 @@ class Relay:
         try:
             deferred = self._deferred
             while deferred and not (self._slots and sasl.waits_for_earlier(deferred[0])):
-                frame = deferred.popleft()
+                frame = deferred.pop(0)
                 self._deferred_bytes -= len(frame)
                 self.client_frame(frame)
         finally:
@@ -632,7 +631,7 @@ class Relay:
     def _flush_slots(self) -> None:
         slots = self._slots
         while slots and slots[0].response is not None:
-            response = slots.popleft().response
+            response = slots.pop(0).response
             assert response is not None
             self._to_client.append(response)
         if self._deferred and not slots and not self._draining:
