@@ -509,12 +509,16 @@ class IdlePartitions(Scenario):
         "assigned every partition of an empty topic and polls. A round is one Fetch request "
         "(librdkafka's statistics); client bytes are its bytes sent and received; upstream "
         "bytes are the proxy's proxy_to_broker + broker_to_proxy bytes (for direct and "
-        "haproxy, the client's own). relay_core_percent: relay CPU over wall time."
+        "haproxy, the client's own). relay_core_percent: relay CPU over wall time. Each proxy "
+        "repetition runs on a proxy process of its own, started for it, so that "
+        "relay_rss_mib_delta (what the proxy holds for the session) is not hidden by memory "
+        "the allocator of a process that served earlier scenarios already holds."
     )
     title = "Idle sessionless consumer against partition count"
 
     def __init__(self) -> None:
         self.topics: dict[str, tuple[str, int]] = {}
+        self.started = 0
 
     def cases(self, sizes: Sizes) -> list[str]:
         return [f"{p} partitions" for p in sizes.idle_partitions]
@@ -524,6 +528,18 @@ class IdlePartitions(Scenario):
             self.topics[case] = (_new_topic(stack, "idlep", count), count)
 
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
+        if arr.proxy is None:
+            return self._measure(stack, arr, case, sizes)
+        self.started += 1
+        fresh = stack.start_proxy((), f"proxy-idlep-{self.started}")
+        try:
+            return self._measure(
+                stack, Arrangement("proxy", fresh.bootstrap, fresh.proc.pid, fresh), case, sizes
+            )
+        finally:
+            stop(fresh.proc)
+
+    def _measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         topic, count = self.topics[case]
         probe = Probe(arr, stack.broker_pid)
         interval_ms = int(max(100, min(1000, sizes.idle_seconds * 1000 / 4)))
