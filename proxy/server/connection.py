@@ -739,18 +739,16 @@ class Connection:
         a connection that never follows a replica runs no task for it).  Its end does not
         end the connection; an exception it lets out does, as a loop's.  False: nothing
         started (the connection has ended or not begun)."""
-        if self._ended or self._nursery is None or self._scope is None:
-            return False
-        self._nursery.start_soon(partial(self._guard, task, self._scope, ends=False))
-        return True
+        return self._start_when_needed(task, ends=False)
 
-    def _start_when_needed(self, loop: Callable[[], Awaitable[None]]) -> bool:
-        """Start *loop* as one of ``run``'s tasks (the writer, the waker: tasks most
-        connections never need, started at their first use).  False: nothing started,
-        the connection has ended (its nursery is closed) or not begun."""
-        if self._ended or self._nursery is None or self._scope is None:
+    def _start_when_needed(self, loop: Callable[[], Awaitable[None]], *, ends: bool = True) -> bool:
+        """Start *loop* as one of ``run``'s tasks (the writer, the waker, a replica link:
+        tasks most connections never need, started at their first use; *ends*: its end
+        ends the connection, see ``_guard``).  False: nothing started, the connection has
+        ended (its nursery is closed) or not begun."""
+        if not self.running or self._nursery is None or self._scope is None:
             return False
-        self._nursery.start_soon(self._guard, loop, self._scope)
+        self._nursery.start_soon(partial(self._guard, loop, self._scope, ends=ends))
         return True
 
     async def _writer_loop(self) -> None:
