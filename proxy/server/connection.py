@@ -748,7 +748,13 @@ class Connection:
         ended (its nursery is closed) or not begun."""
         if not self.running or self._nursery is None or self._scope is None:
             return False
-        self._nursery.start_soon(partial(self._guard, loop, self._scope, ends=ends))
+        try:
+            self._nursery.start_soon(partial(self._guard, loop, self._scope, ends=ends))
+        except RuntimeError:
+            # Closed to new arrivals: its last task has ended and ``run`` has not resumed
+            # to mark the end yet (other tasks run in between: a drain, another
+            # connection's wake).  The connection is ending; nothing is started.
+            return False
         return True
 
     async def _writer_loop(self) -> None:

@@ -46,3 +46,20 @@ async def test_a_wake_after_the_end_starts_nothing() -> None:
         conn._ended = True  # as ``run`` marks it when its nursery has closed
         conn._wake_writer()  # no RuntimeError from the closed nursery
         assert not conn._writer_started
+
+
+async def test_a_start_after_the_nursery_closed_but_before_run_marked_the_end_starts_nothing() -> (
+    None
+):
+    """``run``'s nursery closes when its last task ends; ``run`` marks the end only when it
+    resumes, and other tasks run in between (the drain's ``start_task``, another
+    connection's wake).  Such a start must start nothing, not raise: once a drain at
+    SIGTERM raised trio's "closed to new arrivals" out of the proxy (exit status 1)."""
+    conn = connection()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as closed:
+            conn._nursery, conn._scope = closed, trio.CancelScope()
+        assert conn.running  # the window: closed, the end not marked yet
+        assert conn.start_task(trio.sleep_forever) is False
+        conn._wake_writer()
+        assert not conn._writer_started
