@@ -19,6 +19,9 @@ through ``CYCLE`` values and start again, so the frames are encoded beforehand
 too.  A session client (``session=True``) sends a full fetch once, then
 incremental fetches that list only the partitions it moved.
 
+The cycle collector runs as in the server (``proxy.server.cli.collector_as_served``:
+start-up objects frozen, no automatic full collection).
+
 Reported: CPU microseconds per cycle (``time.process_time``), the median and the
 lowest of ``--reps`` repetitions of ``--cycles`` cycles (fewer for the 1,000-partition
 cases).  ``digest`` is a hash of every client response of the run (with a
@@ -52,6 +55,7 @@ from proxy.protocol.apis import FETCH
 from proxy.protocol.framing import payload_bytes
 from proxy.protocol.messages import make, request_module, response_module
 from proxy.relay.relay import Relay
+from proxy.server.cli import collector_as_served
 from proxy.shaping.limits import Limits
 
 CYCLE = 16
@@ -349,7 +353,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], Any] = print) -
     if unknown:
         parser.error(f"unknown case(s) {unknown}; known: {list(known)}")
     profile = cProfile.Profile() if args.profile else None
-    rows = [run_case(known[n], args.reps, args.cycles, profile) for n in names]
+    with collector_as_served():  # the server's: no automatic full collection
+        rows = [run_case(known[n], args.reps, args.cycles, profile) for n in names]
     if profile is not None:
         profile.dump_stats(args.profile)
     out(json.dumps(rows, indent=2) if args.json else table(rows))

@@ -13,6 +13,7 @@ from proxy.server.cli import (
     FULL_COLLECTION_MAX_SECONDS,
     FULL_COLLECTION_SECONDS,
     collect_periodically,
+    collector_as_served,
     only_young_collections,
 )
 
@@ -64,3 +65,19 @@ def test_full_collections_that_find_nothing_come_less_often_up_to_a_bound() -> N
     # 60, then doubling while nothing is found (capped at 600); the 7th finds garbage:
     # the wait after it is 60 again.
     assert waits[:9] == [60, 120, 240, 480, 600, 600, 600, 60, 120]
+
+
+def test_collector_as_served_is_undone_at_exit() -> None:
+    saved = gc.get_threshold()
+    frozen_before = gc.get_freeze_count()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with collector_as_served():
+            young, middle, full = gc.get_threshold()
+            assert (young, middle) == (700, 10)
+            assert full >= 2**31 - 1
+            assert gc.get_freeze_count() > frozen_before
+        assert gc.get_threshold() == (700, 10, 10)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.set_threshold(*saved)
