@@ -8,12 +8,17 @@
 :func:`settings` is the proxy's validated config for one upstream, listening on
 port 0 (broker listeners too) and retrying a missing upstream quickly;
 :func:`request` sends one frame and waits for the next whole frame back;
-:func:`free_port` is a loopback port nothing listens on (yet).
+:func:`free_port` is a loopback port nothing listens on (yet), below the ports the
+kernel gives outgoing connections.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import socket
+from collections import deque
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -52,10 +57,63 @@ def settings(upstream: str, **extra: Any) -> config.Settings:
     )
 
 
+_LOWEST_PORT = 10000
+"""The lowest port :func:`free_port` hands out (below: ports services commonly own)."""
+_SLICES = 8
+"""The port range below the ephemeral one is cut in this many slices, one per test worker."""
+_recent: deque[int] = deque(maxlen=512)
+"""The ports this process handed out last: not handed out again while their user may
+still be starting (a Kafka node binds its ports seconds after they are chosen)."""
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux's default if unknown)."""
+    try:
+        low, high = (int(v) for v in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _worker_index() -> int:
+    """This pytest-xdist worker's number (``gw3``: 3); 0 outside a parallel run."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, for a process to bind later.
+
+    Picked below the kernel's ephemeral range: a port from ``bind(0)`` comes from that
+    range, where every outgoing connection of every test running beside takes its
+    local port, so one of them could take it before the process it was meant for binds
+    it (a Kafka node binds seconds later, after formatting its storage and starting its
+    JVM; CI once lost a rack cluster's broker that way).  The ports below the range are
+    cut into one slice per test worker (``PYTEST_XDIST_WORKER``), so two workers never
+    pick the same one, and this process does not hand out a port again while it is
+    among its last 512.  If the range leaves too little room below it, ``bind(0)``."""
+    low, _ = _ephemeral_range()
+    width = (low - _LOWEST_PORT) // _SLICES
+    if width < 256:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    base = _LOWEST_PORT + (_worker_index() % _SLICES) * width
+    for _ in range(4 * width):
+        port = base + random.randrange(width)
+        if port in _recent:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use
+        _recent.append(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {base}-{base + width - 1}")
 
 
 async def request(stream: trio.abc.Stream, decoder: FrameDecoder, frame: bytes) -> bytes:
