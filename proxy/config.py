@@ -174,6 +174,9 @@ class FetchPathConfig:
     reuse_buffer_bytes: int = DEFAULT_REUSE_BUFFER_BYTES
     max_upstream_wait_ms: int = DEFAULT_MAX_UPSTREAM_WAIT_MS
     """``max_upstream_wait_ms``: the most max_wait of a fetch the proxy sends upstream."""
+    run_ahead: bool = True
+    """``run_ahead``: after a response that delivered data, fetch the next records upstream
+    before the client asks, into the reuse buffer (``FetchPathHandler``'s run-ahead)."""
     rack: str = ""
     """The proxy's rack (``rack``): sent upstream in Fetch v11+ for clients that send none."""
     cross_zone_price_per_gb: float = 0.02
@@ -203,6 +206,7 @@ class FetchPathConfig:
             memory_budget_bytes=None if budget is None else int(budget),
             reuse_buffer_bytes=int(raw.get("reuse_buffer_bytes", DEFAULT_REUSE_BUFFER_BYTES)),
             max_upstream_wait_ms=int(raw.get("max_upstream_wait_ms", DEFAULT_MAX_UPSTREAM_WAIT_MS)),
+            run_ahead=bool(raw.get("run_ahead", True)),
             rack=str(raw.get("rack") or ""),
             cross_zone_price_per_gb=float(raw.get("cross_zone_price_per_gb", 0.02)),
             max_cached_session_partitions=int(

@@ -54,6 +54,17 @@ class FetchRepeated:
 
 
 @dataclass(frozen=True, slots=True)
+class RanAhead:
+    """A round the proxy ran ahead of its client (``run_ahead``): what upstream sent for it,
+    and what the reuse buffer kept for the client's next fetch."""
+
+    node: int | None
+    records: int
+    record_bytes: int
+    held_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSaved:
     """What a sessionless client's full fetch would have cost upstream, minus what it did."""
 
@@ -119,6 +130,7 @@ Effect = (
     BudgetWait
     | InFlightWait
     | FetchRepeated
+    | RanAhead
     | SessionSaved
     | SessionReset
     | ReplicaFallback

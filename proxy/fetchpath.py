@@ -175,6 +175,19 @@ The handler sends nothing before the client's first Fetch, so there is always
 one; the proxy's own connections (broker discovery, ``proxy.server``) are not a
 client's and say ``kafka-fetch-proxy``.
 
+Running ahead (``run_ahead``, on by default): after an answer that delivered at
+least ``RUN_AHEAD_MIN_BYTES`` with no fetch of the client's queued, ``_run_ahead``
+sends upstream, through the same upstream session, what the client will ask next
+(``FetchShaper.ahead_request``: its full fetch at the offsets that answer ended at,
+moved past what the buffer holds, max_wait 0, at most the fetch's budget share).
+The answer goes to the reuse buffer (``FetchShaper.hold_ahead``, upstream's word on
+each partition applied first), not to the client; the client's next fetch, queued
+behind the round if it came meanwhile, is answered from it (``held_answer``: what
+ran ahead answers once it covers the fetch's min_bytes).  Its memory is the round's
+grant while it is read (``reserve_response``, as any fetch), then the buffer's.  Not
+under record limits (they run ahead by trimming), for a fetch naming a rack, or one
+following a preferred replica, or a large one.  The edge sees a ``RanAhead`` effect.
+
 Long polls: every fetch the handler sends upstream long-polls at most
 ``max_upstream_wait_ms`` (default 500, the Java consumer's fetch.max.wait.ms):
 min(client's max_wait, it).  A broker may answer early anyway, so the client
@@ -202,6 +215,7 @@ from .effects import (
     Effects,
     FetchRepeated,
     InFlightWait,
+    RanAhead,
     ReplicaFallback,
     SessionReset,
     SessionSaved,
@@ -253,6 +267,10 @@ SLICE_BYTES = 16 * 1024
 """A Fetch request frame larger than this (about 500 partitions) is decoded in a slice of
 its own (see "Slices" in the module docstring)."""
 SLICE_PARTITIONS = 500
+"""A fetch covering more partitions than this is served in slices, one stage per slice."""
+RUN_AHEAD_MIN_BYTES = 64 * 1024
+"""An answer that delivered less does not start a run-ahead round (``_run_ahead``): a
+consumer that keeps up gets little per fetch, and its next one long-polls anyway."""
 """A fetch covering more partitions than this is served in slices, one stage per slice."""
 
 Slices = Generator[None, None, None]
@@ -421,6 +439,11 @@ class _Exchange:
     """The fetch is the last one again, sent upstream without its stages (``_repeat_of``)."""
     upstream_frame: bytes | None = None
     """The last request sent upstream for it, encoded."""
+    ahead: Mapping[PartitionKey, tuple[int, int, int]] | None = None
+    """A run-ahead round (``_run_ahead``), not a client's fetch: per partition, the
+    client's next offset, where the round fetches it, its leader epoch."""
+    ahead_bytes: int = 0
+    """A run-ahead round's bound on what the reuse buffer holds with it."""
 
 
 class FetchPathHandler:
@@ -450,6 +473,7 @@ class FetchPathHandler:
         "_upstream",
         "_waiting_for",
         "_waker",
+        "ahead_rounds",
         "authenticated",
         "budget_waits",
         "client_fetch_bytes",
@@ -566,6 +590,8 @@ class FetchPathHandler:
         """The last fetch and its answer, when it came from an idle session (``_repeat_of``)."""
         self.repeats = 0
         """Fetches answered as the last one again, with no stage but the upstream round."""
+        self.ahead_rounds = 0
+        """Upstream rounds run ahead of the client (``_run_ahead``)."""
         self._unchanged: tuple[tuple[int, int], bytes] | None = None
         """((version, session id), bytes) of the upstream answer that says nothing changed
         (``_unchanged_answer``)."""
@@ -1090,6 +1116,14 @@ class FetchPathHandler:
             int(decoded.max_bytes), limits.max_response_bytes, most_bytes=most if known else None
         )
 
+    def _max_bytes_of(self, request: Any, limits: Limits) -> int:
+        """``_max_bytes`` of a full fetch (every partition it covers listed)."""
+        sizes = [int(p.partition_max_bytes) for t in request.topics for p in t.partitions]
+        most = response_bound(sizes, self.path.budget.floor, limits.max_partition_bytes)
+        return self.path.admission.fetch_bytes(
+            int(request.max_bytes), limits.max_response_bytes, most_bytes=most
+        )
+
     def reserve_response(self, nbytes: int) -> bool:
         """The edge knows the size of the Fetch response it is about to read (its length
         prefix): take *nbytes* of memory budget for it before reading its body.
@@ -1315,6 +1349,9 @@ class FetchPathHandler:
             exchange.response_reserved = 0
             yield from self._send_in_ranges(step, upstream)
             return
+        if exchange.ahead is not None:
+            self._hold_ahead(exchange, step.response, upstream)
+            return
         if exchange.follow:
             exchange.leader_answer, exchange.leader_done = step.response, True
             self._merge_when_answered(exchange)
@@ -1419,6 +1456,79 @@ class FetchPathHandler:
                     response_bytes=max(0, len(frame) - up_response),
                 )
             )
+        self._busy = False
+        self._serve(upstream)
+        if not self._busy and exchange is not None and shaped is not None:
+            self._run_ahead(exchange, shaped, upstream)
+
+    # -- running ahead of the client ----------------------------------------------------
+
+    def _run_ahead(self, exchange: _Exchange, shaped: ShapedResponse, upstream: Upstream) -> None:
+        """After an answer that delivered at least ``RUN_AHEAD_MIN_BYTES``, with no fetch of
+        the client's waiting: fetch what it will ask next (``FetchShaper.ahead_request``)
+        into the reuse buffer, as the Java consumer fetches ahead of ``poll``; the client's
+        next fetch is then answered from it with no upstream round
+        (``FetchShaper._ahead_enough``).  Not for a fetch that follows redirects or names
+        a rack, nor a large one, nor one under record limits (those run ahead by
+        trimming: ``FetchShaper._ahead``)."""
+        config = self.path.config
+        opened = exchange.opened
+        if (
+            not config.run_ahead
+            or self.closed
+            or opened is None
+            or exchange.follow
+            or exchange.rack is not None
+            or exchange.large
+            or exchange.prepared is None
+            or shaped.decision.delivered_bytes < RUN_AHEAD_MIN_BYTES
+            or exchange.limits is None
+            or exchange.limits.max_records is not None
+            or exchange.limits.max_partition_records is not None
+            or bool(getattr(opened.request, "rack_id", None))
+        ):
+            return
+        max_bytes = self._max_bytes_of(opened.request, exchange.limits)
+        planned = self.shaper.ahead_request(opened.request, shaped.next_offsets, max_bytes)
+        if planned is None:
+            return
+        fetch, where = planned
+        translator = self._translator(int(exchange.request.header.api_version))
+        grant = self.path.budget.reservation()
+        self._exchange = _Exchange(
+            exchange.request,
+            opened,
+            grant,
+            None,
+            exchange.policy,
+            self.path.clock(),
+            exchange.sessionless,
+            limits=exchange.limits,
+            ahead=where,
+            ahead_bytes=max_bytes,
+        )
+        self._busy = True
+        self._repeat = None
+        self.ahead_rounds += 1
+
+        def steps() -> Slices:
+            begun = yield from translator.begin_in_ranges(fetch, 0)
+            yield from self._send_in_ranges(begun, upstream)
+
+        self._run(steps())
+
+    def _hold_ahead(self, exchange: _Exchange, full: Any, upstream: Upstream) -> None:
+        """The run-ahead round's answer goes to the reuse buffer; the client's fetches go on."""
+        assert exchange.ahead is not None
+        self._exchange = None
+        kept = self.shaper.hold_ahead(full, exchange.ahead, exchange.grant, exchange.ahead_bytes)
+        exchange.grant.release()  # what the buffer did not keep
+        self.upstream_fetch_bytes += (
+            exchange.upstream_request_bytes + exchange.upstream_response_bytes
+        )
+        self.effects.add(
+            RanAhead(self.node_id, kept.upstream_records, kept.upstream_bytes, kept.held_bytes)
+        )
         self._busy = False
         self._serve(upstream)
 

@@ -19,6 +19,7 @@ from ..effects import (
     Effect,
     FetchRepeated,
     InFlightWait,
+    RanAhead,
     ReplicaFallback,
     SessionReset,
     SessionSaved,
@@ -81,6 +82,9 @@ def apply_effects(
             metrics.partitions_in_flight_wait()
         elif isinstance(effect, FetchRepeated):
             metrics.fetch_repeated()
+        elif isinstance(effect, RanAhead):
+            metrics.upstream_fetch_data(effect.node, effect.records, effect.record_bytes)
+            metrics.fetch_ran_ahead(effect.held_bytes)
         else:
             assert_never(effect)
 

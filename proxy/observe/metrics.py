@@ -223,6 +223,19 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "(kind=request|response), against the full fetches clients asked for.",
     ),
     _spec(
+        "run_ahead_rounds_total",
+        "counter",
+        [],
+        "Upstream rounds run ahead of a client (run_ahead): after an answer that delivered "
+        "data, what the client will ask next, fetched into its reuse buffer.",
+    ),
+    _spec(
+        "run_ahead_held_bytes_total",
+        "counter",
+        [],
+        "Record bytes run-ahead rounds kept for the clients' next fetches.",
+    ),
+    _spec(
         "repeated_fetches_total",
         "counter",
         [],
@@ -811,6 +824,10 @@ class Metrics:
 
     def fetch_repeated(self) -> None:
         self._counters["repeated_fetches_total"].inc()
+
+    def fetch_ran_ahead(self, held_bytes: int) -> None:
+        self._counters["run_ahead_rounds_total"].inc()
+        self._counters["run_ahead_held_bytes_total"].inc(held_bytes)
 
     def buffered_reuse_hit(self, record_bytes: int) -> None:
         self._counters["buffered_reuse_hits_total"].inc()

@@ -96,6 +96,7 @@ def check_report(
         "fetch_sessions": fetch.fetch_sessions,
         "reuse_buffer_bytes": fetch.reuse_buffer_bytes,
         "max_upstream_wait_ms": fetch.max_upstream_wait_ms,
+        "run_ahead": fetch.run_ahead,
         "memory_budget": (
             {"budget_bytes": None, "meaning": "no budget: fetches never wait"}
             if budget is None

@@ -36,6 +36,7 @@ RELOADABLE_KEYS = frozenset(
         "memory_budget_bytes",
         "reuse_buffer_bytes",
         "max_upstream_wait_ms",
+        "run_ahead",
         "policies",
         "fetch_sessions",
     }

@@ -88,6 +88,7 @@ class ReuseBuffer:
         last_stable_offset: int = -1,
         log_start_offset: int = -1,
         source: Reservation | None = None,
+        capacity: int | None = None,
     ) -> int:
         """Keep the leading whole batches of *run* that fit; return the bytes kept.
 
@@ -95,11 +96,13 @@ class ReuseBuffer:
         the last batch it was given).  Replaces any entry for *key*.  With a
         budget, the kept bytes are split off *source* (the reservation that
         already counts them, e.g. the fetch's) or else newly reserved.
+        *capacity*: the bound for this put instead of ``capacity`` (a run-ahead
+        round's, which its ask already bounded).
         """
         self.drop(key, counted=False)
         if not run.headers or run.headers[-1].next_offset <= fetch_offset:
             return 0
-        room = self.capacity - self._size
+        room = (self.capacity if capacity is None else capacity) - self._size
         count = 0
         for h in run.headers:
             if h.end > room:

@@ -62,7 +62,7 @@ from kio.static.primitive import i32Timedelta
 
 from ..protocol.apis import FETCH
 from ..protocol.codec import drain
-from ..protocol.messages import make, response_module
+from ..protocol.messages import make, replaced, response_module
 from ..protocol.partition_key import PartitionKey, topic_key
 from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
@@ -80,7 +80,11 @@ from .trim import (
     Prefix,
     Run,
     TrimResult,
+    aborted_of,
     allocate_in_ranges,
+    concat,
+    is_legacy,
+    parse_records,
     trim_response_in_ranges,
 )
 
@@ -143,6 +147,20 @@ class ShapedResponse:
     before this one (0: not starved); for a starvation histogram."""
 
 
+@dataclass(frozen=True, slots=True)
+class AheadHeld:
+    """What ``FetchShaper.hold_ahead`` made of a run-ahead round's answer."""
+
+    partitions: frozenset[PartitionKey]
+    """The partitions it put in the reuse buffer."""
+    upstream_records: int
+    """Records of the whole batches upstream sent."""
+    upstream_bytes: int
+    """Record bytes upstream sent (a partial last batch included)."""
+    held_bytes: int
+    """Record bytes the buffer holds for the client from it (with what it held before)."""
+
+
 class FetchShaper:
     def __init__(
         self,
@@ -177,6 +195,8 @@ class FetchShaper:
         """Record bytes of whole batches upstream sent (partial trailing batches not counted)."""
         self.delivered_bytes = 0
         """Record bytes delivered to the client."""
+        self.ahead_keys: set[PartitionKey] = set()
+        """The partitions the last run-ahead round put in the buffer (``hold_ahead``)."""
 
     def prepare(
         self,
@@ -384,6 +404,10 @@ class FetchShaper:
         batches are put in by ``finish``), so none goes back; a partition whose
         watermarks are unknown, or whose last answer was an error, sends the fetch
         upstream.  The caller passes it to ``finish`` as upstream's answer.
+        Held data from a run-ahead round (``hold_ahead``) answers the fetch whatever it
+        fills, once what is held covers the client's min_bytes (``_ahead_enough``): a
+        broker answers as soon as min_bytes is there, so this is an answer a broker
+        could give.
 
         Yields after every *every* partitions (0: never) of its walk over the request,
         which reads this connection's watermarks (only its own fetches change them).
@@ -416,7 +440,7 @@ class FetchShaper:
         filled = any(
             exempt or (held and held <= RESPONSE_LIMITS) for _, exempt, held in plan.values()
         )
-        if not filled and (
+        if not (filled or self._ahead_enough(prepared)) and (
             len(runs) < len(prepared.client_offsets) or not all(h for _, _, h in plan.values())
         ):
             return None
@@ -617,6 +641,129 @@ class FetchShaper:
         )
         return ShapedResponse(result.response, next_offsets, decision, result, waited)
 
+    def ahead_request(
+        self, request: Any, next_offsets: Mapping[PartitionKey, int], max_bytes: int
+    ) -> tuple[Any, dict[PartitionKey, tuple[int, int, int]]] | None:
+        """The upstream round that runs ahead of the client after it was answered: its
+        full *request* (client form) at the offsets it fetches next (*next_offsets* for
+        the partitions it got data for, else the request's own), moved past what the
+        reuse buffer already holds for them; at most *max_bytes*, no long poll.
+
+        *max_bytes* (the fetch's share of the memory budget) bounds what the buffer
+        holds with the round, in place of its capacity (which bounds what trimming
+        keeps): a round the size of the client's last response.
+
+        Returns the request and, per partition, (the client's next offset, where the
+        round fetches it, the client's leader epoch) for ``hold_ahead``; None when the
+        buffer already holds that much."""
+        room = max_bytes - self.buffer.size
+        if room <= 0:
+            return None
+        where: dict[PartitionKey, tuple[int, int, int]] = {}
+        topics = []
+        for topic in request.topics:
+            tkey = topic_key(topic)
+            parts = []
+            for p in topic.partitions:
+                key = (tkey, int(p.partition))
+                epoch = int(getattr(p, "current_leader_epoch", NO_EPOCH))
+                client = next_offsets.get(key, int(p.fetch_offset))
+                start = self.buffer.upstream_offset(key, client, epoch)
+                where[key] = (client, start, epoch)
+                parts.append(p if start == p.fetch_offset else replaced(p, fetch_offset=start))
+            topics.append(replaced(topic, partitions=tuple(parts)))
+        ahead = replaced(
+            request,
+            topics=tuple(topics),
+            max_bytes=room,
+            max_wait=timedelta(0),
+        )
+        return ahead, where
+
+    def hold_ahead(
+        self,
+        response: Any,
+        where: Mapping[PartitionKey, tuple[int, int, int]],
+        grant: Reservation | None,
+        capacity: int,
+    ) -> AheadHeld:
+        """Keep the run-ahead round's *response* (full, upstream's answer to
+        ``ahead_request``) in the reuse buffer, behind what it held for each partition,
+        for the client's next fetch at the offset it will ask; upstream's word on each
+        partition applies to what is held first (an error, a truncation or a new leader
+        epoch drops it).  The kept bytes move from *grant* (the buffer may hold up to
+        *capacity* with them).  Returns what upstream sent and what was kept."""
+        held: set[PartitionKey] = set()
+        buffer = self.buffer
+        records = record_bytes = held_bytes = 0
+        for topic in response.responses:
+            tkey = topic_key(topic)
+            for pd in topic.partitions:
+                key = (tkey, int(pd.partition_index))
+                at = where.get(key)
+                if at is None:
+                    continue
+                client, start, epoch = at
+                leader = getattr(pd, "current_leader", None)
+                marks = (
+                    int(pd.high_watermark),
+                    int(getattr(pd, "last_stable_offset", -1)),
+                    int(getattr(pd, "log_start_offset", -1)),
+                )
+                buffer.observe(
+                    key,
+                    error_code=int(pd.error_code),
+                    high_watermark=marks[0],
+                    leader_epoch=None if leader is None else int(leader.leader_epoch),
+                    last_stable_offset=marks[1],
+                    log_start_offset=marks[2],
+                )
+                if (
+                    pd.error_code != 0
+                    or not pd.records
+                    or getattr(pd, "preferred_read_replica", -1) >= 0
+                    or is_legacy(pd.records)
+                ):
+                    continue
+                run, _ = parse_records(pd.records, aborted_of(pd))
+                records += run.records
+                record_bytes += len(pd.records)
+                self.upstream_whole_bytes += run.size
+                if not run.headers:
+                    continue
+                before = buffer.peek(key)
+                if start != client:
+                    if before is None or before.run.next_offset != start:
+                        continue  # what it was behind is gone: the client fetches it itself
+                    run = concat(before.run, run)
+                elif run.headers[0].base_offset > client:
+                    continue  # (not where the client reads from)
+                kept = buffer.put(
+                    key,
+                    client,
+                    run,
+                    leader_epoch=epoch,
+                    high_watermark=marks[0],
+                    last_stable_offset=marks[1],
+                    log_start_offset=marks[2],
+                    source=grant,
+                    capacity=max(capacity, self.buffer.capacity),
+                )
+                if kept:
+                    held.add(key)
+                    held_bytes += kept
+        self.ahead_keys = held
+        return AheadHeld(frozenset(held), records, record_bytes, held_bytes)
+
+    def _ahead_enough(self, prepared: PreparedFetch) -> bool:
+        """Held data from a run-ahead round answers *prepared* alone: some of what it takes
+        came from one, and all it takes covers the client's min_bytes."""
+        prefixes = prepared.prefixes
+        if not self.ahead_keys or self.ahead_keys.isdisjoint(prefixes):
+            return False
+        min_bytes = int(getattr(prepared.client_request, "min_bytes", 1))
+        return sum(p.run.size for p in prefixes.values()) >= max(1, min_bytes)
+
     def close(self) -> None:
         """Release the buffer's memory and the rotations' state (the connection is gone)."""
         self.buffer.clear()
@@ -625,6 +772,7 @@ class FetchShaper:
         self.watermarks.clear()
         self.held_entries.clear()
         self.waiting.clear()
+        self.ahead_keys = set()
 
     def forget(self, keys: list[PartitionKey]) -> None:
         """The client dropped *keys* from its session (forgotten topics)."""

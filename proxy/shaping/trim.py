@@ -607,6 +607,11 @@ def _marks_of(pd: Any) -> tuple[int, int, int]:
     )
 
 
+def aborted_of(pd: Any) -> Aborted | None:
+    """A partition entry's aborted transactions as (producer id, first offset) pairs."""
+    return _aborted_of(pd)
+
+
 def _aborted_of(pd: Any) -> Aborted | None:
     txns = pd.aborted_transactions
     if not txns:
