@@ -179,7 +179,9 @@ Running ahead (``run_ahead``, on by default): after an answer that delivered at
 least ``RUN_AHEAD_MIN_BYTES`` with no fetch of the client's queued, ``_run_ahead``
 sends upstream, through the same upstream session, what the client will ask next
 (``FetchShaper.ahead_request``: its full fetch at the offsets that answer ended at,
-moved past what the buffer holds, max_wait 0, at most the fetch's budget share).
+moved past what the buffer holds, max_wait 0, at most the fetch's budget share),
+when no fetch waits for budget and the round leaves it at most half used
+(``FetchAdmission.room_ahead``: speculative, it takes only spare memory).
 The answer goes to the reuse buffer (``FetchShaper.hold_ahead``, upstream's word on
 each partition applied first), not to the client; the client's next fetch, queued
 behind the round if it came meanwhile, is answered from it (``held_answer``: what
@@ -1489,6 +1491,8 @@ class FetchPathHandler:
         ):
             return
         max_bytes = self._max_bytes_of(opened.request, exchange.limits)
+        if not self.path.admission.room_ahead(max_bytes):
+            return  # the budget is for what clients ask: only spare room runs ahead
         planned = self.shaper.ahead_request(opened.request, shaped.next_offsets, max_bytes)
         if planned is None:
             return

@@ -330,6 +330,16 @@ class FetchAdmission:
         budget = self.budget
         return max(budget.floor, budget.capacity // (len(self._waiters) + 1))
 
+    def room_ahead(self, nbytes: int) -> bool:
+        """Whether a fetch nobody asked for yet (a run-ahead round of at most *nbytes*) may
+        start: no fetch waits for budget, and the budget would stay at most half used.
+        What runs ahead is speculative, so it takes only memory no client's fetch needs
+        now or soon (under load the proxy serves what clients ask, as without it)."""
+        budget = self.budget
+        if self._waiters:
+            return False
+        return not self.limited or budget.used + nbytes <= budget.capacity // 2
+
     def take(self, waiter: Waiter, grant: Reservation, nbytes: int, *, held: int) -> bool:
         """Grow *grant* by *nbytes* (a response whose size is known) if the budget lets
         *waiter*, which holds *held* bytes already, take them now; False: it must wait.
