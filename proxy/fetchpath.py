@@ -273,7 +273,6 @@ SLICE_PARTITIONS = 500
 RUN_AHEAD_MIN_BYTES = 64 * 1024
 """An answer that delivered less does not start a run-ahead round (``_run_ahead``): a
 consumer that keeps up gets little per fetch, and its next one long-polls anyway."""
-"""A fetch covering more partitions than this is served in slices, one stage per slice."""
 
 Slices = Generator[None, None, None]
 """One fetch's stages; each ``yield`` ends a slice (the rest runs in a later loop turn)."""
@@ -1101,29 +1100,31 @@ class FetchPathHandler:
         Nothing is reserved for it: memory is taken when the response's size is
         known (``reserve_response``), so a long poll waiting upstream holds none.
         """
-        admission = self.path.admission
         # The most the response can carry: each partition the fetch covers (an
         # incremental fetch also covers its session's), at most its max_bytes.
         decoded = client.request
-        sizes = [int(p.partition_max_bytes) for t in decoded.topics for p in t.partitions]
+        extra: list[int] = []
         known = client.session_epoch <= 0  # a full fetch lists them all
         if not known:
             session = self.downstream.session
             if session is not None and session.id == client.session_id:
                 # else the session error is answered without upstream
-                sizes += [cp.max_bytes for cp in session.partitions.values()]
+                extra = [cp.max_bytes for cp in session.partitions.values()]
                 known = True
-        most = response_bound(sizes, self.path.budget.floor, limits.max_partition_bytes)
-        return admission.fetch_bytes(
-            int(decoded.max_bytes), limits.max_response_bytes, most_bytes=most if known else None
-        )
+        return self._max_bytes_of(decoded, limits, extra=extra, known=known)
 
-    def _max_bytes_of(self, request: Any, limits: Limits) -> int:
-        """``_max_bytes`` of a full fetch (every partition it covers listed)."""
+    def _max_bytes_of(
+        self, request: Any, limits: Limits, *, extra: list[int] | None = None, known: bool = True
+    ) -> int:
+        """``_max_bytes`` of *request* (a full fetch, every partition it covers listed, unless
+        *extra* gives the max_bytes of the session partitions it does not repeat; *known*
+        False: what its response can carry is not known)."""
         sizes = [int(p.partition_max_bytes) for t in request.topics for p in t.partitions]
-        most = response_bound(sizes, self.path.budget.floor, limits.max_partition_bytes)
+        most = response_bound(
+            sizes + (extra or []), self.path.budget.floor, limits.max_partition_bytes
+        )
         return self.path.admission.fetch_bytes(
-            int(request.max_bytes), limits.max_response_bytes, most_bytes=most
+            int(request.max_bytes), limits.max_response_bytes, most_bytes=most if known else None
         )
 
     def reserve_response(self, nbytes: int) -> bool:

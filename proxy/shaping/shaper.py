@@ -84,6 +84,7 @@ from .trim import (
     allocate_in_ranges,
     concat,
     is_legacy,
+    marks_of,
     parse_records,
     trim_response_in_ranges,
 )
@@ -705,11 +706,7 @@ class FetchShaper:
                     continue
                 client, start, epoch = at
                 leader = getattr(pd, "current_leader", None)
-                marks = (
-                    int(pd.high_watermark),
-                    int(getattr(pd, "last_stable_offset", -1)),
-                    int(getattr(pd, "log_start_offset", -1)),
-                )
+                marks = marks_of(pd)
                 buffer.observe(
                     key,
                     error_code=int(pd.error_code),

@@ -415,16 +415,16 @@ def trim_response_in_ranges(
                 todo.append((position, pd, key))
                 continue
             if not pd.records and not pd.aborted_transactions and key not in prefixes:
-                marks[key] = _marks_of(pd)
-                outcomes[key] = _nothing_offered(key, _aborted_of(pd))
+                marks[key] = marks_of(pd)
+                outcomes[key] = _nothing_offered(key, aborted_of(pd))
                 continue
             todo.append((position, pd, key))
             if is_legacy(pd.records):
                 legacy.add(key)
                 errors[key] = NONE
                 continue
-            marks[key] = _marks_of(pd)
-            aborted = _aborted_of(pd)
+            marks[key] = marks_of(pd)
+            aborted = aborted_of(pd)
             run, partial = parse_records(pd.records, aborted)
             up_bytes = len(pd.records or b"")
             up_records = run.records
@@ -452,7 +452,7 @@ def trim_response_in_ranges(
             for position in range(first_added, len(topic.partitions)):
                 pd = topic.partitions[position]
                 key = (tkey, int(pd.partition_index))
-                marks[key] = _marks_of(pd)
+                marks[key] = marks_of(pd)
                 work[index].append((position, pd, key))
 
     with_data = [k for k, r in runs.items() if r.headers]
@@ -598,7 +598,7 @@ def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
     return dataclasses.replace(response, responses=tuple(topics))
 
 
-def _marks_of(pd: Any) -> tuple[int, int, int]:
+def marks_of(pd: Any) -> tuple[int, int, int]:
     """The high watermark, last stable offset and log start offset a partition entry gives."""
     return (
         int(pd.high_watermark),
@@ -609,10 +609,6 @@ def _marks_of(pd: Any) -> tuple[int, int, int]:
 
 def aborted_of(pd: Any) -> Aborted | None:
     """A partition entry's aborted transactions as (producer id, first offset) pairs."""
-    return _aborted_of(pd)
-
-
-def _aborted_of(pd: Any) -> Aborted | None:
     txns = pd.aborted_transactions
     if not txns:
         return None if txns is None else ()
@@ -625,7 +621,7 @@ def _rebuild_partition(pd: Any, head: Run) -> Any:
     if head.data is not pd.records and head.data != (pd.records or b""):
         changes["records"] = head.data if (head.data or pd.records is not None) else None
     aborted = _aborted_within(head.aborted, head.headers)
-    if aborted != _aborted_of(pd):
+    if aborted != aborted_of(pd):
         cls = module_of(pd).AbortedTransaction
         changes["aborted_transactions"] = (
             None
