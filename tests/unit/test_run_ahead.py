@@ -85,7 +85,7 @@ def test_consumption_with_run_ahead_is_exact_and_answers_from_held_data(
         request = make_request(
             V, {i: (offsets[i], partition_bytes) for i in range(n)}, max_bytes=max_bytes
         )
-        prepared = shaper.prepare(request)
+        prepared = shaper.prepare(request, max_bytes=max_bytes)  # as the fetch path asks
         response = shaper.held_answer(prepared)
         if response is None:
             rounds += 1
