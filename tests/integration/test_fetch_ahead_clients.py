@@ -138,6 +138,69 @@ def consume(
     return got
 
 
+def produce_transactions(
+    stack: SessionStack, topic: str, *, per_round: int, repeat: int
+) -> dict[int, list[bytes]]:
+    """12 transactions of *per_round* records over partitions 0 and 1 (each value repeated
+    *repeat* times), every third one aborted; returns the committed values per partition."""
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": stack.direct_bootstrap,
+            "transactional.id": f"ahead-{uuid.uuid4().hex[:6]}",
+            "linger.ms": 0,
+            "batch.num.messages": 5,
+        }
+    )
+    producer.init_transactions(DEADLINE)
+    committed: dict[int, list[bytes]] = {0: [], 1: []}
+    for round_ in range(12):
+        producer.begin_transaction()
+        values = [(i % 2, f"r{round_}-{i}".encode() * repeat) for i in range(per_round)]
+        for part, value in values:
+            producer.produce(topic, value, partition=part)
+            producer.poll(0)
+        producer.flush(DEADLINE)
+        if round_ % 3 == 1:
+            producer.abort_transaction(DEADLINE)
+        else:
+            producer.commit_transaction(DEADLINE)
+            for part, value in values:
+                committed[part].append(value)
+    return committed
+
+
+def consume_committed(
+    stack: SessionStack, topic: str, want: int, settings: dict[str, Any] | None = None
+) -> dict[int, list[bytes]]:
+    """The values per partition a read_committed consumer reads from partitions 0 and 1,
+    until *want* of them; then nothing more may come (nothing aborted after the last
+    committed record either)."""
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": stack.bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            **(settings or {}),
+        }
+    )
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(2)])
+        deadline = time.monotonic() + DEADLINE
+        while sum(len(v) for v in got.values()) < want:
+            assert time.monotonic() < deadline, f"timed out with {len(got[0]) + len(got[1])}"
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got[msg.partition()].append(msg.value())
+        assert consumer.poll(1.0) is None
+    finally:
+        consumer.close()
+    return got
+
+
 def test_held_answers_deliver_every_record_once_in_order_with_watermarks_that_never_go_back(
     stack: SessionStack, watch: Watch
 ) -> None:
@@ -183,53 +246,8 @@ def test_read_committed_is_exact_with_aborted_transactions_in_held_answers(
     stack: SessionStack, watch: Watch
 ) -> None:
     topic = stack.create_topic(2, "ahead-txn")
-    producer = confluent_kafka.Producer(
-        {
-            "bootstrap.servers": stack.direct_bootstrap,
-            "transactional.id": f"ahead-{uuid.uuid4().hex[:6]}",
-            "linger.ms": 0,
-            "batch.num.messages": 5,
-        }
-    )
-    producer.init_transactions(DEADLINE)
-    committed: dict[int, list[bytes]] = {0: [], 1: []}
-    for round_ in range(12):
-        producer.begin_transaction()
-        values = [(i % 2, f"r{round_}-{i}".encode() * 10) for i in range(30)]
-        for part, value in values:
-            producer.produce(topic, value, partition=part)
-            producer.poll(0)
-        producer.flush(DEADLINE)
-        if round_ % 3 == 1:
-            producer.abort_transaction(DEADLINE)
-        else:
-            producer.commit_transaction(DEADLINE)
-            for part, value in values:
-                committed[part].append(value)
-    consumer = confluent_kafka.Consumer(
-        {
-            "bootstrap.servers": stack.bootstrap,
-            "group.id": f"g-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    got: dict[int, list[bytes]] = {0: [], 1: []}
-    try:
-        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(2)])
-        deadline = time.monotonic() + DEADLINE
-        want = sum(len(v) for v in committed.values())
-        while sum(len(v) for v in got.values()) < want:
-            assert time.monotonic() < deadline, f"timed out with {len(got[0]) + len(got[1])}"
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            got[msg.partition()].append(msg.value())
-        # nothing aborted comes after the last committed record either
-        assert consumer.poll(1.0) is None
-    finally:
-        consumer.close()
+    committed = produce_transactions(stack, topic, per_round=30, repeat=10)
+    got = consume_committed(stack, topic, sum(len(v) for v in committed.values()))
     assert got == committed  # every committed record once, in order, and no aborted one
     assert watch.held_with_aborted > 0
     assert not watch.went_back, watch.went_back[:5]
@@ -309,54 +327,10 @@ def test_run_ahead_read_committed_is_exact_with_aborted_transactions(
 ) -> None:
     stack = ahead_stack
     topic = stack.create_topic(2, "run-ahead-txn")
-    producer = confluent_kafka.Producer(
-        {
-            "bootstrap.servers": stack.direct_bootstrap,
-            "transactional.id": f"run-ahead-{uuid.uuid4().hex[:6]}",
-            "linger.ms": 0,
-            "batch.num.messages": 5,
-        }
-    )
-    producer.init_transactions(DEADLINE)
-    committed: dict[int, list[bytes]] = {0: [], 1: []}
-    for round_ in range(12):
-        producer.begin_transaction()
-        values = [(i % 2, f"r{round_}-{i}-".encode() * 150) for i in range(60)]
-        for part, value in values:
-            producer.produce(topic, value, partition=part)
-            producer.poll(0)
-        producer.flush(DEADLINE)
-        if round_ % 3 == 1:
-            producer.abort_transaction(DEADLINE)
-        else:
-            producer.commit_transaction(DEADLINE)
-            for part, value in values:
-                committed[part].append(value)
+    committed = produce_transactions(stack, topic, per_round=60, repeat=180)
     rounds_before = ahead_rounds(stack)
-    consumer = confluent_kafka.Consumer(
-        {
-            "bootstrap.servers": stack.bootstrap,
-            "group.id": f"g-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            **AHEAD_CONSUMER,
-        }
-    )
-    got: dict[int, list[bytes]] = {0: [], 1: []}
-    try:
-        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(2)])
-        deadline = time.monotonic() + DEADLINE
-        want = sum(len(v) for v in committed.values())
-        while sum(len(v) for v in got.values()) < want:
-            assert time.monotonic() < deadline, f"timed out with {len(got[0]) + len(got[1])}"
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            got[msg.partition()].append(msg.value())
-        assert consumer.poll(1.0) is None  # nothing aborted after the last committed record
-    finally:
-        consumer.close()
+    want = sum(len(v) for v in committed.values())
+    got = consume_committed(stack, topic, want, AHEAD_CONSUMER)
     assert got == committed  # every committed record once, in order, and no aborted one
     assert ahead_rounds(stack) > rounds_before
     assert watch.held_with_aborted > 0

@@ -168,6 +168,19 @@ def delivered(response: Any) -> dict[PartitionKey, list[bytes]]:
     return out
 
 
+def marks(response: Any) -> dict[int, tuple[int, int, int]]:
+    """(high watermark, last stable offset, log start offset) per partition of *response*."""
+    return {
+        int(pd.partition_index): (
+            int(pd.high_watermark),
+            int(pd.last_stable_offset),
+            int(pd.log_start_offset),
+        )
+        for t in response.responses
+        for pd in t.partitions
+    }
+
+
 class ModelBroker:
     """Kafka's readFromLog over devbroker PartitionLogs, for one topic."""
 

@@ -21,6 +21,7 @@ from support.fetch_model import (
     make_partition,
     make_request,
     make_response,
+    marks,
     topic_name_or_id,
     txn,
 )
@@ -33,18 +34,6 @@ from proxy.shaping.shaper import FetchShaper
 
 V = 12
 T = topic_name_or_id(V)
-
-
-def _marks(response: object) -> dict[int, tuple[int, int, int]]:
-    return {
-        int(pd.partition_index): (
-            int(pd.high_watermark),
-            int(pd.last_stable_offset),
-            int(pd.log_start_offset),
-        )
-        for t in response.responses  # type: ignore[attr-defined]
-        for pd in t.partitions
-    }
 
 
 @settings(max_examples=25, deadline=None)
@@ -97,7 +86,7 @@ def test_consumption_through_held_answers_is_exact_and_costs_no_extra_upstream_b
                 assert h.base_offset == offsets[i], "gap or duplicate"
                 offsets[i] = h.next_offset
                 got[i].append(b)
-        for i, mark in _marks(shaped.response).items():
+        for i, mark in marks(shaped.response).items():
             assert all(a >= b for a, b in zip(mark, seen.get(i, mark), strict=True)), (
                 "a watermark went back"
             )
@@ -138,7 +127,7 @@ def test_held_data_that_fills_the_response_answers_it_without_upstream() -> None
     shaped = shaper.finish(prepared, held)
     assert delivered(shaped.response) == {(T, 0): [batch(2, 2)], (T, 1): []}
     # Watermarks as the client was last given them, the partition without data too.
-    assert _marks(shaped.response) == {0: (6, 6, 0), 1: (0, 0, 0)}
+    assert marks(shaped.response) == {0: (6, 6, 0), 1: (0, 0, 0)}
     # 4-5 alone (2 records) do not fill it: upstream is asked, from past them.
     prepared = shaper.prepare(make_request(V, {0: (4, 10_000), 1: (0, 10_000)}))
     assert shaper.held_answer(prepared) is None
@@ -161,7 +150,7 @@ def test_held_answers_reuse_an_idle_partitions_entry_until_its_watermarks_move()
 
     first, again = held_at(2), held_at(4)
     assert first.responses[0].partitions[1] is again.responses[0].partitions[1]  # type: ignore[attr-defined]
-    assert _marks(again) == {0: (6, 6, 0), 1: (0, 0, 0)}
+    assert marks(again) == {0: (6, 6, 0), 1: (0, 0, 0)}
     # An upstream round: partition 0 has 6-7 and 8-9 (8-9 is held); partition 1 has grown
     # to 5, where the client is (it has nothing to wait for).
     prepared = shaper.prepare(make_request(V, {0: (6, 10_000), 1: (5, 10_000)}))
@@ -171,7 +160,7 @@ def test_held_answers_reuse_an_idle_partitions_entry_until_its_watermarks_move()
         V, [make_partition(V, 0, data, hw=10), make_partition(V, 1, b"", hw=5)]
     )
     assert delivered(shaper.finish(prepared, upstream).response)[(T, 0)] == [batch(6, 2)]
-    assert _marks(held_at(8, idle_at=5))[1] == (5, 5, 0)
+    assert marks(held_at(8, idle_at=5))[1] == (5, 5, 0)
 
 
 def test_a_held_batch_over_the_partition_cap_goes_out_alone_without_upstream() -> None:

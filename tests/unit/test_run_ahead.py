@@ -23,6 +23,7 @@ from support.fetch_model import (
     make_partition,
     make_request,
     make_response,
+    marks,
     topic_name_or_id,
     txn,
 )
@@ -36,18 +37,6 @@ from proxy.shaping.shaper import FetchShaper
 
 V = 12
 T = topic_name_or_id(V)
-
-
-def _marks(response: Any) -> dict[int, tuple[int, int, int]]:
-    return {
-        int(pd.partition_index): (
-            int(pd.high_watermark),
-            int(pd.last_stable_offset),
-            int(pd.log_start_offset),
-        )
-        for t in response.responses
-        for pd in t.partitions
-    }
 
 
 @settings(max_examples=30, deadline=None)
@@ -98,7 +87,7 @@ def test_consumption_with_run_ahead_is_exact_and_answers_from_held_data(
                 assert h.base_offset == offsets[i], "gap or duplicate"
                 offsets[i] = h.next_offset
                 got[i].append(b)
-        for i, mark in _marks(shaped.response).items():
+        for i, mark in marks(shaped.response).items():
             assert all(a >= b for a, b in zip(mark, seen.get(i, mark), strict=True)), (
                 "a watermark went back"
             )
@@ -176,7 +165,7 @@ def test_the_next_fetch_is_answered_from_what_ran_ahead() -> None:
     assert held is not None and shaper.held_answers == 1
     shaped = _finish_held(shaper, prepared, held)
     assert delivered(shaped.response) == {(T, 0): [batch(2, 2), batch(4, 2)], (T, 1): []}
-    assert _marks(shaped.response) == {0: (6, 6, 0), 1: (0, 0, 0)}
+    assert marks(shaped.response) == {0: (6, 6, 0), 1: (0, 0, 0)}
     assert shaper.buffer.size == 0
 
 
@@ -236,7 +225,7 @@ def test_a_round_continues_what_is_held_and_drops_what_does_not_line_up() -> Non
     assert held is not None
     shaped = _finish_held(shaper, prepared, held)
     assert delivered(shaped.response)[(T, 0)] == [batch(2, 2), batch(4, 2), batch(6, 3)]
-    assert _marks(shaped.response)[0] == (9, 9, 0)
+    assert marks(shaped.response)[0] == (9, 9, 0)
 
 
 def test_read_committed_aborted_transactions_travel_with_what_ran_ahead() -> None:
