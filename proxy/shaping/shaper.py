@@ -25,8 +25,9 @@ the buffer):
   asks is filled to its partition limit), the response is made of them and of
   the watermarks the client was last given, and goes to ``finish`` as
   upstream's answer would: no upstream round.  Not while a partition the
-  client knows has data upstream (none held) has waited half as many
-  responses as the fetch has partitions (``waiting``): that fetch goes up.
+  client knows has data upstream (none held) has waited as many responses as
+  the fetch has partitions (``waiting``; the serve rotation's own bound): that
+  fetch goes up.
 - Under a record limit, upstream is asked for at most what the buffer can keep
   (its capacity and the connection's share of the budget, less what the fetch
   holds), so a round serves several responses and nothing fetched is thrown
@@ -424,9 +425,9 @@ class FetchShaper:
                 return None  # kept for the other isolation level
             runs[key] = prefix.run
         # Fairness: a partition with data upstream but none held is not made to wait
-        # behind held answers for more than half as many responses as the fetch has
-        # partitions (the serve rotation's bound is all of them); its fetch goes up.
-        bound = max(1, len(prepared.client_offsets) // 2)
+        # behind held answers for more responses than the fetch has partitions (the
+        # serve rotation's own bound); its fetch goes up.
+        bound = max(1, len(prepared.client_offsets))
         if any(n >= bound and k not in prefixes for k, n in self.waiting.items()):
             return None
         plan = yield from allocate_in_ranges(

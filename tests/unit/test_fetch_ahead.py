@@ -279,15 +279,23 @@ def test_a_truncation_or_an_error_discards_held_data_and_stops_held_answers() ->
 
 def test_a_partition_waiting_with_data_upstream_stops_held_answers() -> None:
     """Fairness: partition 1 has data upstream (its high watermark is past the client's
-    offset) and nothing held; held answers may keep it waiting half as many responses
-    as the fetch has partitions (here 1), then its fetch goes upstream."""
+    offset) and nothing held; held answers may keep it waiting as many responses as the
+    fetch has partitions (here 2: the serve rotation's own bound), then its fetch goes
+    upstream although held data would fill the response."""
     shaper = FetchShaper(Limits(max_records=3), buffer_capacity=10_000)
-    data = batch(0, 2) + batch(2, 2) + batch(4, 2)
+    data = batch(0, 2) + batch(2, 2) + batch(4, 2) + batch(6, 2)
     prepared = shaper.prepare(make_request(V, {0: (0, 10_000), 1: (0, 10_000)}))
-    response = make_response(V, [make_partition(V, 0, data, hw=6), make_partition(V, 1, b"", hw=9)])
+    response = make_response(V, [make_partition(V, 0, data, hw=8), make_partition(V, 1, b"", hw=9)])
     shaper.finish(prepared, response)
     assert shaper.waiting == {(T, 1): 1}
+    # 2-3 fills the response (4-5 is kept back by max_records): answered from held data.
     prepared = shaper.prepare(make_request(V, {0: (2, 10_000), 1: (0, 10_000)}))
+    held = shaper.held_answer(prepared)
+    assert held is not None
+    shaper.finish(prepared, held)
+    assert shaper.waiting == {(T, 1): 2}
+    # 4-5 would fill it too, but partition 1 has waited 2 responses: the fetch goes up.
+    prepared = shaper.prepare(make_request(V, {0: (4, 10_000), 1: (0, 10_000)}))
     assert shaper.held_answer(prepared) is None
     # Served, it waits no more.
     shaper.finish(prepared, make_response(V, [make_partition(V, 1, batch(0, 1), hw=9)]))
