@@ -92,8 +92,11 @@ class ShapingDecision:
         limits: Limits,
         buffered_bytes: int = 0,
         max_starvation: int = 0,
+        partitions: int | None = None,
     ) -> Generator[None, None, ShapingDecision]:
-        """``from_trim``, yielding after every *every* outcomes (0: never)."""
+        """``from_trim``, yielding after every *every* outcomes (0: never).  *partitions*:
+        how many the response lists, when *result* trimmed only some of them (the rest
+        had nothing on offer); None: one per outcome."""
         # one pass over the outcomes (this runs for every shaped fetch)
         outs = result.outcomes.values()
         with_data: list[PartitionOutcome] = []
@@ -136,7 +139,7 @@ class ShapingDecision:
             requested_max_bytes=requested_max_bytes,
             upstream_max_bytes=upstream_max_bytes,
             limits=limits,
-            partitions=len(outs),
+            partitions=len(outs) if partitions is None else partitions,
             partitions_with_data=len(with_data),
             partitions_served=served,
             partitions_trimmed=trimmed,

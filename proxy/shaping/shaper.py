@@ -150,6 +150,24 @@ class ShapedResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class _HeldMade:
+    """What ``held_answer`` learnt while making its answer, so that ``finish`` trims only
+    the partitions with held data: every other one has nothing on offer, and its entry
+    carries the watermarks the client was given (the general trim would find just that,
+    a partition at a time, over every partition a sessionless client lists)."""
+
+    response: Any
+    held_at: tuple[tuple[int, tuple[int, ...]], ...]
+    """(topic index, positions in it of the partitions with held data), in response order."""
+    waits: tuple[PartitionKey, ...]
+    """The other partitions whose high watermark is past the client's offset."""
+    settled: tuple[PartitionKey, ...]
+    """The other partitions that were waiting and no longer are."""
+    partitions: int
+    """How many partitions the response lists."""
+
+
+@dataclass(frozen=True, slots=True)
 class AheadHeld:
     """What ``FetchShaper.hold_ahead`` made of a run-ahead round's answer."""
 
@@ -199,6 +217,8 @@ class FetchShaper:
         """Record bytes delivered to the client."""
         self.ahead_keys: set[PartitionKey] = set()
         """The partitions the last run-ahead round put in the buffer (``hold_ahead``)."""
+        self._held_made: _HeldMade | None = None
+        """The last answer ``held_answer`` made, until ``finish`` is given it."""
 
     def prepare(
         self,
@@ -449,11 +469,16 @@ class FetchShaper:
         mod = response_module(FETCH, int(request.__version__))
         marks = self.watermarks
         entries = self.held_entries
+        waiting = self.waiting
         topics = []
+        held_at: list[tuple[int, tuple[int, ...]]] = []
+        waits: list[PartitionKey] = []
+        settled: list[PartitionKey] = []
         walked = 0
-        for topic in request.topics:
+        for index, topic in enumerate(request.topics):
             tkey = topic_key(topic)
-            parts = []
+            parts: list[Any] = []
+            positions: list[int] = []
             for p in topic.partitions:
                 walked += 1
                 if every and walked % every == 0:
@@ -464,11 +489,16 @@ class FetchShaper:
                     return None
                 held = prefixes.get(key)
                 if held is not None:
+                    positions.append(len(parts))
                     mark = (
                         max(mark[0], held.high_watermark),
                         max(mark[1], held.last_stable_offset),
                         max(mark[2], held.log_start_offset),
                     )
+                elif mark[0] > int(p.fetch_offset):
+                    waits.append(key)
+                elif key in waiting:
+                    settled.append(key)
                 made = entries.get(key)
                 if made is not None and made[0] == (mark, read_committed, mod):
                     parts.append(made[1])
@@ -489,8 +519,10 @@ class FetchShaper:
             topics.append(
                 make(mod.FetchableTopicResponse, topic=tkey, topic_id=tkey, partitions=tuple(parts))
             )
+            if positions:
+                held_at.append((index, tuple(positions)))
         self.held_answers += 1
-        return make(
+        response = make(
             mod.FetchResponse,
             throttle_time=i32Timedelta.parse(timedelta(0)),
             error_code=ErrorCode.none,
@@ -498,6 +530,15 @@ class FetchShaper:
             responses=tuple(topics),
             node_endpoints=(),
         )
+        # (held batches of a partition the request does not list, as an incremental fetch's
+        # session partitions, are added by the general trim)
+        placed = sum(len(positions) for _, positions in held_at) == len(prefixes)
+        self._held_made = (
+            _HeldMade(response, tuple(held_at), tuple(waits), tuple(settled), walked)
+            if placed
+            else None
+        )
+        return response
 
     def finish(self, prepared: PreparedFetch, response: Any) -> ShapedResponse:
         """Trim upstream's *response* for the client and keep what was trimmed away."""
@@ -520,6 +561,9 @@ class FetchShaper:
         upstream to apply (its entries have the watermarks the client was given, raised
         to the held batches', no error, epoch or replica) and no records of its own, so
         its walk over the partitions for them is skipped."""
+        made, self._held_made = self._held_made, None
+        if not held or made is None or made.response is not response:
+            made = None
         grant = prepared.grant
         prefixes = dict(prepared.prefixes)
         discarded: set[PartitionKey] = set()
@@ -564,15 +608,25 @@ class FetchShaper:
             grant.resize(in_memory)
         if discarded:
             response = _withhold(response, discarded)
-        result = yield from trim_response_in_ranges(
-            response,
-            prepared.response_limits,
-            prefixes=prefixes,
-            order=self.serve_rotation.order,
-            every=every,
-        )
+        if made is None:
+            result = yield from trim_response_in_ranges(
+                response,
+                prepared.response_limits,
+                prefixes=prefixes,
+                order=self.serve_rotation.order,
+                every=every,
+            )
+        else:
+            result = yield from self._trim_held(made, prepared, prefixes, every)
         marks = self.watermarks
         waiting = self.waiting
+        if made is not None:
+            # the partitions with nothing on offer, as the loop below would find them (their
+            # watermarks are the ones the client was given: ``marks`` has them already)
+            for key in made.waits:
+                waiting[key] = waiting.get(key, 0) + 1
+            for key in made.settled:
+                waiting.pop(key, None)
         client_offsets = prepared.client_offsets
         result_marks = result.watermarks
         served: list[PartitionKey] = []
@@ -640,8 +694,53 @@ class FetchShaper:
             limits=prepared.limits,
             buffered_bytes=buffered,
             max_starvation=self.serve_rotation.max_starvation,
+            partitions=None if made is None else made.partitions,
         )
         return ShapedResponse(result.response, next_offsets, decision, result, waited)
+
+    def _trim_held(
+        self,
+        made: _HeldMade,
+        prepared: PreparedFetch,
+        prefixes: Mapping[PartitionKey, Prefix],
+        every: int,
+    ) -> Generator[None, None, TrimResult]:
+        """``trim_response_in_ranges`` of ``held_answer``'s response, walking only the
+        partitions with held data (*made*): the others have nothing on offer.  The
+        response is the whole one, those partitions' entries trimmed in place; the
+        outcomes and watermarks are the trimmed partitions'."""
+        response = made.response
+        topics = response.responses
+        mini = dataclasses.replace(
+            response,
+            responses=tuple(
+                dataclasses.replace(
+                    topics[index],
+                    partitions=tuple(topics[index].partitions[at] for at in positions),
+                )
+                for index, positions in made.held_at
+            ),
+        )
+        result = yield from trim_response_in_ranges(
+            mini,
+            prepared.response_limits,
+            prefixes=prefixes,
+            order=self.serve_rotation.order,
+            every=every,
+        )
+        whole = list(topics)
+        for (index, positions), shown, trimmed in zip(
+            made.held_at, mini.responses, result.response.responses, strict=True
+        ):
+            if trimmed is shown:
+                continue
+            parts = list(whole[index].partitions)
+            for at, entry in zip(positions, trimmed.partitions, strict=True):
+                parts[at] = entry
+            whole[index] = dataclasses.replace(whole[index], partitions=tuple(parts))
+        return dataclasses.replace(
+            result, response=dataclasses.replace(response, responses=tuple(whole))
+        )
 
     def ahead_request(
         self, request: Any, next_offsets: Mapping[PartitionKey, int], max_bytes: int
@@ -771,6 +870,7 @@ class FetchShaper:
         self.held_entries.clear()
         self.waiting.clear()
         self.ahead_keys = set()
+        self._held_made = None
 
     def forget(self, keys: list[PartitionKey]) -> None:
         """The client dropped *keys* from its session (forgotten topics)."""

@@ -28,6 +28,7 @@ from support.fetch_model import (
 
 from devbroker.log import PartitionLog
 from proxy.protocol import records
+from proxy.protocol.codec import drain
 from proxy.shaping.budget import MemoryBudget
 from proxy.shaping.limits import Limits
 from proxy.shaping.shaper import FetchShaper
@@ -300,3 +301,72 @@ def test_a_partition_waiting_with_data_upstream_stops_held_answers() -> None:
     # Served, it waits no more.
     shaper.finish(prepared, make_response(V, [make_partition(V, 1, batch(0, 1), hw=9)]))
     assert shaper.waiting == {}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.lists(st.lists(st.integers(1, 6), min_size=0, max_size=8), min_size=1, max_size=6),
+    later=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), max_size=10),
+    seeks=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 5), st.booleans()), max_size=4),
+    max_records=st.integers(1, 12),
+    pb=st.sampled_from([None, 60, 200]),
+    read_committed=st.booleans(),
+)
+def test_a_held_answer_trimmed_by_its_held_partitions_alone_is_the_general_trims(
+    spec: list[list[int]],
+    later: list[tuple[int, int]],
+    seeks: list[tuple[int, int, bool]],
+    max_records: int,
+    pb: int | None,
+    read_committed: bool,
+) -> None:
+    """``finish`` of ``held_answer``'s own response trims only the partitions with held
+    data; given an equal response that is not the one it made, it trims every partition.
+    In lockstep over the same traffic (the client seeking to the start or the end now and
+    then), the two answer alike and keep the same state."""
+    n = len(spec)
+    logs = {i: PartitionLog() for i in range(n)}
+    for i, counts in enumerate(spec):
+        for count in counts:
+            logs[i].append(batch(0, count), leader_epoch=0)
+    broker = ModelBroker(V, logs)
+    limits = Limits(max_records=max_records, max_partition_bytes=pb)
+    fast, general = (FetchShaper(limits, buffer_capacity=600) for _ in range(2))
+    offsets = {i: 0 for i in range(n)}
+    pending, seek_at = list(later), {step: (i, end) for step, i, end in seeks}
+    held_answers = 0
+    for step in range(400):
+        if pending and step % 3 == 0:
+            i, count = pending.pop(0)
+            logs[i % n].append(batch(0, count), leader_epoch=0)
+        if step in seek_at:
+            i, end = seek_at[step]
+            offsets[i % n] = logs[i % n].high_watermark if end else 0
+        request = make_request(V, {i: (offsets[i], 10**6) for i in range(n)})
+        if read_committed:
+            request = dataclasses.replace(request, isolation_level=1)
+        answers = []
+        for shaper, copy in ((fast, False), (general, True)):
+            prepared = shaper.prepare(request)
+            response = shaper.held_answer(prepared)
+            held = response is not None
+            if response is None:
+                response = broker.fetch(prepared.upstream_request)
+            elif copy:
+                response = dataclasses.replace(response)
+            answers.append((held, drain(shaper.finish_in_ranges(prepared, response, 0, held=held))))
+        (held, a), (held_too, b) = answers
+        assert held == held_too
+        held_answers += held
+        assert a.response == b.response
+        assert a.decision == b.decision and a.next_offsets == b.next_offsets
+        assert a.result.serve_order == b.result.serve_order
+        assert a.served_after == b.served_after
+        assert fast.waiting == general.waiting and fast.watermarks == general.watermarks
+        assert fast.buffer.size == general.buffer.size
+        for (_t, i), batches in delivered(a.response).items():
+            for b_ in batches:
+                offsets[i] = records.read_batch_header(b_).next_offset
+        if all(offsets[i] >= logs[i].high_watermark for i in range(n)) and not pending:
+            break
+    assert held_answers == fast.held_answers
