@@ -240,10 +240,18 @@ def response_limits_in_ranges(
         per_partition[key] = int(partition.partition_max_bytes)
         if every and walked % every == 0:
             yield
+    return response_limits_of(limits, request, per_partition)
+
+
+def response_limits_of(
+    limits: Limits, request: Any, partition_bytes_for: Mapping[PartitionKey, int]
+) -> ResponseLimits:
+    """``response_limits`` given the client's partition max_bytes already read off
+    *request* (and its session's), per partition: *partition_bytes_for*."""
     return ResponseLimits(
         response_bytes=_min(int(request.max_bytes), limits.max_response_bytes),
         response_records=_min(client_max_records(request), limits.max_records),
         partition_bytes=limits.max_partition_bytes,
         partition_records=limits.max_partition_records,
-        partition_bytes_for=per_partition,
+        partition_bytes_for=partition_bytes_for,
     )

@@ -72,7 +72,7 @@ from .limits import (
     Limits,
     ResponseLimits,
     clamp_request_in_ranges,
-    response_limits_in_ranges,
+    response_limits_of,
     upstream_max_bytes,
 )
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
@@ -201,7 +201,9 @@ class FetchShaper:
         self.watermarks: dict[PartitionKey, tuple[int, int, int]] = {}
         """Per partition, (high watermark, last stable offset, log start offset) as the last
         response gave them to the client: what an answer from held data carries."""
-        self.held_entries: dict[PartitionKey, tuple[tuple[Any, ...], Any]] = {}
+        self.held_entries: dict[
+            PartitionKey, tuple[tuple[int, int, int], tuple[Any, ...], Any]
+        ] = {}
         """Per partition, the last partition entry an answer from held data made (frozen),
         with what it was made from (watermarks, isolation, version): most of a
         sessionless client's partitions are idle, their entries the same each time.
@@ -291,6 +293,8 @@ class FetchShaper:
         for key, (offset, epoch) in (session_offsets or {}).items():
             client_offsets[key] = offset
             epochs[key] = epoch
+        # the client's partition max_bytes (the response limits'), in the same walk
+        partition_max: dict[PartitionKey, int] = dict(session_partition_max_bytes or {})
         walked = 0
         for topic in request.topics:
             tkey = topic_key(topic)
@@ -298,6 +302,7 @@ class FetchShaper:
                 key = (tkey, int(p.partition))
                 client_offsets[key] = int(p.fetch_offset)
                 epochs[key] = int(getattr(p, "current_leader_epoch", NO_EPOCH))
+                partition_max[key] = int(p.partition_max_bytes)
                 walked += 1
                 if every and walked % every == 0:
                     yield
@@ -307,12 +312,13 @@ class FetchShaper:
         upstream_offsets: dict[PartitionKey, int] = {}
         upstream_epochs: dict[PartitionKey, int] = {}
         buffer = self.buffer
-        for walked, (key, offset) in enumerate(client_offsets.items() if len(buffer) else (), 1):
+        # the partitions with held batches, in the request's order (ties in the serve
+        # rotation keep it); one pass in a comprehension, the takes after it
+        held_keys = [k for k in client_offsets if k in buffer] if len(buffer) else []
+        for walked, key in enumerate(held_keys, 1):
             if every and walked % every == 0:
                 yield
-            if key not in buffer:
-                continue
-            prefix = buffer.take(key, offset, epochs[key], into=grant)
+            prefix = buffer.take(key, client_offsets[key], epochs[key], into=grant)
             if prefix is not None and prefix.run.next_offset is not None:
                 prefixes[key] = prefix
                 upstream_offsets[key] = prefix.run.next_offset
@@ -322,9 +328,7 @@ class FetchShaper:
             max_bytes_cap = max(0, max_bytes - held)
         elif max_bytes_cap is None and grant is not None:
             max_bytes_cap = max(0, grant.nbytes - held)
-        rlimits = yield from response_limits_in_ranges(
-            limits, request, every, session_partition_max_bytes=session_partition_max_bytes
-        )
+        rlimits = response_limits_of(limits, request, partition_max)
         ahead = self._ahead(rlimits, held)
         if ahead is not None:
             max_bytes_cap = ahead if max_bytes_cap is None else min(max_bytes_cap, ahead)
@@ -384,7 +388,7 @@ class FetchShaper:
         if not len(buffer) and len(marks) <= len(listed):
             return
         gone = [k for k in buffer.keys() if k not in listed]
-        gone += [k for k in marks if k not in listed and k not in buffer]
+        gone += [k for k in marks.keys() - listed.keys() if k not in buffer]
         if gone:
             self.forget(gone)
 
@@ -467,8 +471,11 @@ class FetchShaper:
         ):
             return None
         mod = response_module(FETCH, int(request.__version__))
-        marks = self.watermarks
+        context = (read_committed, mod)
+        marks_get = self.watermarks.get
+        prefixes_get = prefixes.get
         entries = self.held_entries
+        entries_get = entries.get
         waiting = self.waiting
         topics = []
         held_at: list[tuple[int, tuple[int, ...]]] = []
@@ -483,11 +490,11 @@ class FetchShaper:
                 walked += 1
                 if every and walked % every == 0:
                     yield
-                key = (tkey, int(p.partition))
-                mark = marks.get(key)
+                key = (tkey, p.partition)
+                mark = marks_get(key)
                 if mark is None:
                     return None
-                held = prefixes.get(key)
+                held = prefixes_get(key)
                 if held is not None:
                     positions.append(len(parts))
                     mark = (
@@ -495,13 +502,13 @@ class FetchShaper:
                         max(mark[1], held.last_stable_offset),
                         max(mark[2], held.log_start_offset),
                     )
-                elif mark[0] > int(p.fetch_offset):
+                elif mark[0] > p.fetch_offset:
                     waits.append(key)
                 elif key in waiting:
                     settled.append(key)
-                made = entries.get(key)
-                if made is not None and made[0] == (mark, read_committed, mod):
-                    parts.append(made[1])
+                made = entries_get(key)
+                if made is not None and made[0] == mark and made[1] == context:
+                    parts.append(made[2])
                     continue
                 entry = make(
                     mod.PartitionData,
@@ -514,7 +521,7 @@ class FetchShaper:
                     preferred_read_replica=-1,
                     records=b"",
                 )
-                entries[key] = ((mark, read_committed, mod), entry)
+                entries[key] = (mark, context, entry)
                 parts.append(entry)
             topics.append(
                 make(mod.FetchableTopicResponse, topic=tkey, topic_id=tkey, partitions=tuple(parts))
