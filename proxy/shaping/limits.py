@@ -153,14 +153,17 @@ def clamp_request_in_ranges(
     *,
     max_bytes_cap: int | None = None,
     partition_cap: bool = True,
+    partition_floor: int | None = None,
 ) -> Generator[None, None, Any]:
     """``clamp_request``, yielding after every *every* partitions it walks (0: never);
     it reads only the request and *limits*.  *partition_cap* False: ``max_partition_bytes``
-    is left to trimming (the shaper running ahead) and the partitions are not walked."""
+    is left to trimming (the shaper running ahead) and the partitions are not walked,
+    unless *partition_floor* raises every partition max_bytes above 0 to at least it."""
     new_max = upstream_max_bytes(request, limits, max_bytes_cap)
     cap = limits.max_partition_bytes if partition_cap else None
+    floor = None if partition_cap else partition_floor
     topics = request.topics
-    if cap is not None:
+    if cap is not None or floor is not None:
         new_topics = []
         changed = False
         walked = 0
@@ -168,8 +171,13 @@ def clamp_request_in_ranges(
             parts = []
             topic_changed = False
             for p in topic.partitions:
-                if p.partition_max_bytes > cap:
+                if cap is not None and p.partition_max_bytes > cap:
                     p = dataclasses.replace(p, partition_max_bytes=type(p.partition_max_bytes)(cap))
+                    topic_changed = True
+                elif floor is not None and 0 < p.partition_max_bytes < floor:
+                    p = dataclasses.replace(
+                        p, partition_max_bytes=type(p.partition_max_bytes)(floor)
+                    )
                     topic_changed = True
                 parts.append(p)
                 walked += 1

@@ -33,9 +33,12 @@ the buffer):
   holds), so a round serves several responses and nothing fetched is thrown
   away; a partition whose held batches fill its partition limit asks 0 bytes.
   The partition byte cap is then applied by trimming, not sent upstream: each
-  partition asks the client's own partition max_bytes, so the broker cuts a
-  batch only at the response's end, not at every partition's cap (a partial
-  trailing batch is dropped and fetched again).
+  partition asks at least the buffer's capacity (the client's own partition
+  max_bytes if larger, 0 left at 0), so the broker cuts a batch only at the
+  response's end, not at every partition's cap (a partial trailing batch is
+  dropped and fetched again: with 1 MB batches and a client's 1 MiB, nearly
+  one a partition).  What the client gets of a partition is still trimmed to
+  its own partition max_bytes.
 - Watermarks never go back: held entries take upstream's newer watermarks, and
   an answer from held data carries the latest the client was given
   (``watermarks``).  A partition whose last answer was an error has none, so
@@ -361,16 +364,19 @@ class FetchShaper:
         if prepared.upstream_request is not None or plan is None:
             return prepared
         request = prepared.client_request
-        # Running ahead, the partition cap is applied by trimming (``rlimits``) and
-        # upstream is asked the client's own partition max_bytes: a broker cuts a read at
-        # what it is asked, mid-batch, and a partial batch per partition per round would
-        # be fetched twice.  The response's max_bytes is the one cut.
+        # Running ahead, the partition caps (the policy's and the client's) are applied by
+        # trimming (``rlimits``) and upstream is asked at least the buffer's capacity per
+        # partition (constant, so the upstream session does not resend the partitions):
+        # a broker cuts a read at what it is asked, mid-batch, and a partial batch per
+        # partition per round would be fetched twice.  The response's max_bytes, what
+        # the buffer can take, is the one cut.
         upstream = yield from clamp_request_in_ranges(
             request,
             prepared.limits,
             every,
             max_bytes_cap=plan.max_bytes_cap,
             partition_cap=plan.partition_cap,
+            partition_floor=self.buffer.capacity,
         )
         if prepared.upstream_offsets:
             full = yield from _partitions_full_in_ranges(

@@ -370,3 +370,36 @@ def test_a_held_answer_trimmed_by_its_held_partitions_alone_is_the_general_trims
         if all(offsets[i] >= logs[i].high_watermark for i in range(n)) and not pending:
             break
     assert held_answers == fast.held_answers
+
+
+def test_running_ahead_each_partition_asks_at_least_the_buffers_capacity() -> None:
+    """Under a record limit the partition caps are trimmed, not sent upstream: every
+    partition asks at least what the reuse buffer can take (a partition the client asks
+    0 bytes of stays at 0), so a broker cuts a batch at the end of the round and not at
+    each partition's max_bytes, where the partial batch would be fetched again.  The
+    client still gets no more of a partition than its own partition max_bytes."""
+    capacity = 10_000
+    shaper = FetchShaper(Limits(max_records=50, max_partition_bytes=100), buffer_capacity=capacity)
+    prepared = shaper.prepare(make_request(V, {0: (0, 500), 1: (0, 0), 2: (0, 50_000)}))
+    asked = {
+        int(p.partition): int(p.partition_max_bytes)
+        for p in prepared.upstream_request.topics[0].partitions
+    }
+    assert asked == {0: capacity, 1: 0, 2: 50_000}
+    assert prepared.upstream_request.max_bytes <= capacity
+    # Upstream sends two 71-byte batches of partitions 0 and 2 (a 100-byte cap would have
+    # cut the second): each gets one, under the policy's cap; the second is held.
+    two = batch(0, 1) + batch(1, 1)
+    response = make_response(
+        V, [make_partition(V, i, two if i != 1 else b"", hw=2) for i in range(3)]
+    )
+    shaped = shaper.finish(prepared, response)
+    assert delivered(shaped.response) == {(T, 0): [batch(0, 1)], (T, 1): [], (T, 2): [batch(0, 1)]}
+    assert shaper.buffer.size == 2 * len(batch(1, 1))
+    # With byte limits alone the caps go upstream as they are.
+    plain = FetchShaper(Limits(max_partition_bytes=100), buffer_capacity=capacity)
+    prepared = plain.prepare(make_request(V, {0: (0, 500), 1: (0, 0)}))
+    assert {int(p.partition_max_bytes) for p in prepared.upstream_request.topics[0].partitions} == {
+        100,
+        0,
+    }
