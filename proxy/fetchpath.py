@@ -180,7 +180,7 @@ least ``RUN_AHEAD_MIN_BYTES`` with no fetch of the client's queued, ``_run_ahead
 sends upstream, through the same upstream session, what the client will ask next
 (``FetchShaper.ahead_request``: its full fetch at the offsets that answer ended at,
 moved past what the buffer holds, max_wait 0, at most the fetch's budget share),
-when no fetch waits for budget and the round leaves it at most half used
+when no fetch waits for budget and the round leaves it at most a quarter used
 (``FetchAdmission.room_ahead``: speculative, it takes only spare memory).
 The answer goes to the reuse buffer (``FetchShaper.hold_ahead``, upstream's word on
 each partition applied first), not to the client; the client's next fetch, queued
