@@ -597,16 +597,7 @@ class FetchShaper:
                 prefix = prefixes.get(key)
                 if prefix is None and key not in self.buffer:
                     continue
-                leader = getattr(pd, "current_leader", None)
-                epoch = None if leader is None else int(leader.leader_epoch)
-                self.buffer.observe(
-                    key,
-                    error_code=int(pd.error_code),
-                    high_watermark=int(pd.high_watermark),
-                    leader_epoch=epoch,
-                    last_stable_offset=int(getattr(pd, "last_stable_offset", -1)),
-                    log_start_offset=int(getattr(pd, "log_start_offset", -1)),
-                )
+                epoch, _ = _observe(self.buffer, key, pd)
                 if prefix is not None and (
                     pd.error_code != 0
                     or pd.high_watermark < prefix.high_watermark
@@ -621,16 +612,17 @@ class FetchShaper:
             grant.resize(in_memory)
         if discarded:
             response = _withhold(response, discarded)
-        if made is None:
-            result = yield from trim_response_in_ranges(
-                response,
-                prepared.response_limits,
-                prefixes=prefixes,
-                order=self.serve_rotation.order,
-                every=every,
-            )
-        else:
-            result = yield from self._trim_held(made, prepared, prefixes, every)
+        # an answer from held data: only its partitions with held data are trimmed
+        shown = response if made is None else _held_only(made)
+        result = yield from trim_response_in_ranges(
+            shown,
+            prepared.response_limits,
+            prefixes=prefixes,
+            order=self.serve_rotation.order,
+            every=every,
+        )
+        if made is not None:
+            result = _spliced(made, shown, result)
         marks = self.watermarks
         waiting = self.waiting
         if made is not None:
@@ -711,50 +703,6 @@ class FetchShaper:
         )
         return ShapedResponse(result.response, next_offsets, decision, result, waited)
 
-    def _trim_held(
-        self,
-        made: _HeldMade,
-        prepared: PreparedFetch,
-        prefixes: Mapping[PartitionKey, Prefix],
-        every: int,
-    ) -> Generator[None, None, TrimResult]:
-        """``trim_response_in_ranges`` of ``held_answer``'s response, walking only the
-        partitions with held data (*made*): the others have nothing on offer.  The
-        response is the whole one, those partitions' entries trimmed in place; the
-        outcomes and watermarks are the trimmed partitions'."""
-        response = made.response
-        topics = response.responses
-        mini = dataclasses.replace(
-            response,
-            responses=tuple(
-                dataclasses.replace(
-                    topics[index],
-                    partitions=tuple(topics[index].partitions[at] for at in positions),
-                )
-                for index, positions in made.held_at
-            ),
-        )
-        result = yield from trim_response_in_ranges(
-            mini,
-            prepared.response_limits,
-            prefixes=prefixes,
-            order=self.serve_rotation.order,
-            every=every,
-        )
-        whole = list(topics)
-        for (index, positions), shown, trimmed in zip(
-            made.held_at, mini.responses, result.response.responses, strict=True
-        ):
-            if trimmed is shown:
-                continue
-            parts = list(whole[index].partitions)
-            for at, entry in zip(positions, trimmed.partitions, strict=True):
-                parts[at] = entry
-            whole[index] = dataclasses.replace(whole[index], partitions=tuple(parts))
-        return dataclasses.replace(
-            result, response=dataclasses.replace(response, responses=tuple(whole))
-        )
-
     def ahead_request(
         self, request: Any, next_offsets: Mapping[PartitionKey, int], max_bytes: int
     ) -> tuple[Any, dict[PartitionKey, tuple[int, int, int]]] | None:
@@ -818,16 +766,7 @@ class FetchShaper:
                 if at is None:
                     continue
                 client, start, epoch = at
-                leader = getattr(pd, "current_leader", None)
-                marks = marks_of(pd)
-                buffer.observe(
-                    key,
-                    error_code=int(pd.error_code),
-                    high_watermark=marks[0],
-                    leader_epoch=None if leader is None else int(leader.leader_epoch),
-                    last_stable_offset=marks[1],
-                    log_start_offset=marks[2],
-                )
+                _, marks = _observe(buffer, key, pd)
                 if (
                     pd.error_code != 0
                     or not pd.records
@@ -938,6 +877,62 @@ class FetchShaper:
 
 
 _NO_TOPIC = object()
+
+
+def _held_only(made: _HeldMade) -> Any:
+    """``held_answer``'s response (*made*) with only its partitions that have held data:
+    the others have nothing on offer for ``trim_response_in_ranges`` to find."""
+    response = made.response
+    topics = response.responses
+    return dataclasses.replace(
+        response,
+        responses=tuple(
+            dataclasses.replace(
+                topics[index], partitions=tuple(topics[index].partitions[at] for at in positions)
+            )
+            for index, positions in made.held_at
+        ),
+    )
+
+
+def _spliced(made: _HeldMade, shown: Any, result: TrimResult) -> TrimResult:
+    """*result* (the trim of ``_held_only``'s *shown*) with the whole response: the trimmed
+    entries in place of the held ones; the outcomes and watermarks stay the trimmed
+    partitions'."""
+    response = made.response
+    whole = list(response.responses)
+    for (index, positions), before, trimmed in zip(
+        made.held_at, shown.responses, result.response.responses, strict=True
+    ):
+        if trimmed is before:
+            continue
+        parts = list(whole[index].partitions)
+        for at, entry in zip(positions, trimmed.partitions, strict=True):
+            parts[at] = entry
+        whole[index] = dataclasses.replace(whole[index], partitions=tuple(parts))
+    return dataclasses.replace(
+        result, response=dataclasses.replace(response, responses=tuple(whole))
+    )
+
+
+def _observe(
+    buffer: ReuseBuffer, key: PartitionKey, pd: Any
+) -> tuple[int | None, tuple[int, int, int]]:
+    """Upstream's word on partition *key* (its response entry *pd*: error, watermarks,
+    leader epoch) applied to what *buffer* holds for it; returns that leader epoch (None:
+    the entry gives none) and the watermarks."""
+    leader = getattr(pd, "current_leader", None)
+    epoch = None if leader is None else int(leader.leader_epoch)
+    marks = marks_of(pd)
+    buffer.observe(
+        key,
+        error_code=int(pd.error_code),
+        high_watermark=marks[0],
+        leader_epoch=epoch,
+        last_stable_offset=marks[1],
+        log_start_offset=marks[2],
+    )
+    return epoch, marks
 
 
 def _withhold(response: Any, keys: set[PartitionKey]) -> Any:
