@@ -138,6 +138,19 @@ def consume(
     return got
 
 
+def read_every_partition(consumer: Any, topic: str, records: int) -> list[Any]:
+    """Assign every partition of *topic* from offset 0 and read *records* records of each:
+    offsets 0 to records - 1, in order, once each (``consume``).  Returns the assignment
+    (to assign again for another read from the start)."""
+    parts = [confluent_kafka.TopicPartition(topic, p, 0) for p in range(PARTITIONS)]
+    consumer.assign(parts)
+    got = consume(consumer, topic, PARTITIONS * records)
+    assert {p: (v[0], v[-1], len(v)) for p, v in got.items()} == {
+        p: (0, records - 1, records) for p in range(PARTITIONS)
+    }
+    return parts
+
+
 def produce_transactions(
     stack: SessionStack, topic: str, *, per_round: int, repeat: int
 ) -> dict[int, list[bytes]]:
@@ -215,12 +228,7 @@ def test_held_answers_deliver_every_record_once_in_order_with_watermarks_that_ne
         }
     )
     try:
-        parts = [confluent_kafka.TopicPartition(topic, p, 0) for p in range(PARTITIONS)]
-        consumer.assign(parts)
-        got = consume(consumer, topic, PARTITIONS * RECORDS)
-        assert {p: (v[0], v[-1], len(v)) for p, v in got.items()} == {
-            p: (0, RECORDS - 1, RECORDS) for p in range(PARTITIONS)
-        }
+        parts = read_every_partition(consumer, topic, RECORDS)
         held, upstream, delivered = (a - b for a, b in zip(totals(stack), before, strict=True))
         print(
             f"{stack.backend}: {held} held answers, upstream/delivered {upstream / delivered:.3f}"
@@ -296,12 +304,7 @@ def test_run_ahead_delivers_every_record_once_in_order_from_rounds_before_the_cl
         }
     )
     try:
-        parts = [confluent_kafka.TopicPartition(topic, p, 0) for p in range(PARTITIONS)]
-        consumer.assign(parts)
-        got = consume(consumer, topic, PARTITIONS * AHEAD_RECORDS)
-        assert {p: (v[0], v[-1], len(v)) for p, v in got.items()} == {
-            p: (0, AHEAD_RECORDS - 1, AHEAD_RECORDS) for p in range(PARTITIONS)
-        }
+        parts = read_every_partition(consumer, topic, AHEAD_RECORDS)
         held, upstream, delivered = (a - b for a, b in zip(totals(stack), before, strict=True))
         rounds = ahead_rounds(stack) - rounds_before
         print(

@@ -181,6 +181,16 @@ def marks(response: Any) -> dict[int, tuple[int, int, int]]:
     }
 
 
+def model_logs(spec: Sequence[Sequence[int]]) -> dict[int, PartitionLog]:
+    """Partition logs for a ModelBroker: partition i holds one batch of each record count
+    in ``spec[i]``, in order, at leader epoch 0."""
+    logs = {i: PartitionLog() for i in range(len(spec))}
+    for i, counts in enumerate(spec):
+        for count in counts:
+            logs[i].append(batch(0, count), leader_epoch=0)
+    return logs
+
+
 class ModelBroker:
     """Kafka's readFromLog over devbroker PartitionLogs, for one topic."""
 

@@ -22,11 +22,11 @@ from support.fetch_model import (
     make_request,
     make_response,
     marks,
+    model_logs,
     topic_name_or_id,
     txn,
 )
 
-from devbroker.log import PartitionLog
 from proxy.protocol import records
 from proxy.protocol.codec import drain
 from proxy.shaping.budget import MemoryBudget
@@ -53,10 +53,7 @@ def test_consumption_through_held_answers_is_exact_and_costs_no_extra_upstream_b
     capacity: int,
 ) -> None:
     n = len(spec)
-    logs = {i: PartitionLog() for i in range(n)}
-    for i, counts in enumerate(spec):
-        for count in counts:
-            logs[i].append(batch(0, count), leader_epoch=0)
+    logs = model_logs(spec)
     broker = ModelBroker(V, logs)
     budget = MemoryBudget(10**9)
     shaper = FetchShaper(
@@ -325,10 +322,7 @@ def test_a_held_answer_trimmed_by_its_held_partitions_alone_is_the_general_trims
     In lockstep over the same traffic (the client seeking to the start or the end now and
     then), the two answer alike and keep the same state."""
     n = len(spec)
-    logs = {i: PartitionLog() for i in range(n)}
-    for i, counts in enumerate(spec):
-        for count in counts:
-            logs[i].append(batch(0, count), leader_epoch=0)
+    logs = model_logs(spec)
     broker = ModelBroker(V, logs)
     limits = Limits(max_records=max_records, max_partition_bytes=pb)
     fast, general = (FetchShaper(limits, buffer_capacity=600) for _ in range(2))

@@ -24,11 +24,11 @@ from support.fetch_model import (
     make_request,
     make_response,
     marks,
+    model_logs,
     topic_name_or_id,
     txn,
 )
 
-from devbroker.log import PartitionLog
 from proxy.protocol import records
 from proxy.protocol.codec import drain
 from proxy.shaping.budget import MemoryBudget
@@ -55,10 +55,7 @@ def test_consumption_with_run_ahead_is_exact_and_answers_from_held_data(
     capacity: int,
 ) -> None:
     n = len(spec)
-    logs = {i: PartitionLog() for i in range(n)}
-    for i, counts in enumerate(spec):
-        for count in counts:
-            logs[i].append(batch(0, count), leader_epoch=0)
+    logs = model_logs(spec)
     broker = ModelBroker(V, logs)
     budget = MemoryBudget(10**9)
     shaper = FetchShaper(Limits(), buffer_capacity=capacity, budget=budget)
