@@ -104,10 +104,8 @@ def _report(r: ShapedReport, m: Metrics | None, decision_log: DecisionLog | None
             m.shaped_response(r.policy)
         for limit, records, nbytes in d.trimmed_by_limit:
             m.trimmed(limit_kind(limit), records=records, record_bytes=nbytes, policy=r.policy)
-        for size in r.reuse_hits:
-            m.buffered_reuse_hit(size)
-        for rounds in r.starvation_rounds:
-            m.starvation(rounds)
+        m.buffered_reuse_hits(r.reuse_hits)
+        m.starvations(r.starvation_rounds)
     if decision_log is not None:
         decision_log.log(
             d,

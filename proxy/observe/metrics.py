@@ -41,9 +41,7 @@ from typing import Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     Gauge,
-    Histogram,
     PlatformCollector,
     ProcessCollector,
 )
@@ -63,6 +61,7 @@ from .labels import (
     api_name,
     enum_label,
 )
+from .series import CounterFamily, HistogramFamily
 
 PREFIX = "kafka_fetch_proxy_"
 
@@ -483,7 +482,7 @@ class ByApi:
 
     __slots__ = ("_children", "_families")
 
-    def __init__(self, *families: Counter | Histogram) -> None:
+    def __init__(self, *families: CounterFamily | HistogramFamily) -> None:
         self._families = families
         self._children: dict[int, tuple[Any, ...]] = {}
 
@@ -503,7 +502,7 @@ class Leg:
 
     __slots__ = ("_children",)
 
-    def __init__(self, count: Counter, sizes: Histogram) -> None:
+    def __init__(self, count: CounterFamily, sizes: HistogramFamily) -> None:
         self._children = ByApi(count, sizes)
 
     def __call__(self, api_key: int, size: int) -> None:
@@ -518,7 +517,7 @@ class Durations:
 
     __slots__ = ("_children",)
 
-    def __init__(self, histogram: Histogram) -> None:
+    def __init__(self, histogram: HistogramFamily) -> None:
         self._children = ByApi(histogram)
 
     def __call__(self, api_key: int, seconds: float) -> None:
@@ -547,9 +546,9 @@ class Metrics:
         self._node = BoundedLabel(node_label_cap)
         self._policy = BoundedLabel(policy_label_cap)
         self._client_id = BoundedLabel(client_id_label_cap, max_length=128)
-        self._counters: dict[str, Counter] = {}
+        self._counters: dict[str, CounterFamily] = {}
         self._gauges: dict[str, Gauge] = {}
-        self._histograms: dict[str, Histogram] = {}
+        self._histograms: dict[str, HistogramFamily] = {}
         specs = list(CATALOGUE)
         if client_id_label_cap > 0:
             specs.extend(OPT_IN_SPECS)
@@ -573,6 +572,7 @@ class Metrics:
         """``client_request_duration`` with its children resolved (what the meter calls)."""
         self.broker_durations = Durations(self._histograms["broker_request_duration_seconds"])
         """``broker_request_duration`` with its children resolved (what the meter calls)."""
+        self._starvation = self._histograms["partition_starvation_rounds"].single()
         saved = self._counters["incremental_fetch_saved_bytes_total"]
         self._saved_request = saved.labels(kind="request")
         self._saved_response = saved.labels(kind="response")
@@ -586,16 +586,14 @@ class Metrics:
     def _register(self, s: MetricSpec) -> None:
         short = s.name.removeprefix(PREFIX)
         if s.kind == "counter":
-            self._counters[short] = Counter(
-                s.name.removesuffix("_total"), s.help, s.labels, registry=self.registry
-            )
+            self._counters[short] = CounterFamily(s.name, s.help, s.labels, registry=self.registry)
         elif s.kind == "gauge":
             self._gauges[short] = Gauge(s.name, s.help, s.labels, registry=self.registry)
         else:
             buckets = {
                 "partition_starvation_rounds": STARVATION_BUCKETS,
             }.get(short, LATENCY_BUCKETS if short.endswith("_seconds") else SIZE_BUCKETS)
-            self._histograms[short] = Histogram(
+            self._histograms[short] = HistogramFamily(
                 s.name, s.help, s.labels, buckets=buckets, registry=self.registry
             )
 
@@ -830,8 +828,13 @@ class Metrics:
         self._counters["run_ahead_held_bytes_total"].inc(held_bytes)
 
     def buffered_reuse_hit(self, record_bytes: int) -> None:
-        self._counters["buffered_reuse_hits_total"].inc()
-        self._counters["buffered_reuse_bytes_total"].inc(record_bytes)
+        self.buffered_reuse_hits((record_bytes,))
+
+    def buffered_reuse_hits(self, record_bytes: Sequence[int]) -> None:
+        """Partitions answered from the reuse buffer, with the held bytes of each."""
+        if record_bytes:
+            self._counters["buffered_reuse_hits_total"].inc(len(record_bytes))
+            self._counters["buffered_reuse_bytes_total"].inc(sum(record_bytes))
 
     def read_fetch_gauges(
         self,
@@ -873,6 +876,10 @@ class Metrics:
     def starvation(self, rounds: int) -> None:
         """A partition with data was served ``rounds`` fetch rounds after it was last served."""
         self._histograms["partition_starvation_rounds"].observe(rounds)
+
+    def starvations(self, rounds: Iterable[int]) -> None:
+        """``starvation`` for each of a response's served partitions."""
+        self._starvation.observe_many(rounds)
 
     # -- operations ------------------------------------------------------------------
 
