@@ -12,11 +12,19 @@ one reader of a kio ``PartitionData`` (:func:`result_of`) serve both.
 
 Absent values are -1, as on the wire.  A ``NamedTuple``: built per partition of an
 answer (positionally, about a third of a slotted frozen dataclass's cost).
+
+:func:`empty_entry` goes the other way for the commonest entry of an answer the proxy
+builds itself: a partition without records and without error.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, NamedTuple
+
+from kio.schema.errors import ErrorCode
+
+from .messages import make
 
 
 class PartitionResult(NamedTuple):
@@ -46,3 +54,48 @@ def result_of(data: Any) -> PartitionResult:
         int(getattr(data, "preferred_read_replica", -1)),
         -1 if diverging is None else int(diverging.epoch),
     )
+
+
+EMPTY_ENTRIES_MAX = 16_384
+"""Entries :func:`empty_entry` keeps (about 300 bytes each with their key: at most about
+5 MiB); at this many it starts over, and from then on a miss costs what building one did."""
+
+_EMPTY_ENTRIES: dict[tuple[ModuleType, int, int, int, int, bool], Any] = {}
+
+
+def empty_entry(
+    mod: ModuleType,
+    partition: int,
+    high_watermark: int,
+    last_stable_offset: int,
+    log_start_offset: int,
+    *,
+    read_committed: bool,
+) -> Any:
+    """The ``PartitionData`` of *mod* (a kio Fetch response module) for a partition answered
+    without records and without error, with these watermarks (no aborted transactions:
+    an empty list under read_committed; no preferred read replica).
+
+    One object per value: kio's entities are frozen, so the stages that build such
+    entries (held answers in ``shaping.shaper``, a sessionless client's partitions from
+    the upstream session's cache in ``sessions.as_client``) give the same object for the
+    same partition state, and its encoding is reused from one response to the next
+    whichever stage made it (``writers.write_remembered`` keys by the object).
+    """
+    key = (mod, partition, high_watermark, last_stable_offset, log_start_offset, read_committed)
+    entry = _EMPTY_ENTRIES.get(key)
+    if entry is None:
+        if len(_EMPTY_ENTRIES) >= EMPTY_ENTRIES_MAX:
+            _EMPTY_ENTRIES.clear()
+        entry = _EMPTY_ENTRIES[key] = make(
+            mod.PartitionData,
+            partition_index=partition,
+            error_code=ErrorCode.none,
+            high_watermark=high_watermark,
+            last_stable_offset=last_stable_offset,
+            log_start_offset=log_start_offset,
+            aborted_transactions=() if read_committed else None,
+            preferred_read_replica=-1,
+            records=b"",
+        )
+    return entry

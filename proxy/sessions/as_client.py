@@ -74,7 +74,7 @@ from ..protocol.messages import (
 )
 from ..protocol.partition_key import PartitionKey, TopicKey, partition_name
 from ..protocol.partition_plan import PartitionPlan, fetch_partition, plan_of
-from ..protocol.partition_result import result_of
+from ..protocol.partition_result import empty_entry, result_of
 from .as_client_session import FetchSessionClient, SessionRequest, Verdict
 from .client_fetch import (
     ClientReply,
@@ -620,16 +620,13 @@ class FetchTranslator:
                 # the same entity for as long as the partition's state holds (kio's are frozen)
                 pd = state.answers.get((client_version, read_committed))
                 if pd is None:
-                    pd = state.answers[(client_version, read_committed)] = make(
-                        mod.PartitionData,
-                        partition_index=cp.partition,
-                        error_code=ErrorCode(0),
-                        high_watermark=state.high_watermark,
-                        last_stable_offset=state.last_stable_offset,
-                        log_start_offset=state.log_start_offset,
-                        aborted_transactions=() if read_committed else None,
-                        preferred_read_replica=-1,
-                        records=b"",
+                    pd = state.answers[(client_version, read_committed)] = empty_entry(
+                        mod,
+                        cp.partition,
+                        state.high_watermark,
+                        state.last_stable_offset,
+                        state.log_start_offset,
+                        read_committed=read_committed,
                     )
             # KafkaApis lists the partitions it refused before reading after the others.
             if int(pd.error_code) in _PRE_READ_ERRORS:

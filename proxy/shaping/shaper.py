@@ -68,6 +68,7 @@ from ..protocol.apis import FETCH
 from ..protocol.codec import drain
 from ..protocol.messages import make, replaced, response_module
 from ..protocol.partition_key import PartitionKey, topic_key
+from ..protocol.partition_result import empty_entry
 from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
 from .decision import ShapingDecision
@@ -516,17 +517,7 @@ class FetchShaper:
                 if made is not None and made[0] == mark and made[1] == context:
                     parts.append(made[2])
                     continue
-                entry = make(
-                    mod.PartitionData,
-                    partition_index=int(p.partition),
-                    error_code=ErrorCode.none,
-                    high_watermark=mark[0],
-                    last_stable_offset=mark[1],
-                    log_start_offset=mark[2],
-                    aborted_transactions=() if read_committed else None,
-                    preferred_read_replica=-1,
-                    records=b"",
-                )
+                entry = empty_entry(mod, int(p.partition), *mark, read_committed=read_committed)
                 entries[key] = (mark, context, entry)
                 parts.append(entry)
             topics.append(
