@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..protocol.codec import drain
+from ..protocol.messages import replaced
 from ..protocol.partition_key import PartitionKey, topic_key
 
 INT32_MAX = 2**31 - 1
@@ -172,12 +173,10 @@ def clamp_request_in_ranges(
             topic_changed = False
             for p in topic.partitions:
                 if cap is not None and p.partition_max_bytes > cap:
-                    p = dataclasses.replace(p, partition_max_bytes=type(p.partition_max_bytes)(cap))
+                    p = replaced(p, partition_max_bytes=type(p.partition_max_bytes)(cap))
                     topic_changed = True
                 elif floor is not None and 0 < p.partition_max_bytes < floor:
-                    p = dataclasses.replace(
-                        p, partition_max_bytes=type(p.partition_max_bytes)(floor)
-                    )
+                    p = replaced(p, partition_max_bytes=type(p.partition_max_bytes)(floor))
                     topic_changed = True
                 parts.append(p)
                 walked += 1
