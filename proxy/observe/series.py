@@ -27,6 +27,7 @@ import os
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -85,7 +86,10 @@ class HistogramSeries:
         self.sum += total
 
 
-class _Family(Collector):
+S = TypeVar("S", CounterSeries, HistogramSeries)
+
+
+class _Family(Collector, Generic[S]):
     """What counters and histograms share: name, help, label names, series by label values."""
 
     kind = ""
@@ -94,22 +98,21 @@ class _Family(Collector):
         self,
         name: str,
         documentation: str,
-        labelnames: Sequence[str] = (),
-        *,
-        registry: CollectorRegistry | None = None,
+        labelnames: Sequence[str],
+        registry: CollectorRegistry | None,
+        new: Callable[[], S],
     ) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._series: dict[tuple[str, ...], object] = {}
-        self._unlabelled = self._new() if not self.labelnames else None
+        self._new: Callable[[], S] = new
+        self._series: dict[tuple[str, ...], S] = {}
+        self._unlabelled: S | None = new() if not self.labelnames else None
         if registry is not None:
             registry.register(self)
 
-    def _new(self) -> object:
-        raise NotImplementedError
-
-    def _child(self, *values: object, **named: object) -> object:
+    def labels(self, *values: object, **named: object) -> S:
+        """The series of these label values (by position or by name), made at first use."""
         if not self.labelnames:
             raise ValueError(f"No label names were set when constructing {self.name}")
         if values and named:
@@ -126,12 +129,13 @@ class _Family(Collector):
             series = self._series[key] = self._new()
         return series
 
-    def _single(self) -> object:
+    def single(self) -> S:
+        """The one series of a family without labels."""
         if self._unlabelled is None:
             raise ValueError(f"{self.name} has label names: use labels()")
         return self._unlabelled
 
-    def _items(self) -> Iterable[tuple[dict[str, str], object]]:
+    def _items(self) -> Iterable[tuple[dict[str, str], S]]:
         if self._unlabelled is not None:
             yield {}, self._unlabelled
         for values, series in list(self._series.items()):
@@ -141,7 +145,7 @@ class _Family(Collector):
         return [Metric(self.name, self.documentation, self.kind)]
 
 
-class CounterFamily(_Family):
+class CounterFamily(_Family[CounterSeries]):
     """A counter family (``prometheus_client.Counter``'s samples), ``name`` without ``_total``."""
 
     kind = "counter"
@@ -154,39 +158,24 @@ class CounterFamily(_Family):
         *,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        super().__init__(name.removesuffix("_total"), documentation, labelnames, registry=registry)
-
-    def _new(self) -> CounterSeries:
-        return CounterSeries()
-
-    def labels(self, *values: object, **named: object) -> CounterSeries:
-        series = self._child(*values, **named)
-        assert isinstance(series, CounterSeries)
-        return series
-
-    def single(self) -> CounterSeries:
-        """The one series of a family without labels."""
-        series = self._single()
-        assert isinstance(series, CounterSeries)
-        return series
+        super().__init__(
+            name.removesuffix("_total"), documentation, labelnames, registry, CounterSeries
+        )
 
     def inc(self, amount: float = 1) -> None:
         """Increment the unlabelled family."""
-        series = self._single()
-        assert isinstance(series, CounterSeries)
-        series.inc(amount)
+        self.single().inc(amount)
 
     def collect(self) -> list[Metric]:
         metric = Metric(self.name, self.documentation, self.kind)
         for labels, series in self._items():
-            assert isinstance(series, CounterSeries)
             metric.add_sample(self.name + "_total", labels, series.value)
             if _CREATED:
                 metric.add_sample(self.name + "_created", labels, series.created)
         return [metric]
 
 
-class HistogramFamily(_Family):
+class HistogramFamily(_Family[HistogramSeries]):
     """A histogram family (``prometheus_client.Histogram``'s samples)."""
 
     kind = "histogram"
@@ -209,35 +198,19 @@ class HistogramFamily(_Family):
             raise ValueError("Must have at least two buckets")
         if "le" in labelnames:
             raise ValueError("Invalid label name: le")
-        self._bounds = tuple(bounds)
         self._le = tuple(_go_float(b) for b in bounds)
-        super().__init__(name, documentation, labelnames, registry=registry)
-
-    def _new(self) -> HistogramSeries:
-        return HistogramSeries(self._bounds)
-
-    def labels(self, *values: object, **named: object) -> HistogramSeries:
-        series = self._child(*values, **named)
-        assert isinstance(series, HistogramSeries)
-        return series
-
-    def single(self) -> HistogramSeries:
-        """The one series of a family without labels."""
-        series = self._single()
-        assert isinstance(series, HistogramSeries)
-        return series
+        frozen = tuple(bounds)
+        super().__init__(name, documentation, labelnames, registry, lambda: HistogramSeries(frozen))
+        self._bounds = frozen
 
     def observe(self, amount: float) -> None:
         """Observe on the unlabelled family."""
-        series = self._single()
-        assert isinstance(series, HistogramSeries)
-        series.observe(amount)
+        self.single().observe(amount)
 
     def collect(self) -> list[Metric]:
         metric = Metric(self.name, self.documentation, self.kind)
         name = self.name
         for labels, series in self._items():
-            assert isinstance(series, HistogramSeries)
             acc = 0.0
             for le, count in zip(self._le, series.counts, strict=True):
                 acc += count
