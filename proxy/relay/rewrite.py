@@ -41,6 +41,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import fields, replace
+from functools import cache
 from typing import Any
 
 from kio.static.primitive import i32
@@ -88,8 +89,10 @@ def advertised(resolve: Resolver, node_id: int, host: str, port: int) -> tuple[s
     return None if address is None or address == (host, port) else address
 
 
+@cache
 def is_endpoint(cls: type) -> bool:
-    """Is *cls* an entity the proxy rewrites (a host and port that name a node)?"""
+    """Is *cls* an entity the proxy rewrites (a host and port that name a node)?  Asked once
+    per kio class (bounded: the classes kio defines), not once per entity walked."""
     names = {f.name for f in fields(cls)}
     return {"host", "port"} <= names and bool(names & {"node_id", "broker_id"})
 
