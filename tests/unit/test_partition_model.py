@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from proxy.protocol import partition_result
 from proxy.protocol.codec import request_schema, response_schema
 from proxy.protocol.messages import make
 from proxy.protocol.partition_key import partition_name, topic_key
@@ -127,3 +128,58 @@ def test_anything_but_a_fetch_v4_is_refused() -> None:
     for request in (v3, metadata):
         with pytest.raises(TranslationError):
             ClientFetch.validate(request)
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 16, 17, 18])
+@pytest.mark.parametrize("read_committed", [False, True])
+def test_an_empty_entry_is_one_object_per_state_equal_to_the_entry_built_anew(
+    version: int, read_committed: bool
+) -> None:
+    """Held answers and the upstream session's answers share it (``empty_entry``): the same
+    object for the same (version, partition, watermarks, isolation), equal to what each of
+    them built before, and another object when anything of it differs."""
+    mod = _response_mod(version)
+    entry = partition_result.empty_entry(mod, 3, 120, 110, 5, read_committed=read_committed)
+    assert entry is partition_result.empty_entry(mod, 3, 120, 110, 5, read_committed=read_committed)
+    assert entry == make(
+        mod.PartitionData,
+        partition_index=3,
+        error_code=0,
+        high_watermark=120,
+        last_stable_offset=110,
+        log_start_offset=5,
+        aborted_transactions=() if read_committed else None,
+        preferred_read_replica=-1,
+        records=b"",
+    )
+    # (log_start_offset from v5 on)
+    assert result_of(entry) == PartitionResult(0, 120, 5 if version >= 5 else -1, 0, 110, -1, -1)
+    others = [
+        partition_result.empty_entry(mod, 4, 120, 110, 5, read_committed=read_committed),
+        partition_result.empty_entry(mod, 3, 121, 110, 5, read_committed=read_committed),
+        partition_result.empty_entry(mod, 3, 120, 111, 5, read_committed=read_committed),
+        partition_result.empty_entry(mod, 3, 120, 110, 6, read_committed=read_committed),
+        partition_result.empty_entry(mod, 3, 120, 110, 5, read_committed=not read_committed),
+        partition_result.empty_entry(
+            _response_mod(13 if version != 13 else 12),
+            3,
+            120,
+            110,
+            5,
+            read_committed=read_committed,
+        ),
+    ]
+    assert all(other is not entry for other in others)
+
+
+def test_the_empty_entries_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At ``EMPTY_ENTRIES_MAX`` entries the cache starts over: it never holds more."""
+    monkeypatch.setattr(partition_result, "EMPTY_ENTRIES_MAX", 8)
+    monkeypatch.setattr(partition_result, "_EMPTY_ENTRIES", {})
+    mod = _response_mod(12)
+    first = partition_result.empty_entry(mod, 0, 1, 1, 0, read_committed=False)
+    for p in range(1, 20):
+        partition_result.empty_entry(mod, p, 1, 1, 0, read_committed=False)
+        assert len(partition_result._EMPTY_ENTRIES) <= 8
+    again = partition_result.empty_entry(mod, 0, 1, 1, 0, read_committed=False)
+    assert again == first and again is not first  # built anew after the cache started over
