@@ -28,7 +28,10 @@ from support.fetch_model import (
 )
 
 from proxy.protocol import records
+from proxy.protocol.apis import FETCH
 from proxy.protocol.codec import drain
+from proxy.protocol.messages import response_module
+from proxy.protocol.partition_result import empty_entry
 from proxy.shaping.budget import MemoryBudget
 from proxy.shaping.limits import Limits
 from proxy.shaping.shaper import FetchShaper
@@ -148,6 +151,10 @@ def test_held_answers_reuse_an_idle_partitions_entry_until_its_watermarks_move()
 
     first, again = held_at(2), held_at(4)
     assert first.responses[0].partitions[1] is again.responses[0].partitions[1]  # type: ignore[attr-defined]
+    # the process's one object for this state, which the upstream session's answers give
+    # too (test_fetch_fast_paths): one encoding serves both kinds of answer
+    mod = response_module(FETCH, V)
+    assert again.responses[0].partitions[1] is empty_entry(mod, 1, 0, 0, 0, read_committed=False)  # type: ignore[attr-defined]
     assert marks(again) == {0: (6, 6, 0), 1: (0, 0, 0)}
     # An upstream round: partition 0 has 6-7 and 8-9 (8-9 is held); partition 1 has grown
     # to 5, where the client is (it has nothing to wait for).
