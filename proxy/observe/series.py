@@ -4,10 +4,13 @@
 series may be observed, take a lock, look for an exemplar and scan the buckets
 one by one: 1-1.5 us an event here, and the proxy records about ten per request
 (each leg's count and size, the round trips, the node's bytes) and more per
-shaped fetch (starvation rounds and reuse hits per partition).  The proxy is
-one thread on one event loop and is scraped from that loop (``observe/http.py``),
-so these families keep plain numbers: an increment is an addition, an
-observation a ``bisect`` and two additions.
+shaped fetch (starvation rounds and reuse hits per partition).  These families
+keep plain numbers, with no lock: an increment is an addition, an observation a
+``bisect`` and two additions.  That needs each series to be added to by one
+thread: the event loop's, which also serves the scrapes (``observe/http.py``),
+except the decision log's writer thread, which adds to the ``written`` and
+``dropped`` series of ``decision_log_events_total`` and nothing else does (those
+series are made at start, so no series is made off the loop either).
 
 What a scrape sees is what the library's families give: the same family names,
 types, help, label sets in creation order, the same samples (``_total`` and
