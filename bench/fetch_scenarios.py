@@ -106,7 +106,7 @@ class ShapedPartitions(Shaping):
             topic = _topic(stack, "shaped", count)
             preload(stack.cluster.bootstrap, topic, count, self.records, sizes, "none")
             self.topics[case] = topic
-        self.proxy = stack.start_proxy(sizes.shaping_args, "proxy-shaped")
+        self.proxy = stack.start_proxy(self.proxy_args(sizes), "proxy-shaped")
 
 
 # -- (h) idle consumers under the default budget ----------------------------------------------

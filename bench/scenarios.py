@@ -215,9 +215,16 @@ class Scenario:
     name = ""
     title = ""
     description = ""
+    own_proxies = False
+    """True: ``measure`` runs the proxy arrangement on a proxy process it starts itself
+    (``on_own_proxy``), so no other process can stand in for it (``bench.compare``)."""
 
     def cases(self, sizes: Sizes) -> list[str]:
         raise NotImplementedError
+
+    def proxy_args(self, sizes: Sizes) -> tuple[str, ...]:
+        """The arguments of the proxy this scenario measures, beyond its upstream."""
+        return ()
 
     def prepare(self, stack: Stack, sizes: Sizes) -> None:
         """Create and fill topics (once per run, before any measurement)."""
@@ -524,6 +531,7 @@ class IdlePartitions(Scenario):
     """(d) an idle confluent-kafka consumer (sessionless) assigned every partition of a topic."""
 
     name = "idle_partitions"
+    own_proxies = True
     description = (
         "One confluent-kafka consumer (librdkafka, which never uses fetch sessions) is "
         "assigned every partition of an empty topic and polls. A round is one Fetch request "
@@ -640,7 +648,10 @@ class Shaping(_KcatWarmUp):
             topic = _new_topic(stack, "shape", count)
             preload(stack.cluster.bootstrap, topic, count, self.records, sizes, "none")
             self.topics[case] = topic
-        self.proxy = stack.start_proxy(sizes.shaping_args, "proxy-shaping")
+        self.proxy = stack.start_proxy(self.proxy_args(sizes), "proxy-shaping")
+
+    def proxy_args(self, sizes: Sizes) -> tuple[str, ...]:
+        return tuple(sizes.shaping_args)
 
     def arrangements(self, stack: Stack) -> list[Arrangement]:
         return stack.arrangements(self.proxy)
@@ -681,6 +692,7 @@ class IdleRss(Scenario):
     """(f) resident memory per idle connection (one ApiVersions round trip, then nothing)."""
 
     name = "rss"
+    own_proxies = True
     description = (
         "N connections to the leader's address, one ApiVersions round trip each, then idle for "
         "`settle` s; VmRSS of the relay (and of the broker) with them open minus just before, over N. "

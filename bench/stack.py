@@ -171,15 +171,30 @@ class ProxyProcess:
         return out
 
 
-def start_proxy(upstream: str, log: Path, extra: Sequence[str] = ()) -> ProxyProcess:
+def start_proxy(
+    upstream: str, log: Path, extra: Sequence[str] = (), *, tree: Path | None = None
+) -> ProxyProcess:
+    """A proxy process in front of *upstream*; *tree*: run that checkout's ``proxy`` package
+    (another revision's, ``bench.compare``) instead of the installed one."""
     from support.procs import read_lines, run_args
 
     exe = Path(sys.executable).parent / "kafka-fetch-proxy"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
+    env = None
+    if tree is not None:
+        # ``-m`` from the checkout, with it first on the path: its package, not the install's
+        cmd = [sys.executable, "-m", "proxy"]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+    else:
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
     cmd += run_args(upstream, *extra)
     with log.open("ab") as err:
         proc = subprocess.Popen(
-            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL
+            cmd,
+            cwd=tree or REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
         )
     try:
         lines = read_lines(proc, ("bootstrap", "metrics"), 30.0)

@@ -1,0 +1,57 @@
+"""``bench.compare``'s own logic: the alternating order and the table (no stack, no timing).
+
+The whole tool runs in ``tests/integration/test_bench_compare.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import compare
+
+
+def test_revisions_alternate_forward_then_backward() -> None:
+    assert list(compare.alternating(3, 2)) == [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1)]
+    order = list(compare.alternating(4, 3))
+    assert [i for _, i in order] == [0, 1, 2, 2, 1, 0, 0, 1, 2, 2, 1, 0]
+    # every revision measured once per repetition
+    for rep in range(4):
+        assert sorted(i for r, i in order if r == rep) == [0, 1, 2]
+
+
+def test_the_table_gives_medians_ranges_ratios_and_who_was_lowest() -> None:
+    runs = [
+        [{"cpu": 4.0, "mb": 10.0, "note": "x"}, {"cpu": 6.0, "mb": 12.0}, {"cpu": 5.0, "mb": 11.0}],
+        [{"cpu": 2.0, "mb": 20.0}, {"cpu": 7.0, "mb": 21.0}, {"cpu": 2.5, "mb": 22.0}],
+    ]
+    lines = compare.table(["A", "B"], runs).splitlines()
+    assert lines[0] == "| number | A | B | B / A | lowest (times) |"
+    assert lines[2] == "| cpu | 5 (4-6) | 2.5 (2-7) | 0.500 | A 1 / B 2 |"
+    assert lines[3] == "| mb | 11 (10-12) | 21 (20-22) | 1.909 | A 3 / B 0 |"
+    assert len(lines) == 4  # a number that is not a number is left out
+
+
+def test_a_number_missing_from_a_repetition_is_left_out() -> None:
+    runs = [[{"cpu": 1.0, "p": None}], [{"cpu": 2.0, "p": 3.0}]]
+    assert [line.split(" | ")[0] for line in compare.table(["A", "B"], runs).splitlines()[2:]] == [
+        "| cpu"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--rev", "HEAD", "--rev", "HEAD", "--scenario", "nope"], "unknown scenario"),
+        (["--rev", "HEAD", "--scenario", "fetch_cpu"], "--rev twice"),
+        (["--rev", "HEAD", "--rev", "HEAD", "--scenario", "rss"], "cannot be compared"),
+        (
+            ["--rev", "HEAD", "--rev", "HEAD", "--scenario", "fetch_cpu", "--case", "9 conn"],
+            "unknown case",
+        ),
+    ],
+)
+def test_what_cannot_be_compared_is_refused_before_anything_starts(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert compare.main([*argv, "--smoke"]) == 2
+    assert says in capsys.readouterr().err
