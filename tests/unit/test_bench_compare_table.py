@@ -1,6 +1,6 @@
 """``bench.compare``'s own logic: the alternating order and the table (no stack, no timing).
 
-The whole tool runs in ``tests/integration/test_bench_compare.py``.
+The whole tool runs in ``tests/integration/test_bench_compare.py`` (test files need distinct basenames: the suite imports them by name).
 """
 
 from __future__ import annotations
