@@ -5,12 +5,23 @@ The whole tool runs in ``tests/integration/test_bench_compare.py`` (test files n
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
-from bench import compare
+REPO = Path(__file__).resolve().parents[2]
 
 
-def test_revisions_alternate_forward_then_backward() -> None:
+@pytest.fixture
+def compare(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``bench.compare`` (bench/ is not installed with the package: imported from the repo)."""
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module("bench.compare")
+
+
+def test_revisions_alternate_forward_then_backward(compare: ModuleType) -> None:
     assert list(compare.alternating(3, 2)) == [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1)]
     order = list(compare.alternating(4, 3))
     assert [i for _, i in order] == [0, 1, 2, 2, 1, 0, 0, 1, 2, 2, 1, 0]
@@ -19,7 +30,7 @@ def test_revisions_alternate_forward_then_backward() -> None:
         assert sorted(i for r, i in order if r == rep) == [0, 1, 2]
 
 
-def test_the_table_gives_medians_ranges_ratios_and_who_was_lowest() -> None:
+def test_the_table_gives_medians_ranges_ratios_and_who_was_lowest(compare: ModuleType) -> None:
     runs = [
         [{"cpu": 4.0, "mb": 10.0, "note": "x"}, {"cpu": 6.0, "mb": 12.0}, {"cpu": 5.0, "mb": 11.0}],
         [{"cpu": 2.0, "mb": 20.0}, {"cpu": 7.0, "mb": 21.0}, {"cpu": 2.5, "mb": 22.0}],
@@ -31,7 +42,7 @@ def test_the_table_gives_medians_ranges_ratios_and_who_was_lowest() -> None:
     assert len(lines) == 4  # a number that is not a number is left out
 
 
-def test_a_number_missing_from_a_repetition_is_left_out() -> None:
+def test_a_number_missing_from_a_repetition_is_left_out(compare: ModuleType) -> None:
     runs = [[{"cpu": 1.0, "p": None}], [{"cpu": 2.0, "p": 3.0}]]
     assert [line.split(" | ")[0] for line in compare.table(["A", "B"], runs).splitlines()[2:]] == [
         "| cpu"
@@ -51,7 +62,7 @@ def test_a_number_missing_from_a_repetition_is_left_out() -> None:
     ],
 )
 def test_what_cannot_be_compared_is_refused_before_anything_starts(
-    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+    compare: ModuleType, argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert compare.main([*argv, "--smoke"]) == 2
     assert says in capsys.readouterr().err
