@@ -3,6 +3,8 @@
     .venv/bin/python -m bench.compare --rev 3548cac --rev WORKTREE --scenario fetch_cpu
     .venv/bin/python -m bench.compare --rev HEAD~3 --rev HEAD --scenario shaped_partitions \\
         --case "1000 partitions" --reps 5 --shaped-partitions 1000 --shaped-mb 32
+    .venv/bin/python -m bench.compare --rev HEAD --rev HEAD --args= \\
+        --args="--reuse-buffer-bytes 16777216" --scenario shaped_partitions
 
 ``bench.run`` sets the proxy beside direct connections and haproxy in one run; this sets
 revisions of the proxy beside each other, which is how to judge a change on a machine
@@ -17,6 +19,9 @@ Printed per case and number: each revision's median and range, the median over t
 first revision's, and in how many repetitions each revision's figure was the lowest.
 Whether lower is better depends on the number (CPU: yes; MB/s: no).
 
+``--args`` (once per ``--rev``, written ``--args="..."``) adds proxy arguments to one
+revision's proxy: one revision under two settings.
+
 ``WORKTREE`` is the working tree as it is, uncommitted changes included.  Any other
 revision is checked out with ``git worktree add --detach`` in a temporary directory and
 removed at the end.  Every revision runs on this environment's packages: compare
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -60,7 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--case", dest="cases", action="append", help="only this case (repeatable; default all)"
     )
     p.add_argument("--reps", type=int, default=5, help="repetitions per revision (default 5)")
+    p.add_argument(
+        "--args",
+        dest="extra",
+        action="append",
+        help="proxy arguments for the revision of the same rank, after the scenario's "
+        '(once per --rev when given; "" for none): one revision under two settings',
+    )
     return p
+
+
+def labels(revs: Sequence[str], extra: Sequence[str] | None) -> list[str]:
+    """What the table calls each revision: the revision, and its --args when it has some."""
+    if not extra:
+        return list(revs)
+    return [f"{rev} {args}".strip() for rev, args in zip(revs, extra, strict=True)]
 
 
 @contextlib.contextmanager
@@ -166,6 +186,10 @@ def main(argv: list[str] | None = None, out: Any = print) -> int:
     if len(args.revs) < 2 or args.reps < 1:
         print("--rev twice or more, and --reps 1 or more", file=sys.stderr)
         return 2
+    if args.extra is not None and len(args.extra) != len(args.revs):
+        print(f"--args once per --rev: {len(args.revs)} of them", file=sys.stderr)
+        return 2
+    names = labels(args.revs, args.extra)
     scenario = scenarios[args.scenario]()
     if scenario.own_proxies:
         print(
@@ -193,7 +217,7 @@ def main(argv: list[str] | None = None, out: Any = print) -> int:
             proxy = start_proxy(
                 stack.cluster.nodes[1].address,
                 Path(tmp) / f"proxy-rev{i}.stderr.log",
-                scenario.proxy_args(sizes),
+                (*scenario.proxy_args(sizes), *shlex.split(args.extra[i] if args.extra else "")),
                 tree=tree,
             )
             stack.proxies.append(proxy)  # stopped with the stack, whatever happens
@@ -205,9 +229,9 @@ def main(argv: list[str] | None = None, out: Any = print) -> int:
             for rep, i in alternating(args.reps, len(trees)):
                 numbers = scenario.measure(stack, arrangements[i], case, sizes)
                 runs[i].append(numbers)
-                print(f"compare: {case} / {args.revs[i]} #{rep + 1}: {numbers}", file=sys.stderr)
+                print(f"compare: {case} / {names[i]} #{rep + 1}: {numbers}", file=sys.stderr)
             out(f"\n{args.scenario} / {case} ({args.reps} alternating repetitions)\n")
-            out(table(args.revs, runs))
+            out(table(names, runs))
     return 0
 
 

@@ -66,3 +66,22 @@ def test_what_cannot_be_compared_is_refused_before_anything_starts(
 ) -> None:
     assert compare.main([*argv, "--smoke"]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_one_revision_under_two_settings_is_labelled_by_its_arguments(
+    compare: ModuleType,
+) -> None:
+    argv = ["--rev", "HEAD", "--rev", "HEAD", "--args=", "--args=--reuse-buffer-bytes 16777216"]
+    args, rest = compare.build_parser().parse_known_args([*argv, "--scenario", "fetch_cpu"])
+    assert rest == []
+    assert args.extra == ["", "--reuse-buffer-bytes 16777216"]
+    assert compare.labels(args.revs, args.extra) == ["HEAD", "HEAD --reuse-buffer-bytes 16777216"]
+    assert compare.labels(["A", "B"], None) == ["A", "B"]
+
+
+def test_arguments_for_some_revisions_only_are_refused(
+    compare: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--rev", "A", "--rev", "B", "--args=--max-records 5", "--scenario", "fetch_cpu"]
+    assert compare.main([*argv, "--smoke"]) == 2
+    assert "--args once per --rev" in capsys.readouterr().err
