@@ -827,9 +827,6 @@ class Metrics:
         self._counters["run_ahead_rounds_total"].inc()
         self._counters["run_ahead_held_bytes_total"].inc(held_bytes)
 
-    def buffered_reuse_hit(self, record_bytes: int) -> None:
-        self.buffered_reuse_hits((record_bytes,))
-
     def buffered_reuse_hits(self, record_bytes: Sequence[int]) -> None:
         """Partitions answered from the reuse buffer, with the held bytes of each."""
         if record_bytes:
@@ -873,12 +870,9 @@ class Metrics:
     def partitions_in_flight_wait(self) -> None:
         self._counters["partitions_in_flight_waits_total"].inc()
 
-    def starvation(self, rounds: int) -> None:
-        """A partition with data was served ``rounds`` fetch rounds after it was last served."""
-        self._histograms["partition_starvation_rounds"].observe(rounds)
-
     def starvations(self, rounds: Iterable[int]) -> None:
-        """``starvation`` for each of a response's served partitions."""
+        """Partitions with data served, each ``rounds`` fetch rounds after it was last served
+        (a response's, in one call)."""
         self._starvation.observe_many(rounds)
 
     # -- operations ------------------------------------------------------------------
