@@ -228,25 +228,9 @@ def response_limits(
     *session_partition_max_bytes* supplies the client's partition max_bytes for
     partitions that an incremental session carries without repeating them.
     """
-    steps = response_limits_in_ranges(
-        limits, request, 0, session_partition_max_bytes=session_partition_max_bytes
-    )
-    return drain(steps)
-
-
-def response_limits_in_ranges(
-    limits: Limits,
-    request: Any,
-    every: int,
-    *,
-    session_partition_max_bytes: Mapping[PartitionKey, int] | None = None,
-) -> Generator[None, None, ResponseLimits]:
-    """``response_limits``, yielding after every *every* partitions of the request (0: never)."""
     per_partition: dict[PartitionKey, int] = dict(session_partition_max_bytes or {})
-    for walked, (key, partition) in enumerate(_iter_partitions(request), 1):
+    for key, partition in _iter_partitions(request):
         per_partition[key] = int(partition.partition_max_bytes)
-        if every and walked % every == 0:
-            yield
     return response_limits_of(limits, request, per_partition)
 
 
@@ -254,7 +238,8 @@ def response_limits_of(
     limits: Limits, request: Any, partition_bytes_for: Mapping[PartitionKey, int]
 ) -> ResponseLimits:
     """``response_limits`` given the client's partition max_bytes already read off
-    *request* (and its session's), per partition: *partition_bytes_for*."""
+    *request* (and its session's), per partition: *partition_bytes_for* (the shaper reads
+    them in its own walk of the request, ``FetchShaper.prepare_in_ranges``)."""
     return ResponseLimits(
         response_bytes=_min(int(request.max_bytes), limits.max_response_bytes),
         response_records=_min(client_max_records(request), limits.max_records),
