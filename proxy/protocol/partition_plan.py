@@ -40,15 +40,42 @@ class PartitionPlan(NamedTuple):
 
 def plan_of(partition: Any) -> PartitionPlan:
     """The plan of a kio request ``FetchPartition`` of any version (v4+)."""
+    if type(partition) in _CARRIES_ALL:
+        # v12+ (every field present, kio's ints): the fields read straight, the tuple
+        # made without NamedTuple's keyword-default constructor; one per partition of
+        # every client fetch, so this costs per partition what the general path did.
+        leader_epoch = partition.current_leader_epoch
+        fetched_epoch = partition.last_fetched_epoch
+        return _new_plan(
+            PartitionPlan,
+            (
+                partition.fetch_offset,
+                partition.partition_max_bytes,
+                partition.log_start_offset,
+                leader_epoch if leader_epoch >= 0 else NO_EPOCH,
+                fetched_epoch if fetched_epoch >= 0 else NO_EPOCH,
+            ),
+        )
     leader_epoch = int(getattr(partition, "current_leader_epoch", NO_EPOCH))
     fetched_epoch = int(getattr(partition, "last_fetched_epoch", NO_EPOCH))
-    return PartitionPlan(
+    plan = PartitionPlan(
         int(partition.fetch_offset),
         int(partition.partition_max_bytes),
         int(getattr(partition, "log_start_offset", -1)),
         leader_epoch if leader_epoch >= 0 else NO_EPOCH,
         fetched_epoch if fetched_epoch >= 0 else NO_EPOCH,
     )
+    kind = type(partition)
+    if kind.__module__.startswith("kio.schema.") and all(
+        hasattr(partition, name) for name in PartitionPlan._fields
+    ):
+        _CARRIES_ALL.add(kind)  # kio's classes: a bounded set, their fields always ints
+    return plan
+
+
+_CARRIES_ALL: set[type] = set()
+"""kio ``FetchPartition`` classes that carry every field of a plan (v12+)."""
+_new_plan = tuple.__new__
 
 
 def fetch_partition(mod: Any, partition: int, plan: PartitionPlan) -> Any:

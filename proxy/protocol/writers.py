@@ -149,17 +149,34 @@ def _walk_in_ranges(
     before, write_count, write_item, after = split_writer(cls, rest[0])
     before(out, entity)
     write_count(out, len(items))
-    for item in items:
-        if len(rest) > 1:
+    if len(rest) > 1:
+        for item in items:
             yield from _walk_in_ranges(item, rest[1:], out, every, done, remember)
-            continue
-        if remember is not None:
-            write_remembered(write_item, out, item, remember)
-        else:
+    elif remember is None:
+        for item in items:
             write_item(out, item)
-        done[0] += 1
-        if every and done[0] % every == 0:
-            yield
+            done[0] += 1
+            if every and done[0] % every == 0:
+                yield
+    else:
+        # write_remembered, its hit (most entries of a sessionless client's response)
+        # inline: one test and two look-ups per entry instead of a call.
+        write = out.write
+        now, last = remember.now, remember.last
+        for item in items:
+            key = id(item)
+            known = now.get(key)
+            if known is None:
+                known = last.get(key)
+            if known is not None and known[0] is item:
+                now[key] = known
+                write(known[1])
+            else:
+                write_remembered(write_item, out, item, remember)
+            done[0] += 1
+            if every and done[0] % every == 0:
+                yield
+                now, last = remember.now, remember.last  # a response may have turned it
     after(out, entity)
 
 

@@ -602,6 +602,7 @@ class FetchTranslator:
         client_on_ids = client_version >= FIRST_TOPIC_ID_VERSION
         answered: list[tuple[TopicKey, Any]] = []
         refused: list[tuple[TopicKey, Any]] = []
+        lookup = self.cache.lookup
         for i, cp in enumerate([] if empty else _dedupe(pending.partitions), 1):
             if every and i % every == 0:
                 yield
@@ -615,7 +616,7 @@ class FetchTranslator:
                     upstream_on_ids=pending.uses_topic_ids,
                 )
             else:
-                state = self.cache.lookup(cp.key)
+                state = lookup(cp.key)
                 assert state is not None  # checked in complete()
                 # the same entity for as long as the partition's state holds (kio's are frozen)
                 pd = state.answers.get((client_version, read_committed))
@@ -629,10 +630,11 @@ class FetchTranslator:
                         read_committed=read_committed,
                     )
             # KafkaApis lists the partitions it refused before reading after the others.
-            if int(pd.error_code) in _PRE_READ_ERRORS:
-                refused.append((_client_topic(cp), pd))
+            name = cp.topic_name
+            if pd.error_code in _PRE_READ_ERRORS:
+                refused.append((cp.topic_id if name is None else name, pd))
             else:
-                answered.append((_client_topic(cp), pd))
+                answered.append((cp.topic_id if name is None else name, pd))
         answered += refused
         topics: list[Any] = []
         yield from topic_entries_in_ranges(mod, answered, topics, every)
@@ -701,7 +703,8 @@ def _dedupe(partitions: list[_ClientPartition]) -> Iterator[_ClientPartition]:
     it), as the caller walks them (so a walk in ranges dedupes in ranges too)."""
     seen: set[PartitionKey] = set()
     for cp in partitions:
-        ident = (_client_topic(cp), cp.partition)
+        name = cp.topic_name  # _client_topic, inline: once per partition of every fetch
+        ident = (cp.topic_id if name is None else name, cp.partition)
         if ident not in seen:
             seen.add(ident)
             yield cp

@@ -414,9 +414,9 @@ def trim_response_in_ranges(
                 errors[key] = int(pd.error_code)
                 todo.append((position, pd, key))
                 continue
-            if not pd.records and not pd.aborted_transactions and key not in prefixes:
+            if not pd.records and not (txns := pd.aborted_transactions) and key not in prefixes:
                 marks[key] = marks_of(pd)
-                outcomes[key] = _nothing_offered(key, aborted_of(pd))
+                outcomes[key] = _nothing_offered(key, None if txns is None else ())  # aborted_of
                 continue
             todo.append((position, pd, key))
             if is_legacy(pd.records):
@@ -600,11 +600,23 @@ def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
 
 def marks_of(pd: Any) -> tuple[int, int, int]:
     """The high watermark, last stable offset and log start offset a partition entry gives."""
-    return (
+    if type(pd) in _CARRIES_MARKS:  # v5+ (kio's ints): read straight, once per partition
+        return (pd.high_watermark, pd.last_stable_offset, pd.log_start_offset)
+    marks = (
         int(pd.high_watermark),
         int(getattr(pd, "last_stable_offset", -1)),
         int(getattr(pd, "log_start_offset", -1)),
     )
+    kind = type(pd)
+    if kind.__module__.startswith("kio.schema.") and all(
+        hasattr(pd, name) for name in ("last_stable_offset", "log_start_offset")
+    ):
+        _CARRIES_MARKS.add(kind)  # kio's classes: a bounded set, their fields always ints
+    return marks
+
+
+_CARRIES_MARKS: set[type] = set()
+"""kio response ``PartitionData`` classes that carry all three marks (v5+)."""
 
 
 def aborted_of(pd: Any) -> Aborted | None:

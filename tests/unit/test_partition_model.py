@@ -95,6 +95,40 @@ def test_plan_of_reads_any_version_absent_and_empty_epochs_as_minus_one() -> Non
     assert plan_of(p) == PartitionPlan(5, 9, 2, NO_EPOCH, 4)
 
 
+@pytest.mark.parametrize("version", range(4, 19))
+def test_plan_of_is_the_same_plan_on_its_fast_path(version: int) -> None:
+    """From v12 a request partition carries all five fields: after the first, plan_of reads
+    them straight (``_CARRIES_ALL``); every version gives the plan the general path gives."""
+    from proxy.protocol import partition_plan
+
+    fields = {
+        "partition": 0,
+        "fetch_offset": 5,
+        "partition_max_bytes": 9,
+        "log_start_offset": 2,
+        "current_leader_epoch": -5,
+        "last_fetched_epoch": 4,
+    }
+    cls = _request_mod(version).FetchPartition
+    p = make(cls, **fields)
+    expected = PartitionPlan(
+        5,
+        9,
+        2 if version >= 5 else -1,
+        NO_EPOCH,
+        4 if version >= 12 else NO_EPOCH,
+    )
+    first, second = plan_of(p), plan_of(make(cls, **{**fields, "current_leader_epoch": 3}))
+    assert first == expected and type(first) is PartitionPlan
+    assert second == expected._replace(current_leader_epoch=3 if version >= 9 else NO_EPOCH)
+    assert type(second) is PartitionPlan
+    assert (cls in partition_plan._CARRIES_ALL) == (version >= 12)
+    # anything else than kio's classes keeps the general path (and its int())
+    fake = SimpleNamespace(**{**fields, "fetch_offset": True})
+    assert plan_of(fake) == (1, 9, 2, NO_EPOCH, 4) and plan_of(fake).fetch_offset is not True
+    assert SimpleNamespace not in partition_plan._CARRIES_ALL
+
+
 def test_result_of_reads_a_partition_of_any_version() -> None:
     v4 = make(
         _response_mod(4).PartitionData,

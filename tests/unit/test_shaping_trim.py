@@ -497,3 +497,32 @@ def test_empty_partitions_share_one_outcome_per_key_within_a_bound(
     for i in range(2, 6):
         trim_response(make_response(V, [make_partition(V, i, b"")]), ResponseLimits())
         assert 1 <= len(trim._EMPTY_OUTCOMES) <= 3
+
+
+@pytest.mark.parametrize("version", range(4, 19))
+def test_marks_of_gives_the_same_marks_on_its_fast_path(version: int) -> None:
+    """From v5 a response partition carries all three marks: after the first, marks_of
+    reads them straight (``_CARRIES_MARKS``), with the values the general path reads."""
+    import sys
+
+    from proxy.protocol.messages import make
+    from proxy.shaping import trim
+
+    cls = sys.modules[codec.response_schema(1, version).__module__].PartitionData
+    entries = [
+        make(
+            cls,
+            partition_index=0,
+            error_code=0,
+            high_watermark=hw,
+            last_stable_offset=hw - 1,
+            log_start_offset=3,
+            aborted_transactions=(),
+            records=None,
+        )
+        for hw in (10, 20)
+    ]
+    lso = [9, 19] if version >= 4 else [-1, -1]
+    log_start = 3 if version >= 5 else -1
+    assert [trim.marks_of(e) for e in entries] == [(10, lso[0], log_start), (20, lso[1], log_start)]
+    assert (cls in trim._CARRIES_MARKS) == (version >= 5)

@@ -179,3 +179,45 @@ def test_a_partition_written_again_is_kio_s_bytes_and_only_small_bytes_are_remem
         writers.encode_in_ranges(big, pieces, codec.FETCH_RESPONSE_PARTITIONS, 1, remember=written)
     )
     assert any(piece is big.responses[0].partitions[0].records for piece in pieces)
+
+
+def test_a_turn_while_the_walk_waits_sends_its_later_hits_to_the_new_generation() -> None:
+    """The walk reads the remembered entries again after each of its yields: the hits it
+    makes after a turn (another response of the connection) go to the new ``now``."""
+    from proxy.protocol import codec
+
+    one = _fetch_response(12, records=b"", tagged=False)
+    topic = one.responses[0]
+    second = make(
+        type(topic.partitions[0]),
+        **{
+            **{
+                f: getattr(topic.partitions[0], f)
+                for f in (
+                    "error_code",
+                    "high_watermark",
+                    "last_stable_offset",
+                    "log_start_offset",
+                    "aborted_transactions",
+                    "preferred_read_replica",
+                    "records",
+                )
+            },
+            "partition_index": 3,
+        },
+    )
+    obj = make(
+        type(one), throttle_time=one.throttle_time, error_code=one.error_code,
+        session_id=one.session_id, node_endpoints=(),
+        responses=(make(type(topic), topic=topic.topic, topic_id=topic.topic, partitions=(topic.partitions[0], second)),),
+    )  # fmt: skip
+    written = writers.Written()
+    codec.drain(writers.encode_in_ranges(obj, Collect(), codec.FETCH_RESPONSE_PARTITIONS, 1, remember=written))  # fmt: skip
+    assert id(second) in written.now  # both entries remembered
+    pieces = Collect()
+    walk = writers.encode_in_ranges(obj, pieces, codec.FETCH_RESPONSE_PARTITIONS, 1, remember=written)  # fmt: skip
+    next(walk)  # the first entry is written from memory; the walk waits after it
+    written.turn()
+    codec.drain(walk)
+    assert id(second) in written.now  # found in the last generation, kept in the new one
+    assert b"".join(pieces) == kio_bytes(obj)
