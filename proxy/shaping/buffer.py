@@ -110,7 +110,7 @@ class ReuseBuffer:
             count += 1
         if count == 0:
             return 0
-        kept, _ = run.split(count)
+        kept = run.head(count)
         reservation = None
         if self._budget is not None:
             if source is not None and not source.released and source.nbytes >= kept.size:

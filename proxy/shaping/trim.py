@@ -111,6 +111,18 @@ class Run:
             Run(_owned(self.data[cut:]), tail_headers, _aborted_after(self.aborted, head_headers)),
         )
 
+    def head(self, count: int) -> Run:
+        """``split(count)[0]`` alone (what the reuse buffer keeps of a run that does not
+        fit; a cut head is owned): the tail it leaves is neither copied nor given new
+        headers."""
+        if count >= len(self.headers):
+            return self  # as split gives it (a run-ahead round's whole run stays a view)
+        if count <= 0:
+            return Run(b"", (), self.aborted)
+        return Run(
+            _owned(self.data[: self.headers[count].position]), self.headers[:count], self.aborted
+        )
+
     def split_view(self, count: int) -> tuple[Run, Run]:
         """``split`` for a response being trimmed: the head, which goes out in the
         response and is then dropped, is a view (no copy); the tail, which may be
