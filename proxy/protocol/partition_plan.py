@@ -40,12 +40,13 @@ class PartitionPlan(NamedTuple):
 
 def plan_of(partition: Any) -> PartitionPlan:
     """The plan of a kio request ``FetchPartition`` of any version (v4+)."""
-    if type(partition) in _CARRIES_ALL:
-        # v12+ (every field present, kio's ints): the fields read straight, the tuple
-        # made without NamedTuple's keyword-default constructor; one per partition of
-        # every client fetch, so this costs per partition what the general path did.
+    kind = type(partition)
+    if kind in _FROM_V9:
+        # kio's classes of v9+ (their fields always ints): the fields read straight, the
+        # tuple made without NamedTuple's keyword-default constructor.  Once per partition
+        # of every client fetch, so this costs per partition what the general path did.
         leader_epoch = partition.current_leader_epoch
-        fetched_epoch = partition.last_fetched_epoch
+        fetched_epoch = partition.last_fetched_epoch if kind in _FROM_V12 else NO_EPOCH
         return _new_plan(
             PartitionPlan,
             (
@@ -65,16 +66,23 @@ def plan_of(partition: Any) -> PartitionPlan:
         leader_epoch if leader_epoch >= 0 else NO_EPOCH,
         fetched_epoch if fetched_epoch >= 0 else NO_EPOCH,
     )
-    kind = type(partition)
-    if kind.__module__.startswith("kio.schema.") and all(
-        hasattr(partition, name) for name in PartitionPlan._fields
-    ):
-        _CARRIES_ALL.add(kind)  # kio's classes: a bounded set, their fields always ints
+    if kind not in _SEEN:
+        _SEEN.add(kind)
+        if kind.__module__.startswith("kio.schema.") and all(
+            hasattr(partition, name) for name in PartitionPlan._fields[:4]
+        ):
+            _FROM_V9.add(kind)
+            if hasattr(partition, "last_fetched_epoch"):
+                _FROM_V12.add(kind)
     return plan
 
 
-_CARRIES_ALL: set[type] = set()
-"""kio ``FetchPartition`` classes that carry every field of a plan (v12+)."""
+_FROM_V9: set[type] = set()
+"""kio ``FetchPartition`` classes with a current leader epoch and a log start offset (v9+)."""
+_FROM_V12: set[type] = set()
+"""Those of them with a last fetched epoch too (v12+)."""
+_SEEN: set[type] = set()
+"""Classes looked at once (kio's are a bounded set; anything else is never fast)."""
 _new_plan = tuple.__new__
 
 

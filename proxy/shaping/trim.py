@@ -620,15 +620,18 @@ def marks_of(pd: Any) -> tuple[int, int, int]:
         int(getattr(pd, "log_start_offset", -1)),
     )
     kind = type(pd)
-    if kind.__module__.startswith("kio.schema.") and all(
-        hasattr(pd, name) for name in ("last_stable_offset", "log_start_offset")
-    ):
-        _CARRIES_MARKS.add(kind)  # kio's classes: a bounded set, their fields always ints
+    if kind not in _MARKS_SEEN:
+        _MARKS_SEEN.add(kind)  # kio's classes are a bounded set; others are never fast
+        if kind.__module__.startswith("kio.schema.") and all(
+            hasattr(pd, name) for name in ("last_stable_offset", "log_start_offset")
+        ):
+            _CARRIES_MARKS.add(kind)  # their fields are always ints
     return marks
 
 
 _CARRIES_MARKS: set[type] = set()
 """kio response ``PartitionData`` classes that carry all three marks (v5+)."""
+_MARKS_SEEN: set[type] = set()
 
 
 def aborted_of(pd: Any) -> Aborted | None:
