@@ -96,6 +96,16 @@ CASES = (
     Case("1p-session-client", session=True),
     Case("1000p-unchanged", topics=10, partitions_per_topic=100, changed=0, cycles=40),
     Case("1000p-10-changed", topics=10, partitions_per_topic=100, changed=10, cycles=40),
+    # librdkafka's version (kcat, confluent-kafka): its request partitions have no
+    # last_fetched_epoch, so per-version fast paths must cover it too
+    Case(
+        "1000p-10-changed-v11",
+        topics=10,
+        partitions_per_topic=100,
+        changed=10,
+        version=11,
+        cycles=40,
+    ),
     Case(
         "1000p-session-client-10",
         topics=10,
