@@ -228,7 +228,7 @@ from .protocol import codec, fetch_count, writers
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
-from .protocol.framing import BodyPool, Frame, Gathered
+from .protocol.framing import BodyPool, CopyPool, Frame, Gathered
 from .protocol.messages import (
     load_fetch_schemas,
     make,
@@ -313,6 +313,10 @@ class FetchPath:
         self.bodies = BodyPool(room=lambda: self.budget.headroom)
         """Large upstream frame bodies, used again once nothing refers to them; idle ones
         keep at most the memory budget's free bytes (the edge's readers take from it)."""
+        self.copies = CopyPool(room=lambda: self.budget.headroom - self.bodies.idle_bytes())
+        """Large copies of records held for later answers (the reuse buffers'), in buffers
+        used again once nothing refers to them; idle ones keep at most what the budget's
+        free bytes leave beside the idle frame bodies (those in use are counted by it)."""
         self.handlers: weakref.WeakSet[FetchPathHandler] = weakref.WeakSet()
         self._policy_cache: dict[tuple[str | None, str], tuple[str, Limits]] = {}
         self.config = config
@@ -324,6 +328,11 @@ class FetchPath:
     def fetch_waits(self) -> int:
         """Fetches that had to wait for budget (each counted once)."""
         return self.admission.waits
+
+    def release_idle(self) -> int:
+        """Let go of the idle frame bodies and record copies taken by nothing since the last
+        call (``BodyPool.release_idle``); the bytes let go."""
+        return self.bodies.release_idle() + self.copies.release_idle()
 
     def sessions_for(self, node_id: int | None) -> FetchSessionCache:
         """The downstream session cache of one listener (Kafka has one per broker)."""
@@ -529,6 +538,7 @@ class FetchPathHandler:
             buffer_capacity=config.reuse_buffer_bytes,
             budget=path.budget,
             share=path.admission.share,
+            copy=path.copies.copy,
         )
         self.translator: FetchTranslator | None = None
         """The upstream session's translator (created at the first consumer fetch)."""

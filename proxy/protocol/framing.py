@@ -170,6 +170,15 @@ class BodyPool:
         """Bytes allocated to the bodies kept (in use or idle)."""
         return sum(b.__alloc__() for b in self._bodies)
 
+    def idle_bytes(self) -> int:
+        """Bytes allocated to the bodies kept that nothing refers to."""
+        bodies = self._bodies
+        total = 0
+        for i in range(len(bodies)):
+            if sys.getrefcount(bodies[i]) == _UNREFERENCED:
+                total += bodies[i].__alloc__()
+        return total
+
     def take(self, size: int) -> bytearray:
         """A body of *size* bytes (its content is not zeroed when it is one taken again)."""
         bodies = self._bodies
@@ -233,6 +242,145 @@ class BodyPool:
             else:
                 kept.append(self._bodies[i])
         self._bodies = kept
+        return freed
+
+
+COPY_POOL_FROM = 128 * 1024
+"""Bytes: a smaller copy is plain ``bytes`` (it comes from the heap, not a fresh mapping)."""
+
+
+def copy_class(size: int) -> int:
+    """The allocation a :class:`CopyPool` buffer gets for a copy of *size* bytes: the next
+    of eight sizes per doubling, so at most an eighth more than it holds."""
+    step = max(1, (1 << (size.bit_length() - 1)) >> 3)
+    return -(-size // step) * step
+
+
+class CopyPool:
+    """Owned copies of the records the proxy holds for later answers, in buffers used again
+    once nothing refers to them.
+
+    The reuse buffer holds a partition's records that an answer did not take, copied out of
+    the response frame so that it never keeps the frame alive.  Such a copy is a fresh
+    mapping under the proxy's mmap threshold (``proxy.server.allocator``), faulted in page
+    by page.  Copies of :data:`COPY_POOL_FROM` bytes or more come from here instead:
+    ``bytearray`` buffers of eight sizes per doubling (:func:`copy_class`), each given its
+    copy's exact size in place, so the memory budget, which counts the copy, is short by at
+    most an eighth of it (as for ``BodyPool``'s frames).  A buffer is taken again when its
+    reference count says that nothing refers to it (no run, view or answer holds it), so
+    its old bytes are seen by no one when a copy is written over them.
+
+    *room*, read at every copy while the buffers kept take more than it: the bytes idle
+    buffers may keep; idle ones past it are let go, so kept buffers never take memory the
+    budget would give to responses.  ``release_idle`` lets go of the idle ones not taken
+    since its last call.  *per_class*: the buffers kept of one size.  Without CPython's
+    ``PyByteArray_Resize`` every copy is ``bytes``.
+    """
+
+    __slots__ = ("_classes", "_kept", "_taken", "per_class", "reused", "room")
+
+    def __init__(self, *, per_class: int = 32, room: Callable[[], int] | None = None) -> None:
+        if per_class < 0:
+            raise ValueError("per_class must be >= 0")
+        self._classes: dict[int, list[bytearray]] = {}
+        self._kept = 0
+        """Bytes allocated to the buffers kept (in use or idle)."""
+        self._taken: set[int] = set()
+        """ids of the buffers kept that were taken since the last ``release_idle``."""
+        self.per_class = per_class
+        self.room = room
+        self.reused = 0
+        """Copies made into a buffer taken again."""
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes allocated to the buffers kept (in use or idle)."""
+        return self._kept
+
+    def idle_bytes(self) -> int:
+        """Bytes allocated to the buffers kept that nothing refers to."""
+        total = 0
+        for bodies in self._classes.values():
+            for i in range(len(bodies)):
+                if sys.getrefcount(bodies[i]) == _UNREFERENCED:
+                    total += bodies[i].__alloc__()
+        return total
+
+    def copy(self, *parts: bytes | bytearray | memoryview) -> bytes | bytearray:
+        """One owned buffer holding *parts* one after the other."""
+        size = 0
+        for part in parts:
+            size += part.nbytes if type(part) is memoryview else len(part)
+        resize = _RESIZE
+        if size < COPY_POOL_FROM or resize is None or not self.per_class:
+            return b"".join(parts)
+        if self.room is not None and self._kept:
+            room = max(0, self.room())
+            if self._kept > room:
+                self._let_go(room)
+        alloc = copy_class(size)
+        bodies = self._classes.get(alloc)
+        if bodies is None:
+            bodies = self._classes[alloc] = []
+        body = None
+        for i in range(len(bodies)):
+            if sys.getrefcount(bodies[i]) == _UNREFERENCED:
+                body = bodies[i]
+                break
+        if body is None:
+            body = bytearray(alloc)
+            if len(bodies) < self.per_class:
+                bodies.append(body)
+                self._kept += body.__alloc__()
+        else:
+            self.reused += 1
+        resize(body, size)  # within its allocation: no copy, no fill
+        self._taken.add(id(body))
+        at = 0
+        # Through a view: a bytearray's own slice assignment copies its source first (a
+        # temporary as large as the copy, the fresh mapping this pool is here to avoid).
+        with memoryview(body) as into:
+            for part in parts:
+                end = at + (part.nbytes if type(part) is memoryview else len(part))
+                into[at:end] = part
+                at = end
+        return body
+
+    def _let_go(self, room: int) -> None:
+        """Let go of idle buffers until the idle ones keep at most *room* bytes."""
+        idle = self.idle_bytes()
+        for alloc, bodies in list(self._classes.items()):
+            i = 0
+            while idle > room and i < len(bodies):
+                if sys.getrefcount(bodies[i]) == _UNREFERENCED:
+                    size = bodies[i].__alloc__()
+                    self._taken.discard(id(bodies[i]))
+                    del bodies[i]
+                    idle -= size
+                    self._kept -= size
+                else:
+                    i += 1
+            if not bodies:
+                del self._classes[alloc]
+
+    def release_idle(self) -> int:
+        """Let go of the idle buffers not taken since the last call (the server calls it every
+        ``HEAP_TRIM_SECONDS``, as for ``BodyPool``).  Returns the bytes let go."""
+        taken, self._taken = self._taken, set()
+        freed = 0
+        for alloc, bodies in list(self._classes.items()):
+            kept: list[bytearray] = []
+            for i in range(len(bodies)):
+                unused = sys.getrefcount(bodies[i]) == _UNREFERENCED
+                if unused and id(bodies[i]) not in taken:
+                    freed += bodies[i].__alloc__()
+                else:
+                    kept.append(bodies[i])
+            if kept:
+                self._classes[alloc] = kept
+            else:
+                del self._classes[alloc]
+        self._kept -= freed
         return freed
 
 

@@ -18,7 +18,6 @@ import trio
 
 from .. import config, logs
 from ..config import FetchPathConfig, InvalidFetchConfig
-from ..protocol.framing import BodyPool
 from ..shaping.budget import BUDGET_FLOOR, MemoryBudget, max_fetch_bytes
 from ..shaping.policy import overridden
 from .allocator import HEAP_TRIM_SECONDS, LARGE_BUFFER_BYTES, fix_mmap_threshold, heap_trimmer
@@ -245,9 +244,9 @@ async def _serve(
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.serve)
             trim = heap_trimmer()
-            bodies = None if proxy.fetch_path is None else proxy.fetch_path.bodies
-            if trim is not None or bodies is not None:
-                nursery.start_soon(_trim_heap, trim, bodies)
+            release = None if proxy.fetch_path is None else proxy.fetch_path.release_idle
+            if trim is not None or release is not None:
+                nursery.start_soon(_trim_heap, trim, release)
             nursery.start_soon(
                 collect_periodically,
                 gc.collect,
@@ -374,13 +373,14 @@ async def collect_periodically(
             wait = min(longest, wait * 2)
 
 
-async def _trim_heap(trim: Callable[[], None] | None, bodies: BodyPool | None) -> None:
-    """Every ``HEAP_TRIM_SECONDS``, let go of the large frame bodies no frame took since the
-    last time (``BodyPool.release_idle``), and give the heap's free pages back."""
+async def _trim_heap(trim: Callable[[], None] | None, release: Callable[[], int] | None) -> None:
+    """Every ``HEAP_TRIM_SECONDS``, let go of the large frame bodies and record copies nothing
+    took since the last time (``FetchPath.release_idle``), and give the heap's free pages
+    back."""
     while True:
         await trio.sleep(HEAP_TRIM_SECONDS)
-        if bodies is not None:
-            bodies.release_idle()
+        if release is not None:
+            release()
         if trim is not None:
             trim()
 

@@ -81,6 +81,7 @@ from .limits import (
 )
 from .rotation import DEFAULT_MAX_PARTITIONS, ServeRotation, UpstreamRotation
 from .trim import (
+    Copy,
     PartitionOutcome,
     Prefix,
     Run,
@@ -194,8 +195,11 @@ class FetchShaper:
         budget: MemoryBudget | None = None,
         max_partitions: int = DEFAULT_MAX_PARTITIONS,
         share: Callable[[], int] | None = None,
+        copy: Copy | None = None,
     ) -> None:
         self.limits = limits
+        self.copy = copy
+        """Makes the owned copies of records it holds (``CopyPool.copy``; None: ``bytes``)."""
         self.buffer = ReuseBuffer(buffer_capacity, budget=budget)
         self.upstream_rotation: UpstreamRotation[PartitionKey] = UpstreamRotation(max_partitions)
         self.serve_rotation: ServeRotation[PartitionKey] = ServeRotation(max_partitions)
@@ -611,6 +615,7 @@ class FetchShaper:
             prefixes=prefixes,
             order=self.serve_rotation.order,
             every=every,
+            copy=self.copy,
         )
         if made is not None:
             result = _spliced(made, shown, result)
@@ -775,7 +780,7 @@ class FetchShaper:
                 if start != client:
                     if before is None or before.run.next_offset != start:
                         continue  # what it was behind is gone: the client fetches it itself
-                    run = concat(before.run, run)
+                    run = concat(before.run, run, self.copy)
                 elif run.headers[0].base_offset > client:
                     continue  # (not where the client reads from)
                 kept = buffer.put(

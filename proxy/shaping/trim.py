@@ -54,19 +54,24 @@ from .limits import ResponseLimits
 Aborted = tuple[tuple[int, int], ...]
 """(producer id, first offset) pairs, in upstream order."""
 
-Records = bytes | memoryview
-"""A run's bytes: owned ``bytes``, or a view into upstream's records field while one
-response is being trimmed (see :meth:`Run.split_view`)."""
+Records = bytes | bytearray | memoryview
+"""A run's bytes: owned ``bytes`` (or a ``bytearray`` of a ``CopyPool``), or a view into
+upstream's records field while one response is being trimmed (see :meth:`Run.split_view`)."""
+
+Copy = Callable[..., "bytes | bytearray"]
+"""Makes one owned buffer of its arguments' bytes, one after the other (``CopyPool.copy``);
+None where one is asked for: plain ``bytes``."""
 
 
-def _owned(data: Records) -> bytes:
-    """*data* as bytes that pin nothing else (a view is copied unless it is all its object)."""
-    if isinstance(data, bytes):
+def _owned(data: Records, copy: Copy | None = None) -> bytes | bytearray:
+    """*data* as bytes that pin nothing else (a view is copied, by *copy* if given, unless it
+    is all its object)."""
+    if isinstance(data, (bytes, bytearray)):
         return data
     base = data.obj
     if isinstance(base, bytes) and data.nbytes == len(base):
         return base
-    return bytes(data)
+    return bytes(data) if copy is None else copy(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +128,13 @@ class Run:
             _owned(self.data[: self.headers[count].position]), self.headers[:count], self.aborted
         )
 
-    def split_view(self, count: int) -> tuple[Run, Run]:
+    def split_view(self, count: int, copy: Copy | None = None) -> tuple[Run, Run]:
         """``split`` for a response being trimmed: the head, which goes out in the
         response and is then dropped, is a view (no copy); the tail, which may be
-        kept in the reuse buffer, is owned bytes, so it never pins the delivered part."""
+        kept in the reuse buffer, is owned (by *copy* if given), so it never pins the
+        delivered part."""
         if count <= 0:
-            return Run(b"", (), self.aborted), self._owning()
+            return Run(b"", (), self.aborted), self._owning(copy)
         if count >= len(self.headers):
             return self, Run(b"", (), _aborted_after(self.aborted, self.headers))
         cut = self.headers[count].position
@@ -139,11 +145,15 @@ class Run:
         )
         return (
             Run(view[:cut], head_headers, self.aborted),
-            Run(bytes(view[cut:]), tail_headers, _aborted_after(self.aborted, head_headers)),
+            Run(
+                bytes(view[cut:]) if copy is None else copy(view[cut:]),
+                tail_headers,
+                _aborted_after(self.aborted, head_headers),
+            ),
         )
 
-    def _owning(self) -> Run:
-        data = _owned(self.data)
+    def _owning(self, copy: Copy | None = None) -> Run:
+        data = _owned(self.data, copy)
         return self if data is self.data else Run(data, self.headers, self.aborted)
 
 
@@ -183,8 +193,9 @@ def parse_records(data: bytes | None, aborted: Aborted | None = None) -> tuple[R
     return Run(whole, headers, aborted), len(data) - end
 
 
-def concat(prefix: Run, tail: Run) -> Run:
-    """*prefix* followed by the part of *tail* that starts at or after prefix's end.
+def concat(prefix: Run, tail: Run, copy: Copy | None = None) -> Run:
+    """*prefix* followed by the part of *tail* that starts at or after prefix's end (one
+    owned buffer, by *copy* if given).
 
     Batches of *tail* that end before *prefix* ends are skipped (already held);
     if a batch of *tail* straddles prefix's end, the two do not line up (the
@@ -201,8 +212,9 @@ def concat(prefix: Run, tail: Run) -> Run:
         return prefix
     start = keep[0].position
     shifted = tuple(dataclasses.replace(h, position=h.position - start + prefix.size) for h in keep)
+    rest = memoryview(tail.data)[start:]
     return Run(
-        b"".join((prefix.data, memoryview(tail.data)[start:])),
+        b"".join((prefix.data, rest)) if copy is None else copy(prefix.data, rest),
         prefix.headers + shifted,
         _merge_aborted(prefix.aborted, tail.aborted),
     )
@@ -372,9 +384,10 @@ def trim_response(
     *,
     prefixes: Mapping[PartitionKey, Prefix] | None = None,
     order: Callable[[Sequence[PartitionKey]], Sequence[PartitionKey]] | None = None,
+    copy: Copy | None = None,
 ) -> TrimResult:
     """Trim *response* to *limits* (see ``trim_response_in_ranges``), in one go."""
-    steps = trim_response_in_ranges(response, limits, prefixes=prefixes, order=order)
+    steps = trim_response_in_ranges(response, limits, prefixes=prefixes, order=order, copy=copy)
     return drain(steps)
 
 
@@ -385,6 +398,7 @@ def trim_response_in_ranges(
     prefixes: Mapping[PartitionKey, Prefix] | None = None,
     order: Callable[[Sequence[PartitionKey]], Sequence[PartitionKey]] | None = None,
     every: int = 0,
+    copy: Copy | None = None,
 ) -> Generator[None, None, TrimResult]:
     """Trim *response* (a kio FetchResponse, any version) to *limits*.
 
@@ -395,7 +409,8 @@ def trim_response_in_ranges(
     default: response order.  Partitions with an error pass through untouched,
     and so do partitions whose data is in a legacy message format (magic 0 or
     1: no v2 headers to count by; only brokers before 4.0 can hold such data):
-    their outcome says ``shaped=False``.
+    their outcome says ``shaped=False``.  *copy* makes the owned copies of what the
+    response does not take (the reuse buffer's; ``CopyPool.copy``; None: ``bytes``).
 
     A generator: it yields after every *every* partitions it walks (0: never), so
     its caller can let other work run between ranges; it touches no state but
@@ -443,7 +458,7 @@ def trim_response_in_ranges(
             prefix = prefixes.get(key)
             reused = 0
             if prefix is not None and prefix.run.headers:
-                run = concat(prefix.run, run)
+                run = concat(prefix.run, run, copy)
                 reused = prefix.run.size
             runs[key] = run
             upstream[key] = (up_bytes, up_records, partial, reused)
@@ -506,7 +521,7 @@ def trim_response_in_ranges(
             run = runs[key]
             up_bytes, up_records, partial, reused = upstream[key]
             count, exempt, held = plan.get(key, (0, False, frozenset()))
-            head, tail = run.split_view(count)
+            head, tail = run.split_view(count, copy)
             all_limited |= held
             outcomes[key] = PartitionOutcome(
                 key=key,
