@@ -494,7 +494,9 @@ class FrameDecoder:
             body = self._body if self._body is not None else self._allocate()
             with memoryview(data) as view:
                 take = min(len(view), len(body) - self._have)
-                body[self._have : self._have + take] = view[:take]
+                # through a view of the body (``CopyPool.copy``: no temporary of the piece)
+                with memoryview(body) as into:
+                    into[self._have : self._have + take] = view[:take]
                 self._have += take
                 if take < len(view):
                     self._buf += view[take:]

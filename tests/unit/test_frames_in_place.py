@@ -132,3 +132,30 @@ def test_idle_bodies_not_taken_for_a_while_are_let_go() -> None:
     assert pool.release_idle() == 0  # both were taken since the start
     assert pool.release_idle() == (1 << 20) + 1  # the idle one was not since the last call
     assert pool.kept_bytes == kept.__alloc__()  # the one in use stays
+
+
+def test_bytes_fed_into_a_body_read_in_place_make_no_temporary() -> None:
+    """A stream that cannot read into the body (TLS) feeds it what it received: written
+    through a view of the body, with no temporary the size of each piece (a bytearray's
+    slice assignment from a memoryview makes one)."""
+    import tracemalloc
+
+    decoder = FrameDecoder(preallocate=True)
+    body = bytes(range(256)) * 4096  # 1 MiB
+    framed = len(body).to_bytes(4, "big") + body
+    decoder.feed(framed[:4])
+    assert decoder.next_body() is None
+    pieces = [memoryview(framed)[at : at + (256 << 10)] for at in range(4, len(framed), 256 << 10)]
+    tracemalloc.start()
+    try:
+        decoder.feed(pieces[0])  # allocates the body
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for piece in pieces[1:]:
+            decoder.feed(piece)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - before < 64 * 1024  # nothing of a piece's size
+    frame = decoder.next_body()
+    assert frame is not None and bytes(frame) == body
