@@ -130,6 +130,29 @@ _RESIZE = _resizer()
 _UNREFERENCED = _references_in_a_list()
 
 
+def _idle_bytes(buffers: list[bytearray]) -> int:
+    """Bytes allocated to those of *buffers* that nothing else refers to (``BodyPool``,
+    ``CopyPool``; read as ``BodyPool.take`` reads a reference count)."""
+    total = 0
+    for i in range(len(buffers)):
+        if sys.getrefcount(buffers[i]) == _UNREFERENCED:
+            total += buffers[i].__alloc__()
+    return total
+
+
+def _still_kept(buffers: list[bytearray], taken: set[int]) -> tuple[list[bytearray], int]:
+    """*buffers* without the idle ones not in *taken* (ids), and the bytes those had
+    allocated: a pool's ``release_idle``."""
+    kept: list[bytearray] = []
+    freed = 0
+    for i in range(len(buffers)):
+        if sys.getrefcount(buffers[i]) == _UNREFERENCED and id(buffers[i]) not in taken:
+            freed += buffers[i].__alloc__()
+        else:
+            kept.append(buffers[i])
+    return kept, freed
+
+
 class BodyPool:
     """Large frame bodies read in place (``FrameDecoder``'s *preallocate*), used again once
     nothing refers to them any more.
@@ -172,12 +195,7 @@ class BodyPool:
 
     def idle_bytes(self) -> int:
         """Bytes allocated to the bodies kept that nothing refers to."""
-        bodies = self._bodies
-        total = 0
-        for i in range(len(bodies)):
-            if sys.getrefcount(bodies[i]) == _UNREFERENCED:
-                total += bodies[i].__alloc__()
-        return total
+        return _idle_bytes(self._bodies)
 
     def take(self, size: int) -> bytearray:
         """A body of *size* bytes (its content is not zeroed when it is one taken again)."""
@@ -233,15 +251,7 @@ class BodyPool:
         ``HEAP_TRIM_SECONDS``): after a burst the memory goes back within that time, while
         a steady stream of large frames keeps its bodies.  Returns the bytes let go."""
         taken, self._taken = self._taken, set()
-        kept: list[bytearray] = []
-        freed = 0
-        for i in range(len(self._bodies)):
-            unused = sys.getrefcount(self._bodies[i]) == _UNREFERENCED
-            if unused and id(self._bodies[i]) not in taken:
-                freed += self._bodies[i].__alloc__()
-            else:
-                kept.append(self._bodies[i])
-        self._bodies = kept
+        self._bodies, freed = _still_kept(self._bodies, taken)
         return freed
 
 
@@ -299,12 +309,7 @@ class CopyPool:
 
     def idle_bytes(self) -> int:
         """Bytes allocated to the buffers kept that nothing refers to."""
-        total = 0
-        for bodies in self._classes.values():
-            for i in range(len(bodies)):
-                if sys.getrefcount(bodies[i]) == _UNREFERENCED:
-                    total += bodies[i].__alloc__()
-        return total
+        return sum(_idle_bytes(bodies) for bodies in self._classes.values())
 
     def copy(self, *parts: bytes | bytearray | memoryview) -> bytes | bytearray:
         """One owned buffer holding *parts* one after the other."""
@@ -369,13 +374,8 @@ class CopyPool:
         taken, self._taken = self._taken, set()
         freed = 0
         for alloc, bodies in list(self._classes.items()):
-            kept: list[bytearray] = []
-            for i in range(len(bodies)):
-                unused = sys.getrefcount(bodies[i]) == _UNREFERENCED
-                if unused and id(bodies[i]) not in taken:
-                    freed += bodies[i].__alloc__()
-                else:
-                    kept.append(bodies[i])
+            kept, let_go = _still_kept(bodies, taken)
+            freed += let_go
             if kept:
                 self._classes[alloc] = kept
             else:
