@@ -557,7 +557,7 @@ class FetchPathHandler:
         """The proxy's rack on this connection's fetches (None: no ``rack`` setting)."""
         self._encoded = writers.Written()
         """The encodings of the partition entries this connection's responses gave, by
-        entry (``writers.write_remembered``): an unchanged partition's entry is the same
+        entry (``writers.Written``): an unchanged partition's entry is the same
         object from one response to the next."""
         self._old_version_counted = False
         """A fetch too old for a rack (v10-) was counted as a fallback (once per connection)."""

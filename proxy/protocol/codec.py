@@ -379,7 +379,7 @@ def encode_response_gathered_in_ranges(
 ) -> Generator[None, None, Gathered]:
     """``encode_response_gathered``, yielding after every *every* entries of the entity
     array at *path* (``FETCH_RESPONSE_PARTITIONS``; see ``writers.encode_in_ranges``),
-    whose entries are written through *remember* if given (``writers.write_remembered``)."""
+    whose entries are written through *remember* if given (``writers.Written``)."""
     head = _response_head(obj, correlation_id)
     if remember is not None:
         remember.turn()

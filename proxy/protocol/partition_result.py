@@ -80,7 +80,7 @@ def empty_entry(
     entries (held answers in ``shaping.shaper``, a sessionless client's partitions from
     the upstream session's cache in ``sessions.as_client``) give the same object for the
     same partition state, and its encoding is reused from one response to the next
-    whichever stage made it (``writers.write_remembered`` keys by the object).
+    whichever stage made it (``writers.Written`` keys by the object).
     """
     key = (mod, partition, high_watermark, last_stable_offset, log_start_offset, read_committed)
     entry = _EMPTY_ENTRIES.get(key)

@@ -125,7 +125,7 @@ def encode_in_ranges(
     concatenation of its fields, so it is written as the fields before the array
     (``split_writer``), the array's count and its entries (each by its own writer,
     or cut further along the rest of *path*), then the fields after it.
-    *remember*: those entries are written through it (``write_remembered``).
+    *remember*: those entries are written from it when it holds them (``Written``).
     """
     # A module-level walk, not a nested recursive one: a closure that calls itself is
     # a reference cycle, and *out* (a response's pieces) would wait for the cyclic GC.
@@ -159,8 +159,8 @@ def _walk_in_ranges(
             if every and done[0] % every == 0:
                 yield
     else:
-        # write_remembered, its hit (most entries of a sessionless client's response)
-        # inline: one test and two look-ups per entry instead of a call.
+        # An entry written before (most entries of a sessionless client's response) is
+        # looked up inline: one test and two look-ups per entry instead of a call.
         write = out.write
         now, last = remember.now, remember.last
         for item in items:
@@ -172,7 +172,7 @@ def _walk_in_ranges(
                 now[key] = known
                 write(known[1])
             else:
-                write_remembered(write_item, out, item, remember)
+                write_and_remember(write_item, out, item, remember)
             done[0] += 1
             if every and done[0] % every == 0:
                 yield
@@ -197,9 +197,18 @@ class Collected(list[Any]):
 
 class Written:
     """The encodings of the small entries of the last two responses a connection gave, by
-    entry (see ``write_remembered``): ``turn`` at each response lets go of the entries the
+    entry: ``encode_in_ranges`` writes an entry found here from its bytes, and the others
+    through ``write_and_remember``.  ``turn`` at each response lets go of the entries the
     one before last gave and the last did not give again, so what it holds is bounded by
-    the entries of two responses, and nothing outlives its use by more than one."""
+    the entries of two responses, and nothing outlives its use by more than one.
+
+    For the entries of a Fetch response's partitions, which the Fetch path gives again
+    unchanged (a partition's entry in the upstream session's cache, held answers): kio's
+    entities are frozen, and a 1,000-partition consumer's idle partitions were most of
+    the cost of encoding each response.  An entry is kept with its bytes, so its id
+    cannot be reused meanwhile.  Only small encodings made of bytes objects are kept
+    (never a view or a buffer of records, which would pin the frame it points into).
+    """
 
     __slots__ = ("last", "now")
 
@@ -219,24 +228,10 @@ WRITTEN_BELOW = 128
 """Bytes: a larger encoding is not remembered (it carries records, and is rarely repeated)."""
 
 
-def write_remembered(write_item: Writer, out: Pieces, item: Any, written: Written) -> None:
-    """``write_item(out, item)``, from *written* when *item* was written before.
-
-    For the entries of a Fetch response's partitions, which the Fetch path gives again
-    unchanged (a partition's entry in the upstream session's cache, held answers): kio's
-    entities are frozen, and a 1,000-partition consumer's idle partitions were most of
-    the cost of encoding each response.  The entry is kept with its bytes, so its id
-    cannot be reused meanwhile.  Only small encodings made of bytes objects are kept
-    (never a view or a buffer of records, which would pin the frame it points into).
-    """
+def write_and_remember(write_item: Writer, out: Pieces, item: Any, written: Written) -> None:
+    """``write_item(out, item)`` for an entry *written* does not hold, kept there when its
+    encoding is small and made of bytes objects (``Written``)."""
     key = id(item)
-    known = written.now.get(key)
-    if known is None:
-        known = written.last.get(key)
-    if known is not None and known[0] is item:
-        written.now[key] = known
-        out.write(known[1])
-        return
     pieces = Collected()
     write_item(pieces, item)
     size = 0
