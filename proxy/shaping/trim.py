@@ -100,28 +100,12 @@ class Run:
     def next_offset(self) -> int | None:
         return self.headers[-1].next_offset if self.headers else None
 
-    def split(self, count: int) -> tuple[Run, Run]:
-        """The first *count* batches and the rest, each with its aborted list."""
-        if count <= 0:
-            return Run(b"", (), self.aborted), self
-        if count >= len(self.headers):
-            return self, Run(b"", (), _aborted_after(self.aborted, self.headers))
-        cut = self.headers[count].position
-        head_headers = self.headers[:count]
-        tail_headers = tuple(
-            dataclasses.replace(h, position=h.position - cut) for h in self.headers[count:]
-        )
-        return (
-            Run(_owned(self.data[:cut]), head_headers, self.aborted),
-            Run(_owned(self.data[cut:]), tail_headers, _aborted_after(self.aborted, head_headers)),
-        )
-
     def head(self, count: int) -> Run:
-        """``split(count)[0]`` alone (what the reuse buffer keeps of a run that does not
-        fit; a cut head is owned): the tail it leaves is neither copied nor given new
-        headers."""
+        """The first *count* batches, with the run's aborted list: what the reuse buffer
+        keeps of a run that does not fit.  A cut head is owned; the tail it leaves is
+        neither copied nor given new headers."""
         if count >= len(self.headers):
-            return self  # as split gives it (a run-ahead round's whole run stays a view)
+            return self  # the whole run as it is (a run-ahead round's stays a view)
         if count <= 0:
             return Run(b"", (), self.aborted)
         return Run(
@@ -129,10 +113,10 @@ class Run:
         )
 
     def split_view(self, count: int, copy: Copy | None = None) -> tuple[Run, Run]:
-        """``split`` for a response being trimmed: the head, which goes out in the
-        response and is then dropped, is a view (no copy); the tail, which may be
-        kept in the reuse buffer, is owned (by *copy* if given), so it never pins the
-        delivered part."""
+        """The first *count* batches and the rest, each with its aborted list, for a
+        response being trimmed: the head, which goes out in the response and is then
+        dropped, is a view (no copy); the tail, which may be kept in the reuse buffer, is
+        owned (by *copy* if given), so it never pins the delivered part."""
         if count <= 0:
             return Run(b"", (), self.aborted), self._owning(copy)
         if count >= len(self.headers):

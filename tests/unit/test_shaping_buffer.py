@@ -138,16 +138,17 @@ def test_a_buffer_is_a_holder_exactly_while_it_holds_bytes() -> None:
     assert unbudgeted.put(K, 0, r, high_watermark=9) == r.size
 
 
-def test_head_is_split_s_head_and_owns_a_cut() -> None:
-    """The buffer keeps ``Run.head(count)``: ``split(count)[0]`` without making the tail."""
+def test_head_is_split_view_s_head_and_owns_a_cut() -> None:
+    """The buffer keeps ``Run.head(count)``: ``split_view(count)[0]`` without making the
+    tail, and owned where it is cut."""
     data = run(0, 1, 2, 3)
     for source in (data, memoryview(data + b"\x00" * 7)[: len(data)]):
         whole = parse_records(source)[0]
         for count in range(-1, len(whole.headers) + 2):
-            head, expected = whole.head(count), whole.split(count)[0]
+            head, expected = whole.head(count), whole.split_view(count)[0]
             assert bytes(head.data) == bytes(expected.data)
             assert head.headers == expected.headers and head.aborted == expected.aborted
             if 0 < count < len(whole.headers):
                 assert type(head.data) is bytes  # a cut head pins nothing
             if count >= len(whole.headers):
-                assert head is whole  # kept as it is, as split keeps it
+                assert head is whole  # kept as it is, as split_view keeps it
