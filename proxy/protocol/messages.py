@@ -53,6 +53,13 @@ def field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
+def kio_class_with(cls: type, names: tuple[str, ...]) -> bool:
+    """Whether *cls* is one of kio's entity classes and has every field of *names*: then
+    its instances' values for them are kio's own (ints for its integer fields), which a
+    per-partition fast path may read straight (``plan_of``, ``trim.marks_of``)."""
+    return cls.__module__.startswith("kio.schema.") and field_names(cls).issuperset(names)
+
+
 @cache
 def _copy_plan(cls: type) -> tuple[tuple[str, ...], frozenset[str]] | None:
     """The fields ``replaced`` copies, or None when it must leave the class to

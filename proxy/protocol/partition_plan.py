@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .messages import make
+from .messages import kio_class_with, make
 
 NO_EPOCH = -1
 """An epoch the request does not carry."""
@@ -68,11 +68,9 @@ def plan_of(partition: Any) -> PartitionPlan:
     )
     if kind not in _SEEN:
         _SEEN.add(kind)
-        if kind.__module__.startswith("kio.schema.") and all(
-            hasattr(partition, name) for name in PartitionPlan._fields[:4]
-        ):
+        if kio_class_with(kind, PartitionPlan._fields[:4]):
             _FROM_V9.add(kind)
-            if hasattr(partition, "last_fetched_epoch"):
+            if kio_class_with(kind, PartitionPlan._fields):
                 _FROM_V12.add(kind)
     return plan
 

@@ -46,7 +46,7 @@ from kio.schema.errors import ErrorCode
 from ..protocol import records
 from ..protocol.codec import drain
 from ..protocol.error_codes import NONE
-from ..protocol.messages import make, module_of
+from ..protocol.messages import kio_class_with, make, module_of
 from ..protocol.partition_key import PartitionKey, topic_key
 from ..protocol.records import BatchHeader
 from .limits import ResponseLimits
@@ -621,9 +621,7 @@ def marks_of(pd: Any) -> tuple[int, int, int]:
     kind = type(pd)
     if kind not in _MARKS_SEEN:
         _MARKS_SEEN.add(kind)  # kio's classes are a bounded set; others are never fast
-        if kind.__module__.startswith("kio.schema.") and all(
-            hasattr(pd, name) for name in ("last_stable_offset", "log_start_offset")
-        ):
+        if kio_class_with(kind, ("high_watermark", "last_stable_offset", "log_start_offset")):
             _CARRIES_MARKS.add(kind)  # their fields are always ints
     return marks
 
