@@ -1,0 +1,365 @@
+"""Apache Kafka's own test clients through the proxy, with shaping caps on.
+
+``VerifiableProducer``, ``VerifiableConsumer`` and ``VerifiableShareConsumer`` (the
+``kafka-tools`` artifact set, at the broker's 4.x version: ``tests/jvm/kafka-tools``) are
+the clients Kafka's own system tests drive: each prints one JSON event per line (every
+acknowledged send with its partition and offset, every consumed record with ``--verbose``,
+every assignment, revocation and commit).  The proxy runs with small record and byte caps
+(``CAPS``: a response carries at most 50 records and 4 KiB per partition), so every
+consumer read takes many shaped rounds, most answered from held batches.
+
+- produce, then consume in a classic group, on the dev cluster, Kafka 4.4 and 3.9: every
+  acknowledged record consumed exactly once and in order per partition, the group's
+  last commits at the end of every partition;
+- a producer writing while consumers in a group (classic, and KIP-848's consumer
+  protocol) read it, one of them stopped and another started halfway (two rebalances):
+  every acknowledged record consumed, within each assignment in order and without a gap,
+  none twice unless a commit failed;
+- a share group (KIP-932, Kafka 4.4): every acknowledged record delivered, none twice.
+
+Every tool is a JVM started by this test and stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support.backends import running, upstream_for
+from support.delivery import assert_exactly_once_in_order
+from support.kafka import KafkaCluster, java, jvm_lib
+from support.stack import ProxyStack
+
+pytestmark = pytest.mark.integration
+
+CAPS = {"max_records": 50, "max_partition_bytes": 4096}
+PARTITIONS = 6
+TOOL_TIMEOUT = 120.0
+"""The most a tool may run (then it is killed by its pid and the test fails)."""
+JVM_OPTS = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true")
+
+Event = dict[str, Any]
+
+
+class Tool:
+    """One of Kafka's Verifiable* tools, its JSON events collected as it prints them."""
+
+    def __init__(self, main: str, *args: str) -> None:
+        command = [
+            java(),
+            *JVM_OPTS,
+            "-cp",
+            f"{jvm_lib('kafka-tools')}/*",
+            f"org.apache.kafka.tools.{main}",
+            *args,
+        ]
+        self.name = main
+        self.events: list[Event] = []
+        self._changed = threading.Condition()
+        self._err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, name=f"{main}-out", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            with self._changed:
+                self.events.append(event)
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def of(self, name: str) -> list[Event]:
+        with self._changed:
+            return [e for e in self.events if e.get("name") == name]
+
+    def wait_until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        """Until *done()* holds (checked on every event), or fail naming *what*."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    break
+                self._changed.wait(min(left, 1.0))
+        if not done():
+            pytest.fail(f"{self.name}: {what} not seen in {timeout:.0f} s; {self.tail()}")
+
+    def finish(self, timeout: float = TOOL_TIMEOUT) -> None:
+        """Wait for the tool to exit by itself (it was given --max-messages); rc 0."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"{self.name} did not finish in {timeout:.0f} s; {self.tail()}")
+        self._reader.join(10)
+        assert code == 0, f"{self.name} exited {code}; {self.tail()}"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM by pid (the tools close their client in a shutdown hook), SIGKILL if it
+        does not exit in *timeout*."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._reader.join(10)
+
+    def tail(self) -> str:
+        self._err.seek(0)
+        err = self._err.read().decode(errors="replace")
+        return f"last events {self.events[-3:]}, stderr {err[-1500:]!r}"
+
+    def close(self) -> None:
+        self.stop()
+        self._err.close()
+
+
+@pytest.fixture
+def tools() -> Iterator[list[Tool]]:
+    """Every tool a test starts, stopped by its pid when the test ends."""
+    started: list[Tool] = []
+    try:
+        yield started
+    finally:
+        for tool in started:
+            tool.close()
+
+
+def start(tools: list[Tool], main: str, *args: str) -> Tool:
+    tool = Tool(main, *args)
+    tools.append(tool)
+    return tool
+
+
+def acked(producer: Tool) -> list[tuple[int, int, str]]:
+    """(partition, offset, value) of every send the broker acknowledged, in offset order
+    per partition; no send failed."""
+    failed = producer.of("producer_send_error")
+    assert not failed, f"{len(failed)} sends failed: {failed[:3]}"
+    sent = [(e["partition"], e["offset"], e["value"]) for e in producer.of("producer_send_success")]
+    return sorted(sent)
+
+
+def consumed(tool: Tool) -> list[tuple[int, int, str]]:
+    return [(e["partition"], e["offset"], e["value"]) for e in tool.of("record_data")]
+
+
+def produce(tools: list[Tool], bootstrap: str, topic: str, count: int, *extra: str) -> Tool:
+    return start(
+        tools,
+        "VerifiableProducer",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--max-messages",
+        str(count),
+        "--acks",
+        "-1",
+        *extra,
+    )
+
+
+def consumer(tools: list[Tool], bootstrap: str, topic: str, group: str, *extra: str) -> Tool:
+    return start(
+        tools,
+        "VerifiableConsumer",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--group-id",
+        group,
+        "--reset-policy",
+        "earliest",
+        "--verbose",
+        *extra,
+    )
+
+
+# -- produce, then consume: exactly once, in order ------------------------------------------
+
+
+@pytest.fixture(scope="module", params=("devbroker", "kafka", "kafka39"))
+def stack(request: pytest.FixtureRequest) -> Iterator[ProxyStack]:
+    backend = str(request.param)
+    upstream = upstream_for(request, backend)
+    with running(ProxyStack(CAPS, upstream=upstream, name=f"kafka-tools-{backend}")) as s:
+        yield s
+
+
+def test_verifiable_producer_then_consumer_exactly_once_in_order(
+    stack: ProxyStack, tools: list[Tool]
+) -> None:
+    count = 6000
+    topic = stack.create_topic(PARTITIONS, prefix="vt")
+    producer = produce(tools, stack.bootstrap, topic, count)
+    producer.finish()
+    sent = acked(producer)
+    assert len(sent) == count
+
+    group = f"vt-{uuid.uuid4().hex[:8]}"
+    reader = consumer(tools, stack.bootstrap, topic, group, "--max-messages", str(count))
+    reader.finish()
+    got = consumed(reader)
+    assert_exactly_once_in_order(sent, got)
+    # the group's last successful commit of each partition is its end (the next offset)
+    last: dict[int, int] = {}
+    for event in reader.of("offsets_committed"):
+        assert event["success"], event
+        for o in event["offsets"]:
+            last[o["partition"]] = o["offset"]
+    ends = {p: o + 1 for p, o, _ in sent}
+    assert last == ends
+
+
+# -- a group through two rebalances, with a producer writing --------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack_kafka(kafka: KafkaCluster) -> Iterator[ProxyStack]:
+    with running(ProxyStack(CAPS, upstream=kafka, name="kafka-tools-rebalance")) as s:
+        yield s
+
+
+def check_assignments(tool: Tool) -> tuple[set[tuple[int, int]], int]:
+    """Within each assignment a consumer reads every partition in order, without a gap or
+    a repeat (the topic's offsets are contiguous: one idempotent producer, no
+    transactions); after a new assignment it may start again where the group last
+    committed.  Returns the (partition, offset) it consumed and how many it consumed."""
+    at: dict[int, int] = {}
+    seen: set[tuple[int, int]] = set()
+    n = 0
+    for event in list(tool.events):
+        name = event.get("name")
+        if name in ("partitions_assigned", "partitions_revoked"):
+            for p in event["partitions"]:
+                at.pop(p["partition"], None)
+        elif name == "record_data":
+            p, offset = event["partition"], event["offset"]
+            if p in at:
+                assert offset == at[p] + 1, (
+                    f"{tool.name}: partition {p} read {offset} after {at[p]}"
+                )
+            at[p] = offset
+            seen.add((p, offset))
+            n += 1
+    return seen, n
+
+
+def assigned(tool: Tool) -> bool:
+    """The tool's consumer owns a partition now (its last assignment was not empty)."""
+    events = tool.of("partitions_assigned")
+    return bool(events and events[-1]["partitions"])
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_verifiable_consumers_through_rebalances_while_producing(
+    stack_kafka: ProxyStack, tools: list[Tool], protocol: str
+) -> None:
+    count = 10_000
+    stack = stack_kafka
+    topic = stack.create_topic(PARTITIONS, prefix="vtr")
+    group = f"vtr-{uuid.uuid4().hex[:8]}"
+    bootstrap = stack.bootstrap
+    proto = ("--group-protocol", protocol)
+    producer = produce(tools, bootstrap, topic, count, "--throughput", "1000")
+    first = consumer(tools, bootstrap, topic, group, *proto)
+    second = consumer(tools, bootstrap, topic, group, *proto)
+    second.wait_until(lambda: assigned(second), 60, "a partition assigned")
+    second.stop()  # a clean leave: the group gives its partitions to the first
+    assert second.of("shutdown_complete"), second.tail()
+    third = consumer(tools, bootstrap, topic, group, *proto)  # and takes some back
+    third.wait_until(lambda: assigned(third), 60, "a partition assigned")
+    producer.finish()
+    want = {(p, o): v for p, o, v in acked(producer)}
+    assert len(want) == count
+    readers = (first, second, third)
+
+    def all_read() -> bool:
+        return len({(p, o) for t in readers for p, o, _ in consumed(t)}) >= count
+
+    third.wait_until(all_read, 90, "every acknowledged record read by the group")
+    first.stop()
+    third.stop()
+    union: set[tuple[int, int]] = set()
+    total = 0
+    for tool in readers:
+        for p, o, value in consumed(tool):
+            assert want.get((p, o)) == value, f"{tool.name} read {(p, o, value)}, not acknowledged"
+        seen, n = check_assignments(tool)
+        union |= seen
+        total += n
+    assert union == set(want)
+    failed = [e for t in readers for e in t.of("offsets_committed") if not e["success"]]
+    duplicates = total - len(union)
+    print(
+        f"{protocol}: {total} reads of {count} records, {duplicates} repeats, {len(failed)} failed commits"
+    )
+    assert duplicates == 0 or failed, "records read twice with every commit successful"
+
+
+# -- a share group ---------------------------------------------------------------------------
+
+
+def test_verifiable_share_consumer_gets_every_record_once(
+    stack_kafka: ProxyStack, tools: list[Tool]
+) -> None:
+    count = 3000
+    stack = stack_kafka
+    topic = stack.create_topic(PARTITIONS, prefix="vts")
+    producer = produce(tools, stack.bootstrap, topic, count)
+    producer.finish()
+    want = {(p, o): v for p, o, v in acked(producer)}
+    share = start(
+        tools,
+        "VerifiableShareConsumer",
+        "--bootstrap-server",
+        stack.bootstrap,
+        "--topic",
+        topic,
+        "--group-id",
+        f"vts-{uuid.uuid4().hex[:8]}",
+        "--acknowledgement-mode",
+        "sync",
+        "--offset-reset-strategy",
+        "earliest",
+        "--max-messages",
+        str(count),
+        "--verbose",
+    )
+    share.finish()
+    got = consumed(share)
+    for p, o, value in got:
+        assert want.get((p, o)) == value, f"delivered {(p, o, value)}, not acknowledged"
+    assert {(p, o) for p, o, _ in got} == set(want)
+    assert len(got) == count, f"{len(got) - len(set(got))} records delivered twice"
+    # every delivery acknowledged (sync mode: each poll's records, once processed)
+    acknowledged: set[tuple[int, int]] = set()
+    for event in share.of("offsets_acknowledged"):
+        assert event["success"], event.get("error")
+        for part in event["partitions"]:
+            acknowledged |= {(part["partition"], o) for o in part["offsets"]}
+    assert acknowledged == set(want)
