@@ -15,7 +15,10 @@ consumer read takes many shaped rounds, most answered from held batches.
   protocol) read it, one of them stopped and another started halfway (two rebalances):
   every acknowledged record consumed, within each assignment in order and without a gap,
   none twice unless a commit failed;
-- a share group (KIP-932, Kafka 4.4): every acknowledged record delivered, none twice.
+- a share group (KIP-932, Kafka 4.4): every acknowledged record delivered, none twice;
+- Kafka's transactions system test: ``TransactionalMessageCopier`` copies a topic in
+  transactions, aborting about a third of them, then a read_committed consumer reads the
+  copy (dev cluster, Kafka 4.4 and 3.9): every record once, none of the aborted ones.
 
 Every tool is a JVM started by this test and stopped by its pid.
 """
@@ -363,3 +366,102 @@ def test_verifiable_share_consumer_gets_every_record_once(
         for part in event["partitions"]:
             acknowledged |= {(part["partition"], o) for o in part["offsets"]}
     assert acknowledged == set(want)
+
+
+# -- transactions: Kafka's copier, then a read_committed consumer ----------------------------
+
+
+def records_in_log(bootstrap: str, topic: str, partitions: int, timeout: float = 60.0) -> int:
+    """Records in *topic*'s log, aborted ones included (read_uncommitted, straight from the
+    upstream, not through the proxy)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    reader = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_uncommitted",
+    )
+    try:
+        parts = [TopicPartition(topic, p) for p in range(partitions)]
+        reader.assign(parts)
+        reader.seek_to_beginning()
+        ends = reader.end_offsets(parts)
+        count = 0
+        deadline = time.monotonic() + timeout
+        while any(reader.position(tp) < ends[tp] for tp in parts):
+            assert time.monotonic() < deadline, f"{topic} not read to its end in {timeout} s"
+            count += sum(len(batch) for batch in reader.poll(timeout_ms=500).values())
+        return count
+    finally:
+        reader.close()
+
+
+def test_transactional_copier_then_read_committed_exactly_once(
+    stack: ProxyStack, tools: list[Tool], tmp_path: Any
+) -> None:
+    """Kafka's transactions system test, through the proxy: ``TransactionalMessageCopier``
+    (one per input partition) reads its partition read_committed and copies it to the
+    output topic in transactions of 50, aborting about a third of them at random
+    (``--enable-random-aborts``: the aborted records are in the log), committing its
+    group's offsets in each transaction; then a read_committed ``VerifiableConsumer``
+    reads the output: every input record exactly once, no aborted one."""
+    count, partitions = 3000, 3
+    source = stack.create_topic(partitions, prefix="vtx-in")
+    target = stack.create_topic(partitions, prefix="vtx-out")
+    producer = produce(tools, stack.bootstrap, source, count)
+    producer.finish()
+    sent = acked(producer)
+    group = f"vtx-{uuid.uuid4().hex[:8]}"
+    copiers = [
+        start(
+            tools,
+            "TransactionalMessageCopier",
+            "--broker-list",
+            stack.bootstrap,
+            "--input-topic",
+            source,
+            "--input-partition",
+            str(p),
+            "--output-topic",
+            target,
+            "--max-messages",
+            "-1",
+            "--transaction-size",
+            "50",
+            "--transactional-id",
+            f"{group}-{p}",
+            "--consumer-group",
+            group,
+            "--enable-random-aborts",
+            "--use-group-metadata",
+        )
+        for p in range(partitions)
+    ]
+    for copier in copiers:
+        copier.finish()
+    copied = sum(c.events[-1]["totalProcessed"] for c in copiers)
+    assert all(c.events[-1]["stage"] == "ShutdownComplete" for c in copiers)
+    assert copied == count, [c.events[-1] for c in copiers]
+
+    config = tmp_path / "read_committed.properties"
+    config.write_text("isolation.level=read_committed\n")
+    reader = consumer(
+        tools,
+        stack.bootstrap,
+        target,
+        f"{group}-read",
+        "--max-messages",
+        str(count),
+        "--consumer.config",
+        str(config),
+    )
+    reader.finish()
+    values = [value for _, _, value in consumed(reader)]
+    assert sorted(values) == sorted(value for _, _, value in sent)  # once each, none aborted
+    # in order per partition: a copier writes its input partition in order
+    for p in range(partitions):
+        offsets = [o for q, o, _ in consumed(reader) if q == p]
+        assert offsets == sorted(offsets), f"partition {p} out of order"
+    aborted = records_in_log(stack.direct_bootstrap, target, partitions) - count
+    print(f"{stack.backend}: {count} records copied, {aborted} aborted records in the log")
+    assert aborted > 0, "no transaction was aborted: the read_committed check saw no abort"
