@@ -41,7 +41,7 @@ class PartitionPlan(NamedTuple):
 def plan_of(partition: Any) -> PartitionPlan:
     """The plan of a kio request ``FetchPartition`` of any version (v4+)."""
     kind = type(partition)
-    if kind in _FROM_V9:
+    if kind in FROM_V9:
         # kio's classes of v9+ (their fields always ints): the fields read straight, the
         # tuple made without NamedTuple's keyword-default constructor.  Once per partition
         # of every client fetch, so this costs per partition what the general path did.
@@ -66,16 +66,24 @@ def plan_of(partition: Any) -> PartitionPlan:
         leader_epoch if leader_epoch >= 0 else NO_EPOCH,
         fetched_epoch if fetched_epoch >= 0 else NO_EPOCH,
     )
-    if kind not in _SEEN:
-        _SEEN.add(kind)
-        if kio_class_with(kind, PartitionPlan._fields[:4]):
-            _FROM_V9.add(kind)
-            if kio_class_with(kind, PartitionPlan._fields):
-                _FROM_V12.add(kind)
+    plain_from_v9(kind)  # looks at the class once: the next of its kind is fast
     return plan
 
 
-_FROM_V9: set[type] = set()
+def plain_from_v9(kind: type) -> bool:
+    """Whether *kind* is one of kio's request ``FetchPartition`` classes of v9+, whose
+    fetch offset, partition max bytes, log start offset and current leader epoch are
+    always ints that a per-partition walk may read straight (``plan_of``'s fast path)."""
+    if kind not in _SEEN:
+        _SEEN.add(kind)
+        if kio_class_with(kind, PartitionPlan._fields[:4]):
+            FROM_V9.add(kind)
+            if kio_class_with(kind, PartitionPlan._fields):
+                _FROM_V12.add(kind)
+    return kind in FROM_V9
+
+
+FROM_V9: set[type] = set()
 """kio ``FetchPartition`` classes with a current leader epoch and a log start offset (v9+)."""
 _FROM_V12: set[type] = set()
 """Those of them with a last fetched epoch too (v12+)."""

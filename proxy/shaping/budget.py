@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from typing import Protocol
 
 UNLIMITED_BUDGET = 2**62
@@ -263,11 +264,12 @@ def response_bound(
     sizes = list(partition_max_bytes)
     if not sizes:
         return 0
+    # (map over the builtins: every partition of every fetch, no bytecode per partition)
     if partition_cap is not None and max(sizes) > partition_cap:
-        sizes = [min(n, partition_cap) for n in sizes]
+        sizes = list(map(min, sizes, repeat(partition_cap)))
     least = min(sizes)
     if least < 0:
-        sizes = [max(0, n) for n in sizes]
+        sizes = list(map(max, sizes, repeat(0)))
         least = 0
     return sum(sizes) + max(0, floor - least)
 

@@ -30,7 +30,7 @@ is held always starts exactly at the client's next offset.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, KeysView
 from dataclasses import dataclass
 
 from ..protocol.partition_key import PartitionKey
@@ -76,6 +76,11 @@ class ReuseBuffer:
 
     def keys(self) -> Iterator[PartitionKey]:
         return iter(list(self._entries))
+
+    def held_within(self, keys: KeysView[PartitionKey]) -> bool:
+        """Whether every partition it holds batches for is among *keys* (one C-level set
+        comparison: a full fetch's check of what it no longer lists, every fetch)."""
+        return self._entries.keys() <= keys
 
     def put(
         self,

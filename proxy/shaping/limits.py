@@ -14,7 +14,6 @@ applies without further changes here.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -184,14 +183,14 @@ def clamp_request_in_ranges(
                     yield
             if topic_changed:
                 changed = True
-                new_topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
+                new_topics.append(replaced(topic, partitions=tuple(parts)))
             else:
                 new_topics.append(topic)
         if changed:
             topics = tuple(new_topics)
     if new_max == request.max_bytes and topics is request.topics:
         return request
-    return dataclasses.replace(request, max_bytes=type(request.max_bytes)(new_max), topics=topics)
+    return replaced(request, max_bytes=type(request.max_bytes)(new_max), topics=topics)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,6 @@ the new ones.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -68,6 +67,7 @@ from ..protocol.apis import FETCH
 from ..protocol.codec import drain
 from ..protocol.messages import make, replaced, response_module
 from ..protocol.partition_key import PartitionKey, topic_key
+from ..protocol.partition_plan import FROM_V9, plain_from_v9
 from ..protocol.partition_result import empty_entry
 from .budget import MemoryBudget, Reservation
 from .buffer import NO_EPOCH, ReuseBuffer
@@ -307,10 +307,17 @@ class FetchShaper:
         for topic in request.topics:
             tkey = topic_key(topic)
             for p in topic.partitions:
-                key = (tkey, int(p.partition))
-                client_offsets[key] = int(p.fetch_offset)
-                epochs[key] = int(getattr(p, "current_leader_epoch", NO_EPOCH))
-                partition_max[key] = int(p.partition_max_bytes)
+                if type(p) in FROM_V9 or plain_from_v9(type(p)):
+                    # kio's v9+ classes (librdkafka's v11, Java's v17-18): ints, read straight
+                    key = (tkey, p.partition)
+                    client_offsets[key] = p.fetch_offset
+                    epochs[key] = p.current_leader_epoch
+                    partition_max[key] = p.partition_max_bytes
+                else:
+                    key = (tkey, int(p.partition))
+                    client_offsets[key] = int(p.fetch_offset)
+                    epochs[key] = int(getattr(p, "current_leader_epoch", NO_EPOCH))
+                    partition_max[key] = int(p.partition_max_bytes)
                 walked += 1
                 if every and walked % every == 0:
                     yield
@@ -392,12 +399,13 @@ class FetchShaper:
             )
         if is_full_fetch(request):
             upstream = yield from self._rotate_in_ranges(upstream, every)
-        return dataclasses.replace(prepared, upstream_request=upstream, plan=None)
+        return replaced(prepared, upstream_request=upstream, plan=None)
 
     def _forget_unlisted(self, listed: Mapping[PartitionKey, int]) -> None:
         buffer, marks = self.buffer, self.watermarks
-        if not len(buffer) and len(marks) <= len(listed):
-            return
+        names = listed.keys()
+        if marks.keys() <= names and buffer.held_within(names):
+            return  # (every fetch of a client that reads the same partitions)
         gone = [k for k in buffer.keys() if k not in listed]
         gone += [k for k in marks.keys() - listed.keys() if k not in buffer]
         if gone:
@@ -868,8 +876,8 @@ class FetchShaper:
                 runs.append((key[0], topic, [p]))
             if every and walked % every == 0:
                 yield
-        topics = [dataclasses.replace(topic, partitions=tuple(parts)) for _, topic, parts in runs]
-        return dataclasses.replace(request, topics=tuple(topics))
+        topics = [replaced(topic, partitions=tuple(parts)) for _, topic, parts in runs]
+        return replaced(request, topics=tuple(topics))
 
 
 _NO_TOPIC = object()
@@ -880,10 +888,10 @@ def _held_only(made: _HeldMade) -> Any:
     the others have nothing on offer for ``trim_response_in_ranges`` to find."""
     response = made.response
     topics = response.responses
-    return dataclasses.replace(
+    return replaced(
         response,
         responses=tuple(
-            dataclasses.replace(
+            replaced(
                 topics[index], partitions=tuple(topics[index].partitions[at] for at in positions)
             )
             for index, positions in made.held_at
@@ -905,10 +913,8 @@ def _spliced(made: _HeldMade, shown: Any, result: TrimResult) -> TrimResult:
         parts = list(whole[index].partitions)
         for at, entry in zip(positions, trimmed.partitions, strict=True):
             parts[at] = entry
-        whole[index] = dataclasses.replace(whole[index], partitions=tuple(parts))
-    return dataclasses.replace(
-        result, response=dataclasses.replace(response, responses=tuple(whole))
-    )
+        whole[index] = replaced(whole[index], partitions=tuple(parts))
+    return replaced(result, response=replaced(response, responses=tuple(whole)))
 
 
 def _observe(
@@ -949,12 +955,12 @@ def _withhold(response: Any, keys: set[PartitionKey]) -> Any:
         for pd in topic.partitions:
             if (tkey, int(pd.partition_index)) in keys:
                 if pd.error_code == ErrorCode.offset_out_of_range:
-                    pd = dataclasses.replace(pd, error_code=ErrorCode.none, records=b"")
+                    pd = replaced(pd, error_code=ErrorCode.none, records=b"")
                 elif pd.records:
-                    pd = dataclasses.replace(pd, records=b"")
+                    pd = replaced(pd, records=b"")
             parts.append(pd)
-        topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
-    return dataclasses.replace(response, responses=tuple(topics))
+        topics.append(replaced(topic, partitions=tuple(parts)))
+    return replaced(response, responses=tuple(topics))
 
 
 def _partitions_full_in_ranges(
@@ -1011,7 +1017,7 @@ def _with_offsets_in_ranges(
                     changes["last_fetched_epoch"] = epochs[key]
                 if key in full:
                     changes["partition_max_bytes"] = 0
-                p = dataclasses.replace(p, **changes)
+                p = replaced(p, **changes)
             parts.append(p)
-        topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
-    return dataclasses.replace(request, topics=tuple(topics))
+        topics.append(replaced(topic, partitions=tuple(parts)))
+    return replaced(request, topics=tuple(topics))

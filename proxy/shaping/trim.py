@@ -36,7 +36,6 @@ Responses that had a list keep a list (possibly empty); null stays null.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +45,7 @@ from kio.schema.errors import ErrorCode
 from ..protocol import records
 from ..protocol.codec import drain
 from ..protocol.error_codes import NONE
-from ..protocol.messages import kio_class_with, make, module_of
+from ..protocol.messages import kio_class_with, make, module_of, replaced
 from ..protocol.partition_key import PartitionKey, topic_key
 from ..protocol.records import BatchHeader
 from .limits import ResponseLimits
@@ -124,9 +123,7 @@ class Run:
         cut = self.headers[count].position
         view = memoryview(self.data)
         head_headers = self.headers[:count]
-        tail_headers = tuple(
-            dataclasses.replace(h, position=h.position - cut) for h in self.headers[count:]
-        )
+        tail_headers = tuple(replaced(h, position=h.position - cut) for h in self.headers[count:])
         return (
             Run(view[:cut], head_headers, self.aborted),
             Run(
@@ -195,7 +192,7 @@ def concat(prefix: Run, tail: Run, copy: Copy | None = None) -> Run:
     if not keep:
         return prefix
     start = keep[0].position
-    shifted = tuple(dataclasses.replace(h, position=h.position - start + prefix.size) for h in keep)
+    shifted = tuple(replaced(h, position=h.position - start + prefix.size) for h in keep)
     rest = memoryview(tail.data)[start:]
     return Run(
         b"".join((prefix.data, rest)) if copy is None else copy(prefix.data, rest),
@@ -531,11 +528,11 @@ def trim_response_in_ranges(
         if new_parts is None:
             new_topics.append(topic)  # nothing trimmed: the entry as it came
         else:
-            new_topics.append(dataclasses.replace(topic, partitions=tuple(new_parts)))
+            new_topics.append(replaced(topic, partitions=tuple(new_parts)))
     if all(a is b for a, b in zip(new_topics, response.responses, strict=True)):
         new_response = response
     else:
-        new_response = dataclasses.replace(response, responses=tuple(new_topics))
+        new_response = replaced(response, responses=tuple(new_topics))
     return TrimResult(new_response, outcomes, tuple(serve), frozenset(all_limited), marks)
 
 
@@ -600,13 +597,13 @@ def _add_partitions(response: Any, extra: Mapping[PartitionKey, Prefix]) -> Any:
         )
         if tkey in index:
             t = topics[index[tkey]]
-            topics[index[tkey]] = dataclasses.replace(t, partitions=(*t.partitions, pd))
+            topics[index[tkey]] = replaced(t, partitions=(*t.partitions, pd))
         else:
             topics.append(
                 make(module.FetchableTopicResponse, topic=tkey, topic_id=tkey, partitions=(pd,))
             )
             index[tkey] = len(topics) - 1
-    return dataclasses.replace(response, responses=tuple(topics))
+    return replaced(response, responses=tuple(topics))
 
 
 def marks_of(pd: Any) -> tuple[int, int, int]:
@@ -652,4 +649,4 @@ def _rebuild_partition(pd: Any, head: Run) -> Any:
             if aborted is None
             else tuple(cls(producer_id=p, first_offset=f) for p, f in aborted)
         )
-    return dataclasses.replace(pd, **changes) if changes else pd
+    return replaced(pd, **changes) if changes else pd

@@ -98,7 +98,7 @@ def test_plan_of_reads_any_version_absent_and_empty_epochs_as_minus_one() -> Non
 @pytest.mark.parametrize("version", range(4, 19))
 def test_plan_of_is_the_same_plan_on_its_fast_path(version: int) -> None:
     """From v9 a request partition carries the epochs and log start offset, from v12 all five
-    fields: after the first, plan_of reads them straight (``_FROM_V9``, ``_FROM_V12``);
+    fields: after the first, plan_of reads them straight (``FROM_V9``, ``_FROM_V12``);
     every version gives the plan the general path gives."""
     from proxy.protocol import partition_plan
 
@@ -123,13 +123,13 @@ def test_plan_of_is_the_same_plan_on_its_fast_path(version: int) -> None:
     assert first == expected and type(first) is PartitionPlan
     assert second == expected._replace(current_leader_epoch=3 if version >= 9 else NO_EPOCH)
     assert type(second) is PartitionPlan
-    assert (cls in partition_plan._FROM_V9) == (version >= 9)
+    assert (cls in partition_plan.FROM_V9) == (version >= 9)
     assert (cls in partition_plan._FROM_V12) == (version >= 12)
     assert cls in partition_plan._SEEN
     # anything else than kio's classes keeps the general path (and its int())
     fake = SimpleNamespace(**{**fields, "fetch_offset": True})
     assert plan_of(fake) == (1, 9, 2, NO_EPOCH, 4) and plan_of(fake).fetch_offset is not True
-    assert SimpleNamespace not in partition_plan._FROM_V9
+    assert SimpleNamespace not in partition_plan.FROM_V9
 
 
 def test_result_of_reads_a_partition_of_any_version() -> None:

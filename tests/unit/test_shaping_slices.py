@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from support.fetch_messages import counted, fetch_request, fetch_topics
 from support.fetch_model import batch, make_partition, make_request, make_response
 
@@ -216,3 +217,45 @@ def test_a_full_fetch_forgets_what_it_no_longer_lists() -> None:
 def drain_prepare(shaper: FetchShaper, request: Any, forget: bool) -> Any:
     prepared, _ = counted(shaper.prepare_in_ranges(request, EVERY, forget_unlisted=forget))
     return prepared
+
+
+def test_a_full_fetch_of_as_many_other_partitions_forgets_the_dropped_ones() -> None:
+    """A client that drops a partition and adds another lists as many as before: the
+    dropped one's watermarks go all the same (nothing held: the buffer keeps nothing)."""
+    n = 40
+    request, response = _first_round(n)
+    shaper = FetchShaper(HOLDING)
+    shaper.finish(shaper.prepare(request), response)
+    assert len(shaper.buffer) == 0 and {k[1] for k in shaper.watermarks} == set(range(n))
+    moved = make_request(V, {p: (1, 1 << 20) for p in range(1, n + 1)})
+    drain_prepare(shaper, moved, True)
+    assert {k[1] for k in shaper.watermarks} == set(range(1, n))
+
+
+@pytest.mark.parametrize("version", [4, 8, 11, 12, 17])
+def test_prepare_reads_any_request_partition_alike(version: int) -> None:
+    """prepare's walk reads kio's v9+ partitions straight (``partition_plan.FROM_V9``) and
+    anything else through ``int()`` and ``getattr``: the offsets, epochs and limits it
+    gives are the same."""
+    from types import SimpleNamespace
+
+    request = make_request(version, {p: (p * 3, 1000 + p) for p in range(8)})
+    fields = ("partition", "fetch_offset", "partition_max_bytes", "current_leader_epoch")
+    plain = SimpleNamespace(
+        **{f: getattr(request, f) for f in ("max_bytes", "isolation_level") if hasattr(request, f)},
+        topics=tuple(
+            SimpleNamespace(
+                **{f: getattr(t, f) for f in ("topic", "topic_id") if hasattr(t, f)},
+                partitions=tuple(
+                    SimpleNamespace(**{f: getattr(p, f) for f in fields if hasattr(p, f)})
+                    for p in t.partitions
+                ),
+            )
+            for t in request.topics
+        ),
+    )
+    fast = FetchShaper(HOLDING).prepare(request)
+    general = FetchShaper(HOLDING).prepare(plain)
+    assert fast.client_offsets == general.client_offsets
+    assert fast.epochs == general.epochs
+    assert fast.response_limits == general.response_limits
