@@ -58,6 +58,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
+from itertools import repeat
+from operator import attrgetter, eq
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -66,7 +68,7 @@ from ..protocol.apis import FETCH
 from ..protocol.codec import drain
 from ..protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND
 from ..protocol.errors import ProtocolError
-from ..protocol.messages import make, request_module, response_module
+from ..protocol.messages import field_names, kio_class_with, make, request_module, response_module
 from ..protocol.partition_key import PartitionKey, TopicKey
 from ..protocol.partition_plan import NO_EPOCH, PartitionPlan, fetch_partition, plan_of
 from ..protocol.partition_result import result_of
@@ -398,7 +400,18 @@ def _as_listed_in_ranges(request: Any, on_ids: bool, every: int = 0) -> Ranges[b
         refs.add(ref)
         cls: type = type(parts[0])
         others = _other_fields(cls, _PARTITION_FIELDS)
-        if others is None or len({int(p.partition) for p in parts}) != len(parts):
+        if others is None:
+            return False
+        if kio_class_with(cls, ("partition",)) and len(set(map(type, parts))) == 1:
+            # kio's partitions of one class (ints): the same checks over runs of *every*
+            # partitions by the builtins, without bytecode per partition (every partition
+            # of every sessionless fetch comes here)
+            listed = yield from _kio_as_listed(parts, cls, others, every, walked)
+            if not listed:
+                return False
+            walked += len(parts)
+            continue
+        if len({int(p.partition) for p in parts}) != len(parts):
             return False
         for p in parts:
             walked += 1
@@ -411,6 +424,40 @@ def _as_listed_in_ranges(request: Any, on_ids: bool, every: int = 0) -> Ranges[b
             if others and not all(getattr(p, n) == d for n, d in others):
                 return False
     return True
+
+
+def _kio_as_listed(
+    parts: tuple[Any, ...],
+    cls: type,
+    others: tuple[tuple[str, Any], ...],
+    every: int,
+    walked: int,
+) -> Ranges[bool]:
+    """``_as_listed_in_ranges``'s checks of one topic's partitions, all of kio's class
+    *cls*: each partition once, no epoch below -1, the other fields at their defaults.
+    Yields where the per-partition walk would (after every *every* partitions of the
+    request, *walked* of them before these)."""
+    if len(set(map(_PARTITION, parts))) != len(parts):
+        return False
+    names = field_names(cls)
+    epochs = [attrgetter(n) for n in ("current_leader_epoch", "last_fetched_epoch") if n in names]
+    step = every or len(parts)
+    for start in range(0, len(parts), step):
+        run = parts[start : start + step]
+        for epoch in epochs:
+            if min(map(epoch, run)) < NO_EPOCH:
+                return False  # plan_of writes -1 for any negative epoch
+        for name, default in others:
+            if not all(map(eq, map(attrgetter(name), run), repeat(default))):
+                return False
+        if every:
+            for _ in range((walked + len(run)) // every - walked // every):
+                yield
+        walked += len(run)
+    return True
+
+
+_PARTITION = attrgetter("partition")
 
 
 def _sessionless_answer(version: int, full: Any, on_ids: bool, every: int) -> Ranges[Any]:
