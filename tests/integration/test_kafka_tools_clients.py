@@ -18,7 +18,11 @@ consumer read takes many shaped rounds, most answered from held batches.
 - a share group (KIP-932, Kafka 4.4): every acknowledged record delivered, none twice;
 - Kafka's transactions system test: ``TransactionalMessageCopier`` copies a topic in
   transactions, aborting about a third of them, then a read_committed consumer reads the
-  copy (dev cluster, Kafka 4.4 and 3.9): every record once, none of the aborted ones.
+  copy (dev cluster, Kafka 4.4 and 3.9): every record once, none of the aborted ones;
+- the command-line tools (``bin/kafka-*.sh``) an operator points at the proxy, Kafka 4.4:
+  topics, producer perf, console consumer, consumer groups, offsets, records deletion,
+  the metadata quorum, log dirs, features, configs, reassignments, transactions, and
+  API versions per broker, which lists the proxy's listeners, not the broker.
 
 Every tool is a JVM started by this test and stopped by its pid.
 """
@@ -34,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -465,3 +470,137 @@ def test_transactional_copier_then_read_committed_exactly_once(
     aborted = records_in_log(stack.direct_bootstrap, target, partitions) - count
     print(f"{stack.backend}: {count} records copied, {aborted} aborted records in the log")
     assert aborted > 0, "no transaction was aborted: the read_committed check saw no abort"
+
+
+# -- Kafka's command-line tools ---------------------------------------------------------------
+
+
+def cli(main: str, *args: str, timeout: float = 60.0) -> str:
+    """One of Kafka's command-line tools (``bin/kafka-*.sh`` run these classes); rc 0, its
+    output.  Killed by its pid if it outlives *timeout*."""
+    command = [java(), *JVM_OPTS, "-cp", f"{jvm_lib('kafka-tools')}/*", main, *args]
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            code = None
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    assert code == 0, f"{main.rsplit('.', 1)[-1]} exited {code}: {text[-1500:]}"
+    return text
+
+
+def test_kafka_command_line_tools_through_the_proxy(stack_kafka: ProxyStack) -> None:
+    """The admin side of Kafka's tools through the proxy: topics, producer perf, consumer
+    groups, offsets, the metadata quorum, log dirs, features, the cluster id, configs,
+    records deletion, reassignments, transactions, API versions per broker (the broker it
+    lists is the proxy's listener: the addresses DescribeCluster and Metadata report are
+    rewritten, so the tool never reaches the broker itself)."""
+    stack = stack_kafka
+    b = stack.bootstrap
+    t = "org.apache.kafka.tools."
+    topic = stack.create_topic(3, prefix="cli")
+    made = f"cli-made-{uuid.uuid4().hex[:8]}"
+    assert topic in cli(t + "TopicCommand", "--bootstrap-server", b, "--list").split()
+    described = cli(t + "TopicCommand", "--bootstrap-server", b, "--describe", "--topic", topic)
+    assert "PartitionCount: 3" in described
+    assert f"Created topic {made}." in cli(
+        t + "TopicCommand",
+        "--bootstrap-server",
+        b,
+        "--create",
+        "--topic",
+        made,
+        "--partitions",
+        "2",
+    )
+    perf = cli(
+        t + "ProducerPerformance",
+        "--topic",
+        topic,
+        "--num-records",
+        "3000",
+        "--record-size",
+        "100",
+        "--throughput",
+        "-1",
+        "--command-property",
+        f"bootstrap.servers={b}",
+        "acks=all",
+    )
+    assert "3000 records sent" in perf
+    offsets = cli(t + "GetOffsetShell", "--bootstrap-server", b, "--topic", topic)
+    ends = {
+        int(line.split(":")[1]): int(line.split(":")[2])
+        for line in offsets.split()
+        if line.startswith(topic)
+    }
+    assert sum(ends.values()) == 3000 and set(ends) == {0, 1, 2}
+    group = f"cli-{uuid.uuid4().hex[:8]}"
+    consumed = cli(
+        t + "consumer.ConsoleConsumer",
+        "--bootstrap-server",
+        b,
+        "--topic",
+        topic,
+        "--group",
+        group,
+        "--from-beginning",
+        "--max-messages",
+        "3000",
+        "--timeout-ms",
+        "30000",
+    )
+    assert "Processed a total of 3000 messages" in consumed
+    described = cli(
+        t + "consumer.group.ConsumerGroupCommand",
+        "--bootstrap-server",
+        b,
+        "--describe",
+        "--group",
+        group,
+    )
+    lags = [line.split() for line in described.splitlines() if line.startswith(group)]
+    assert len(lags) == 3 and all(row[5] == "0" for row in lags), described  # LAG column
+    plan = Path(tempfile.mkdtemp()) / "delete.json"
+    first = min(ends, key=lambda p: -ends[p])
+    plan.write_text(
+        json.dumps(
+            {"partitions": [{"topic": topic, "partition": first, "offset": 5}], "version": 1}
+        )
+    )
+    assert "low_watermark: 5" in cli(
+        t + "DeleteRecordsCommand", "--bootstrap-server", b, "--offset-json-file", str(plan)
+    )
+    earliest = cli(t + "GetOffsetShell", "--bootstrap-server", b, "--topic", topic, "--time", "-2")
+    assert f"{topic}:{first}:5" in earliest.split()
+    quorum = cli(t + "MetadataQuorumCommand", "--bootstrap-server", b, "describe", "--status")
+    fields = dict(line.split(":", 1) for line in quorum.splitlines() if ":" in line)
+    assert fields["LeaderId"].strip() == "1", quorum
+    cluster_id = cli(t + "ClusterTool", "cluster-id", "--bootstrap-server", b)
+    assert f"Cluster ID: {fields['ClusterId'].strip()}" in cluster_id
+    assert '"broker":1' in cli(t + "LogDirsCommand", "--bootstrap-server", b, "--describe")
+    assert "metadata.version" in cli(t + "FeatureCommand", "--bootstrap-server", b, "describe")
+    assert f"Dynamic configs for topic {topic}" in cli(
+        t + "ConfigCommand",
+        "--bootstrap-server",
+        b,
+        "--describe",
+        "--entity-type",
+        "topics",
+        "--entity-name",
+        topic,
+    )
+    assert "No partition reassignments found." in cli(
+        t + "reassign.ReassignPartitionsCommand", "--bootstrap-server", b, "--list"
+    )
+    assert "TransactionalId" in cli(t + "TransactionsCommand", "--bootstrap-server", b, "list")
+    versions = cli(t + "BrokerApiVersionsCommand", "--bootstrap-server", b)
+    listed = {line.split()[0] for line in versions.splitlines() if "(id:" in line}
+    proxies = {f"{host}:{port}" for host, port in stack.proxy_addresses()}
+    brokers = {f"{host}:{port}" for host, port in stack.broker_addresses()}
+    assert listed and listed <= proxies and not listed & brokers, (listed, proxies)
+    assert "Fetch(1):" in versions
