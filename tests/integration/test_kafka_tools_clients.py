@@ -243,6 +243,49 @@ def test_verifiable_producer_then_consumer_exactly_once_in_order(
     assert last == ends
 
 
+EDGE_SETTINGS = {
+    "one byte asked": {"fetch.max.bytes": "1", "max.partition.fetch.bytes": "1"},
+    "min bytes never reached": {"fetch.min.bytes": "10000000", "fetch.max.wait.ms": "200"},
+    "one record a poll": {"max.poll.records": "1"},
+    "read_committed, CRCs checked": {"isolation.level": "read_committed", "check.crcs": "true"},
+    "no wait": {"fetch.max.wait.ms": "0"},
+}
+"""Consumer settings at the edges of a Fetch: KIP-74's progress rule (a first batch goes out
+whatever max_bytes says), a min_bytes the data never reaches (the wait's end answers), and
+so on."""
+
+
+def test_verifiable_consumer_with_fetch_settings_at_their_edges(
+    stack: ProxyStack, tools: list[Tool], tmp_path: Path
+) -> None:
+    count = 2000
+    topic = stack.create_topic(PARTITIONS, prefix="vte")
+    producer = produce(tools, stack.bootstrap, topic, count)
+    producer.finish()
+    sent = acked(producer)
+    for name, settings in EDGE_SETTINGS.items():
+        config = tmp_path / "consumer.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        group = f"vte-{uuid.uuid4().hex[:8]}"
+        reader = consumer(
+            tools,
+            stack.bootstrap,
+            topic,
+            group,
+            "--max-messages",
+            str(count),
+            "--consumer.config",
+            str(config),
+        )
+        reader.finish()
+        if "max.poll.records" in settings:  # (the settings reached the consumer)
+            assert {e["count"] for e in reader.of("records_consumed")} == {1}
+        try:
+            assert_exactly_once_in_order(sent, consumed(reader))
+        except AssertionError as exc:
+            raise AssertionError(f"{name} ({settings}): {exc}") from exc
+
+
 # -- a group through two rebalances, with a producer writing --------------------------------
 
 
