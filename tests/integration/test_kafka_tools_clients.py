@@ -445,7 +445,7 @@ def records_in_log(bootstrap: str, topic: str, partitions: int, timeout: float =
 
 
 def test_transactional_copier_then_read_committed_exactly_once(
-    stack: ProxyStack, tools: list[Tool], tmp_path: Any
+    stack: ProxyStack, tools: list[Tool], tmp_path: Path
 ) -> None:
     """Kafka's transactions system test, through the proxy: ``TransactionalMessageCopier``
     (one per input partition) reads its partition read_committed and copies it to the
@@ -520,23 +520,23 @@ def test_transactional_copier_then_read_committed_exactly_once(
 
 def cli(main: str, *args: str, timeout: float = 60.0) -> str:
     """One of Kafka's command-line tools (``bin/kafka-*.sh`` run these classes); rc 0, its
-    output.  Killed by its pid if it outlives *timeout*."""
+    output.  ``subprocess.run`` kills it by its pid if it outlives *timeout*."""
     command = [java(), *JVM_OPTS, "-cp", f"{jvm_lib('kafka-tools')}/*", main, *args]
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-            code = None
-        out.seek(0)
-        text = out.read().decode(errors="replace")
-    assert code == 0, f"{main.rsplit('.', 1)[-1]} exited {code}: {text[-1500:]}"
+    name = main.rsplit(".", 1)[-1]
+    try:
+        done = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name} did not finish in {timeout:.0f} s")
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, f"{name} exited {done.returncode}: {text[-1500:]}"
     return text
 
 
-def test_kafka_command_line_tools_through_the_proxy(stack_kafka: ProxyStack) -> None:
+def test_kafka_command_line_tools_through_the_proxy(
+    stack_kafka: ProxyStack, tmp_path: Path
+) -> None:
     """The admin side of Kafka's tools through the proxy: topics, producer perf, consumer
     groups, offsets, the metadata quorum, log dirs, features, the cluster id, configs,
     records deletion, reassignments, transactions, API versions per broker (the broker it
@@ -608,7 +608,7 @@ def test_kafka_command_line_tools_through_the_proxy(stack_kafka: ProxyStack) -> 
     )
     lags = [line.split() for line in described.splitlines() if line.startswith(group)]
     assert len(lags) == 3 and all(row[5] == "0" for row in lags), described  # LAG column
-    plan = Path(tempfile.mkdtemp()) / "delete.json"
+    plan = tmp_path / "delete.json"
     first = min(ends, key=lambda p: -ends[p])
     plan.write_text(
         json.dumps(
