@@ -126,11 +126,7 @@ class Run:
         tail_headers = tuple(replaced(h, position=h.position - cut) for h in self.headers[count:])
         return (
             Run(view[:cut], head_headers, self.aborted),
-            Run(
-                bytes(view[cut:]) if copy is None else copy(view[cut:]),
-                tail_headers,
-                _aborted_after(self.aborted, head_headers),
-            ),
+            Run(_owned(view[cut:], copy), tail_headers, _aborted_after(self.aborted, head_headers)),
         )
 
     def _owning(self, copy: Copy | None = None) -> Run:
