@@ -13,7 +13,9 @@ An entry is dropped when:
   entry is stale);
 - the client's current leader epoch for the partition changes;
 - upstream reports an error for the partition;
-- upstream's high watermark for it moves backwards (the log was truncated).
+- upstream's high watermark for it moves backwards (the log was truncated);
+- the client fetches at the other isolation level (``FetchShaper._isolation``: what
+  was read for read_uncommitted carries no aborted transactions).
 
 Held batches that fill a client's response answer it with no upstream round
 (:meth:`~.shaper.FetchShaper.held_answer`); an entry that stays takes upstream's

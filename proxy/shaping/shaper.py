@@ -229,6 +229,9 @@ class FetchShaper:
         """The partitions the last run-ahead round put in the buffer (``hold_ahead``)."""
         self._held_made: _HeldMade | None = None
         """The last answer ``held_answer`` made, until ``finish`` is given it."""
+        self.read_committed: bool | None = None
+        """The isolation level of the fetches the held batches were read for (None: no
+        fetch yet): a fetch of the other level drops them (``_isolation``)."""
 
     def prepare(
         self,
@@ -295,6 +298,7 @@ class FetchShaper:
         lists every partition the client reads, so what this connection holds for a
         partition it does not list (held batches, watermarks, waits, rotations) is
         forgotten, before anything is taken."""
+        self._isolation(request)
         limits = self.limits
         client_offsets: dict[PartitionKey, int] = {}
         epochs: dict[PartitionKey, int] = {}
@@ -401,6 +405,20 @@ class FetchShaper:
             upstream = yield from self._rotate_in_ranges(upstream, every)
         return replaced(prepared, upstream_request=upstream, plan=None)
 
+    def _isolation(self, request: Any) -> None:
+        """Held batches serve only fetches of the isolation level they were read for: read
+        for read_uncommitted they carry no aborted transactions (a broker lists none then)
+        and may run past the last stable offset, so a read_committed consumer given them
+        would deliver aborted or undecided records; read for read_committed they stop at
+        the last stable offset.  A client that changes its level on a connection (no
+        library does; a raw client may) has everything held dropped, as at a seek."""
+        read_committed = int(getattr(request, "isolation_level", 0)) == READ_COMMITTED
+        if read_committed is not self.read_committed:
+            if self.read_committed is not None:
+                for key in list(self.buffer.keys()):
+                    self.buffer.drop(key)
+            self.read_committed = read_committed
+
     def _forget_unlisted(self, listed: Mapping[PartitionKey, int]) -> None:
         buffer, marks = self.buffer, self.watermarks
         names = listed.keys()
@@ -462,11 +480,8 @@ class FetchShaper:
             return None
         request = prepared.client_request
         read_committed = int(getattr(request, "isolation_level", 0)) == READ_COMMITTED
-        runs: dict[PartitionKey, Run] = {}
-        for key, prefix in prefixes.items():
-            if (prefix.run.aborted is not None) != read_committed:
-                return None  # kept for the other isolation level
-            runs[key] = prefix.run
+        # (all read for this fetch's isolation level: ``prepare`` dropped the others)
+        runs: dict[PartitionKey, Run] = {key: prefix.run for key, prefix in prefixes.items()}
         # Fairness: a partition with data upstream but none held is not made to wait
         # behind held answers for more responses than the fetch has partitions (the
         # serve rotation's own bound); its fetch goes up.

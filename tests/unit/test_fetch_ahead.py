@@ -231,6 +231,32 @@ def test_read_committed_aborted_transactions_travel_with_held_batches() -> None:
     assert shaper.held_answer(prepared) is None
 
 
+def test_a_change_of_isolation_level_discards_held_data() -> None:
+    """Batches held from a read_uncommitted answer carry no aborted transactions (a broker
+    lists none then): a read_committed fetch at them must go upstream, which lists them
+    (found by tests/integration/test_fetch_scripts_backends.py); and the other way."""
+    shaper = FetchShaper(Limits(max_records=2), buffer_capacity=10_000)
+    data = batch(0, 2) + txn(2, 2, 7) + control(4, 7) + batch(5, 2)
+    prepared = shaper.prepare(make_request(V, {0: (0, 10_000)}))
+    shaped = shaper.finish(prepared, make_response(V, [make_partition(V, 0, data, hw=7)]))
+    assert delivered(shaped.response)[(T, 0)] == [batch(0, 2)]
+    assert shaper.buffer.size > 0
+    prepared = shaper.prepare(make_request(V, {0: (2, 10_000)}, isolation_level=1))
+    assert prepared.prefixes == {} and shaper.buffer.size == 0 and shaper.buffer.dropped == 1
+    assert shaper.held_answer(prepared) is None
+    [up] = prepared.upstream_request.topics[0].partitions
+    assert up.fetch_offset == 2  # upstream is asked from the client's offset
+    shaped = shaper.finish(
+        prepared,
+        make_response(V, [make_partition(V, 0, data[len(batch(0, 2)) :], hw=7, aborted=[(7, 2)])]),
+    )
+    pd = shaped.response.responses[0].partitions[0]
+    assert [(a.producer_id, a.first_offset) for a in pd.aborted_transactions] == [(7, 2)]
+    assert shaper.buffer.size > 0  # held for read_committed now
+    prepared = shaper.prepare(make_request(V, {0: (5, 10_000)}))
+    assert prepared.prefixes == {} and shaper.buffer.size == 0 and shaper.buffer.dropped == 2
+
+
 def test_an_offset_reset_discards_held_data() -> None:
     shaper = _three_batches(Limits(max_records=3))
     prepared = shaper.prepare(make_request(V, {0: (0, 10_000), 1: (0, 10_000)}))

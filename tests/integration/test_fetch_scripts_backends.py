@@ -1,0 +1,572 @@
+"""Random raw Fetch scripts through a shaping proxy, every answer checked against the broker
+read directly at that moment.
+
+A raw client (``support.rawclient``) talks to the proxy as an odd but legal client may:
+sessionless fetches of any version from v7, KIP-227 sessions opened, advanced (moved
+offsets, added and forgotten partitions, nothing changed) and closed, read_uncommitted
+and read_committed mixed on one connection, partition and response max_bytes from 1
+byte to 50 MB, seeks.  Between fetches records are produced, plain and in transactions
+that commit, abort or stay open for a while.  Every fetch answers at once (max_wait 0).
+
+The oracle is the upstream itself: right after each answer the same partitions are read
+directly at the offsets the proxy was asked (sessionless, 1 MiB a partition, the same
+isolation level).  With record limits on (``max_records`` 2) and a reuse buffer, the
+proxy answers from held batches and trims, so its answer is not byte-equal to a
+broker's; what must hold is what a consumer relies on:
+
+- no top-level error; a sessionless or full fetch answers every partition asked,
+  an incremental one only partitions of its session;
+- a partition's error is the broker's;
+- its records are whole batches, byte-equal to a prefix of what the broker returns
+  from that offset (nothing skipped, changed or invented, no partial batch);
+- its high watermark, last stable offset and log start offset are never ahead of the
+  broker's, and never go back from what the proxy told the client before;
+- read_uncommitted: no record past the high watermark; read_committed: none at or past
+  the last stable offset, and every aborted transaction the broker lists that starts at
+  or before the last delivered offset is listed too (else the consumer delivers aborted
+  records), none the broker does not list;
+- an incremental answer that leaves a partition out has told the client of it before.
+
+Allowed to differ from a broker (by design, README "Fetch shaping"): partition order (the
+proxy's rotation), which partition gets KIP-74's one oversized first batch (it follows
+the read order), fewer records (limits), watermarks an answer from held data carries
+(older, never ahead).
+
+Found with this harness and fixed: a read_committed fetch after a read_uncommitted one on
+the same connection was given the batches the first one left in the reuse buffer with
+no aborted transactions (a read_uncommitted answer carries none), so aborted records
+reached the consumer; ``test_read_committed_after_read_uncommitted_lists_aborted`` stages
+it exactly and fails without ``FetchShaper``'s isolation rule.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import confluent_kafka
+import pytest
+from kio.schema.errors import ErrorCode
+from support.backends import BACKENDS, running, upstream_for
+from support.fetch_messages import fetch_body, partition_body
+from support.rawclient import RawClient, make_request
+from support.stack import ProxyStack
+
+pytestmark = pytest.mark.integration
+
+DEADLINE = 150.0
+"""Absolute time limit of one test's network operations (seconds)."""
+SETTINGS = {"max_records": 2, "reuse_buffer_bytes": 100_000}
+FETCH, METADATA, API_VERSIONS = 1, 3, 18
+READ_COMMITTED = 1
+SESSIONLESS_VERSIONS = (7, 11, 12, 13, 15, 16, 17)
+SESSION_VERSIONS = (12, 13, 16, 17)
+PARTITION_MAX = (1, 500, 5000, 1 << 20)
+RESPONSE_MAX = (1, 3000, 50 << 20)
+METADATA_V12 = {
+    "allow_auto_topic_creation": False,
+    "include_cluster_authorized_operations": False,
+    "include_topic_authorized_operations": False,
+}
+
+TopicPartition = tuple[str, int]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def stack(request: pytest.FixtureRequest) -> Iterator[ProxyStack]:
+    upstream = upstream_for(request, request.param)
+    with running(ProxyStack(SETTINGS, nodes=1, upstream=upstream, name="scripts")) as s:
+        yield s
+
+
+@pytest.fixture
+def deadline() -> float:
+    return time.monotonic() + DEADLINE
+
+
+# -- records ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Batch:
+    base: int
+    last: int
+    data: bytes
+
+
+def whole_batches(records: Any) -> tuple[list[Batch], int]:
+    """The whole batches of a records field, and its size in bytes."""
+    if records is None:
+        return [], 0
+    data = bytes(records)
+    out: list[Batch] = []
+    pos = 0
+    while pos + 12 <= len(data):
+        base, size = struct.unpack_from(">qi", data, pos)
+        if pos + 12 + size > len(data):
+            break
+        (delta,) = struct.unpack_from(">i", data, pos + 23)  # lastOffsetDelta
+        out.append(Batch(base, base + delta, data[pos : pos + 12 + size]))
+        pos += 12 + size
+    return out, len(data)
+
+
+def aborted_of(pd: Any) -> set[tuple[int, int]]:
+    return {(int(a.producer_id), int(a.first_offset)) for a in pd.aborted_transactions or ()}
+
+
+# -- the upstream: topics, producers, the oracle ------------------------------------------
+
+
+class Upstream:
+    """Topics on the stack's upstream, producers writing to them, and direct reads."""
+
+    def __init__(self, stack: ProxyStack, deadline: float, name: str) -> None:
+        self.stack = stack
+        self.deadline = deadline
+        self.topics: dict[str, int] = {}
+        bootstrap = stack.direct_bootstrap
+        self.plain = confluent_kafka.Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5000, "acks": "all"}
+        )
+        self.txn = confluent_kafka.Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 5000,
+                "transactional.id": f"{name}-{uuid.uuid4().hex[:8]}",
+            }
+        )
+        self.txn.init_transactions(self._left())
+        self.open = False
+        self.direct = RawClient(self._leader_address(), client_id="oracle", deadline=deadline)
+
+    def _left(self) -> float:
+        left = self.deadline - time.monotonic()
+        assert left > 0, "the test's deadline has passed"
+        return left
+
+    def _leader_address(self) -> str:
+        if self.stack.kafka is not None:
+            return self.stack.kafka.bootstrap
+        return self.stack.direct_bootstrap
+
+    def create(self, partitions: int, prefix: str) -> str:
+        name = self.stack.create_topic(partitions, prefix)
+        self.topics[name] = partitions
+        return name
+
+    def produce(self, rng: random.Random, tp: TopicPartition) -> None:
+        """One batch of records to *tp* (a flush ends it): plain, or in a transaction that
+        commits, aborts or stays open (a later call ends it)."""
+        count, size = rng.randint(1, 12), rng.choice((20, 200, 900))
+        if self.open and rng.random() < 0.6:
+            self._end(rng)
+            return
+        if rng.random() < 0.4:
+            if not self.open:
+                self.txn.begin_transaction()
+                self.open = True
+            for _ in range(count):
+                self.txn.produce(tp[0], b"t" * size, partition=tp[1])
+            assert self.txn.flush(self._left()) == 0
+            if rng.random() < 0.5:
+                self._end(rng)
+            return
+        for _ in range(count):
+            self.plain.produce(tp[0], b"p" * size, partition=tp[1])
+        assert self.plain.flush(self._left()) == 0
+
+    def _end(self, rng: random.Random) -> None:
+        if rng.random() < 0.5:
+            self.txn.abort_transaction(self._left())
+        else:
+            self.txn.commit_transaction(self._left())
+        self.open = False
+
+    def read(self, asked: dict[TopicPartition, int], isolation: int) -> dict[TopicPartition, Any]:
+        """What the broker answers for *asked* (partition -> offset) now."""
+        topics = [
+            {
+                "topic": topic,
+                "partitions": [
+                    partition_body(p, offset, 1 << 20)
+                    for (t, p), offset in asked.items()
+                    if t == topic
+                ],
+            }
+            for topic in sorted({t for t, _ in asked})
+        ]
+        body = fetch_body(topics, isolation_level=isolation, max_bytes=50 << 20)
+        answer = self.direct.request(make_request(FETCH, 12, body))
+        return {
+            (t.topic, int(p.partition_index)): p for t in answer.responses for p in t.partitions
+        }
+
+    def close(self) -> None:
+        if self.open:
+            self.txn.abort_transaction(self._left())
+        self.direct.close()
+
+
+# -- the client ---------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    session_id: int
+    epoch: int
+    version: int
+    max_bytes: dict[TopicPartition, int]
+    """partition -> its partition max bytes, in the session"""
+    sent: dict[TopicPartition, int] = field(default_factory=dict)
+    """partition -> the fetch offset the session has for it"""
+
+
+class ScriptedClient:
+    """A raw client of the proxy that fetches as a random script says, and checks each
+    answer against the upstream (the module docstring's rules)."""
+
+    def __init__(self, stack: ProxyStack, upstream: Upstream, deadline: float) -> None:
+        self.upstream = upstream
+        meta = self._metadata(stack, deadline)
+        self.ids = {t.name: t.topic_id for t in meta.topics}
+        self.names = {v: k for k, v in self.ids.items()}
+        [broker] = meta.brokers
+        self.raw = RawClient(f"{broker.host}:{broker.port}", client_id="scripts", deadline=deadline)
+        self.raw.call(
+            API_VERSIONS, 3, {"client_software_name": "scripts", "client_software_version": "1"}
+        )
+        self.partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
+        self.position = dict.fromkeys(self.partitions, 0)
+        self.told: dict[TopicPartition, tuple[int, int, int]] = {}
+        self.session: Session | None = None
+        self.problems: list[str] = []
+        self.seen: Counter[str] = Counter()
+
+    def _metadata(self, stack: ProxyStack, deadline: float) -> Any:
+        """Topic ids through the proxy, as a client learns them."""
+        with RawClient(stack.bootstrap, client_id="scripts-meta", deadline=deadline) as c:
+            return c.call(
+                METADATA,
+                12,
+                METADATA_V12
+                | {"topics": [{"name": t, "topic_id": None} for t in self.upstream.topics]},
+            )
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def held_bytes(self, stack: ProxyStack) -> int:
+        """Bytes the reuse buffer of the proxy's handler of this connection holds."""
+
+        def find() -> int:
+            [live] = [
+                live for live in stack.proxy.live.values() if live.connection.client_id == "scripts"
+            ]
+            return int(live.relay.fetch_handler.shaper.buffer.size)
+
+        return stack.run_sync(find)
+
+    # -- one step ---------------------------------------------------------------------
+
+    def step(self, rng: random.Random, label: str) -> None:
+        kinds = ("produce", "seek", "sessionless", "full", "incremental", "same", "close")
+        kind = rng.choices(kinds, (2, 1, 4, 1, 4, 4, 1))[0]
+        if kind == "produce":
+            self.upstream.produce(rng, rng.choice(self.partitions))
+            return
+        if kind == "seek":
+            tp = rng.choice(self.partitions)
+            self.position[tp] = rng.randint(0, self.position[tp] + 5)
+            return
+        if self.session is None and kind in ("incremental", "same", "close"):
+            kind = "full"
+        isolation = rng.choice((0, READ_COMMITTED))
+        common = {
+            "max_bytes": rng.choice(RESPONSE_MAX),
+            "isolation_level": isolation,
+            "min_bytes": rng.choice((0, 1)),
+        }
+        listed: list[tuple[TopicPartition, dict[str, Any]]] = []
+        forgotten: list[TopicPartition] = []
+        if kind == "sessionless":
+            version, session_id, epoch = rng.choice(SESSIONLESS_VERSIONS), 0, -1
+            for tp in rng.sample(self.partitions, rng.randint(1, len(self.partitions))):
+                listed.append((tp, self._partition(tp, rng.choice(PARTITION_MAX))))
+        elif kind == "full":
+            version, session_id, epoch = rng.choice(SESSION_VERSIONS), 0, 0
+            chosen = rng.sample(self.partitions, rng.randint(1, len(self.partitions)))
+            max_bytes = {tp: rng.choice(PARTITION_MAX) for tp in chosen}
+            listed = [(tp, self._partition(tp, mb)) for tp, mb in max_bytes.items()]
+            self.session = Session(0, 0, version, max_bytes)
+        else:
+            session = self.session
+            assert session is not None
+            version, session_id = session.version, session.session_id
+            epoch = -1 if kind == "close" else session.epoch
+            if kind != "close":
+                # as a consumer does: the partitions whose position moved, and changes
+                for tp, mb in session.max_bytes.items():
+                    if session.sent.get(tp) != self.position[tp]:
+                        listed.append((tp, self._partition(tp, mb)))
+            if kind == "incremental":
+                moved = {tp for tp, _ in listed}
+                for tp in rng.sample(self.partitions, rng.randint(0, len(self.partitions))):
+                    if tp in session.max_bytes and tp not in moved and rng.random() < 0.3:
+                        forgotten.append(tp)
+                        del session.max_bytes[tp]
+                    elif tp not in session.max_bytes:
+                        session.max_bytes[tp] = rng.choice(PARTITION_MAX)
+                        listed.append((tp, self._partition(tp, session.max_bytes[tp])))
+        where = (
+            f"{label} {kind} v{version} {common} "
+            f"asked {[(t[-6:], p, b['fetch_offset'], b['partition_max_bytes']) for (t, p), b in listed]}"
+            f" forgot {forgotten}"
+        )
+        body = self._body(listed, forgotten, session_id, epoch, common)
+        answer = self.raw.request(make_request(FETCH, version, body))
+        self._check(kind, version, isolation, listed, answer, where)
+
+    def _partition(self, tp: TopicPartition, max_bytes: int) -> dict[str, Any]:
+        return partition_body(tp[1], self.position[tp], max_bytes)
+
+    def _body(
+        self,
+        listed: list[tuple[TopicPartition, dict[str, Any]]],
+        forgotten: list[TopicPartition],
+        session_id: int,
+        epoch: int,
+        common: dict[str, Any],
+    ) -> dict[str, Any]:
+        def grouped(items: list[tuple[TopicPartition, Any]]) -> list[dict[str, Any]]:
+            by: dict[str, list[Any]] = {}
+            for (topic, _), value in items:
+                by.setdefault(topic, []).append(value)
+            return [
+                {"topic": t, "topic_id": self.ids[t], "partitions": values}
+                for t, values in by.items()
+            ]
+
+        return fetch_body(
+            grouped(listed),
+            session_id=session_id,
+            session_epoch=epoch,
+            forgotten_topics_data=grouped([(tp, tp[1]) for tp in forgotten]),
+            **common,
+        )
+
+    # -- checking an answer -----------------------------------------------------------
+
+    def _check(
+        self,
+        kind: str,
+        version: int,
+        isolation: int,
+        listed: list[tuple[TopicPartition, dict[str, Any]]],
+        answer: Any,
+        where: str,
+    ) -> None:
+        def problem(text: str) -> None:
+            self.problems.append(f"{where}\n    {text}")
+
+        if answer.error_code != ErrorCode.none:
+            problem(f"top-level error {answer.error_code!r}")
+            self.session = None
+            return
+        session = self.session
+        asked = {tp: body["fetch_offset"] for tp, body in listed}
+        if kind == "close":
+            self.session = None
+            self.told.clear()
+            return
+        if kind == "full":
+            assert session is not None
+            if answer.session_id == 0:
+                self.session = None
+            else:
+                session.session_id, session.epoch = int(answer.session_id), 1
+                session.sent = dict(asked)
+        elif kind in ("incremental", "same"):
+            assert session is not None
+            for tp in session.max_bytes:
+                asked.setdefault(tp, session.sent.get(tp, self.position[tp]))
+            if answer.session_id == 0:
+                # the request left the session empty: the broker closed it (as Kafka does)
+                self.session = None
+                self.told.clear()
+            else:
+                session.epoch += 1
+                session.sent.update((tp, b["fetch_offset"]) for tp, b in listed)
+        got: dict[TopicPartition, Any] = {}
+        for topic in answer.responses:
+            name = self.names.get(topic.topic_id) if version >= 13 else topic.topic
+            for pd in topic.partitions:
+                got[(name, int(pd.partition_index))] = pd
+        if kind in ("sessionless", "full") and set(got) != set(asked):
+            problem(f"answered {sorted(got)}, asked {sorted(asked)}")
+        if not set(got) <= set(asked):
+            problem(f"answered partitions not asked: {sorted(set(got) - set(asked))}")
+        if not asked:
+            return
+        broker = self.upstream.read(asked, isolation)
+        for tp, offset in asked.items():
+            self._check_partition(tp, offset, got.get(tp), broker[tp], isolation, problem)
+
+    def _check_partition(
+        self, tp: TopicPartition, offset: int, pd: Any, direct: Any, isolation: int, problem: Any
+    ) -> None:
+        if pd is None:
+            self.seen["left out of an incremental answer"] += 1
+            if tp not in self.told:
+                problem(f"{tp} left out of an incremental answer, never told before")
+            return
+        if pd.error_code != direct.error_code:
+            problem(f"{tp} error {pd.error_code!r}, the broker's {direct.error_code!r}")
+            return
+        if pd.error_code != ErrorCode.none:
+            self.told.pop(tp, None)
+            return
+        mine, size = whole_batches(pd.records)
+        theirs, _ = whole_batches(direct.records)
+        if [b.data for b in mine] != [b.data for b in theirs[: len(mine)]]:
+            problem(
+                f"{tp} batches {[(b.base, b.last) for b in mine]} are not a prefix of the"
+                f" broker's {[(b.base, b.last) for b in theirs]}"
+            )
+        if size != sum(len(b.data) for b in mine):
+            problem(f"{tp} a partial batch delivered ({size} bytes)")
+        marks = (int(pd.high_watermark), int(pd.last_stable_offset), int(pd.log_start_offset))
+        broker = (
+            int(direct.high_watermark),
+            int(direct.last_stable_offset),
+            int(direct.log_start_offset),
+        )
+        if marks[0] > broker[0] or marks[2] > broker[2] or marks[1] > broker[1]:
+            problem(f"{tp} watermarks {marks} ahead of the broker's {broker}")
+        before = self.told.get(tp)
+        if before is not None and (
+            marks[0] < before[0] or marks[1] < before[1] or marks[2] < before[2]
+        ):
+            problem(f"{tp} watermarks went back: {before} -> {marks}")
+        self.told[tp] = marks
+        if not mine:
+            return
+        self.seen["partitions with records"] += 1
+        if len(mine) < len(theirs):
+            self.seen["trimmed"] += 1
+        last = mine[-1].last
+        if last >= broker[0]:
+            problem(f"{tp} records up to {last}, past the high watermark {broker[0]}")
+        if isolation == READ_COMMITTED:
+            if last >= broker[1]:
+                problem(f"{tp} read_committed records up to {last}, past the last stable offset")
+            listed, known = aborted_of(pd), aborted_of(direct)
+            needed = {a for a in known if a[1] <= last}
+            if needed:
+                self.seen["aborted transactions needed"] += 1
+            if not needed <= listed:
+                problem(
+                    f"{tp} aborted transactions {sorted(listed)} miss {sorted(needed - listed)}"
+                    f" (the broker's {sorted(known)}, records delivered up to {last})"
+                )
+            if not listed <= known:
+                problem(f"{tp} aborted transactions {sorted(listed - known)} the broker has not")
+        self.position[tp] = max(self.position[tp], last + 1)
+
+
+def run_script(stack: ProxyStack, seed: int, steps: int, deadline: float) -> Counter[str]:
+    rng = random.Random(seed)
+    upstream = Upstream(stack, deadline, f"scripts-{seed}")
+    client = None
+    try:
+        upstream.create(rng.choice((1, 3)), f"scripts{seed}a")
+        upstream.create(2, f"scripts{seed}b")
+        partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
+        for _ in range(rng.randint(3, 12)):
+            upstream.produce(rng, rng.choice(partitions))
+        client = ScriptedClient(stack, upstream, deadline)
+        for step in range(steps):
+            client.step(rng, f"seed {seed} step {step}")
+        assert not client.problems, "\n".join(client.problems[:10])
+        return client.seen
+    finally:
+        if client is not None:
+            client.close()
+        upstream.close()
+
+
+@pytest.mark.parametrize("seed", [1, 14, 20])
+def test_random_fetch_scripts_agree_with_the_broker(
+    stack: ProxyStack, seed: int, deadline: float
+) -> None:
+    seen = run_script(stack, seed, 70, deadline)
+    # the rules were exercised, not passed vacuously (these seeds give 17-45 partitions
+    # with records, 10-35 trimmed, 14-47 left out, 2-9 needing aborted transactions)
+    assert seen["partitions with records"] >= 10, seen
+    assert seen["trimmed"] >= 5, seen
+    assert seen["left out of an incremental answer"] >= 5, seen
+    assert seen["aborted transactions needed"] >= 1, seen
+
+
+def test_read_committed_after_read_uncommitted_lists_aborted(
+    stack: ProxyStack, deadline: float
+) -> None:
+    """Read_uncommitted fetches up to an aborted transaction leave its batch in the reuse
+    buffer (``max_records`` 2 cuts each answer); a read_committed fetch at that batch on
+    the same connection must get it with its aborted transaction listed."""
+    upstream = Upstream(stack, deadline, "isolation")
+    topic = upstream.create(1, "isolation")
+    try:
+        for _ in range(5):
+            upstream.plain.produce(topic, b"before", partition=0)
+        assert upstream.plain.flush(10) == 0
+        upstream.txn.begin_transaction()
+        for _ in range(5):
+            upstream.txn.produce(topic, b"aborted", partition=0)
+        assert upstream.txn.flush(10) == 0
+        upstream.txn.abort_transaction(10)
+        for _ in range(5):
+            upstream.plain.produce(topic, b"after", partition=0)
+        assert upstream.plain.flush(10) == 0
+        client = ScriptedClient(stack, upstream, deadline)
+        try:
+            tp = (topic, 0)
+
+            def fetch(offset: int, isolation: int) -> Any:
+                body = client._body(
+                    [(tp, partition_body(0, offset, 1 << 20))],
+                    [],
+                    0,
+                    -1,
+                    {"max_bytes": 50 << 20, "isolation_level": isolation, "min_bytes": 1},
+                )
+                [t] = client.raw.request(make_request(FETCH, 12, body)).responses
+                [pd] = t.partitions
+                return pd
+
+            aborted_at = 5  # after the 5 plain records (in 1 to 5 batches)
+            position = 0
+            for _ in range(aborted_at):  # read_uncommitted up to the aborted batch
+                batches, _ = whole_batches(fetch(position, 0).records)
+                assert batches and batches[0].base == position, (position, batches)
+                position = batches[-1].last + 1
+                if position >= aborted_at:
+                    break
+            assert position == aborted_at
+            assert client.held_bytes(stack) > 0  # what followed (the aborted batch first) is held
+            second = fetch(aborted_at, READ_COMMITTED)
+            got, _ = whole_batches(second.records)
+            assert got and got[0].base == aborted_at, [(b.base, b.last) for b in got]
+            direct = upstream.read({tp: aborted_at}, READ_COMMITTED)[tp]
+            assert {first for _, first in aborted_of(direct)} == {aborted_at}
+            assert aborted_of(second) == aborted_of(direct)
+        finally:
+            client.close()
+    finally:
+        upstream.close()
