@@ -1,0 +1,343 @@
+"""With its default settings (no limits), the proxy answers a Fetch as its broker does.
+
+Two raw clients (``support.rawclient``) run one random script in lockstep: one on the
+broker, one on the proxy in front of it.  Every step sends both the same Fetch (each
+client with its own session id and epoch) and compares the two answers, reduced to what
+a broker must repeat: top-level error, whether a session was created or kept, and per
+partition its error, high watermark, last stable offset, log start offset, aborted
+transactions, preferred read replica, diverging epoch, current leader and snapshot id,
+and its whole batches byte for byte.
+
+The scripts: sessionless fetches of v4 to v17 (a partition sometimes listed twice),
+KIP-227 sessions opened, advanced (offsets moved, partitions added and forgotten, nothing
+changed), sent a wrong epoch and closed, read_uncommitted and read_committed, leader
+epochs, offsets and log start offsets the broker refuses (FENCED or UNKNOWN_LEADER_EPOCH,
+OFFSET_OUT_OF_RANGE), and records produced between fetches, plain and in transactions
+that commit, abort or stay open.  Every fetch answers at once (max_wait 0).
+
+Not compared, by design (README, "Fetch shaping" and "Fetch sessions"): the order of the
+partitions (a sessionless client's fetch reaches the broker through the proxy's own
+incremental session, which orders and rotates partitions as a session does), and a
+partial trailing batch (the proxy never forwards one).  The partition max bytes are 1 MiB
+and the response's 50 MB: under smaller limits which partition gets KIP-74's one
+oversized first batch follows the order the broker reads partitions in, which differs;
+``test_fetch_scripts_backends.py`` checks those answers against the broker instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+from support.backends import BACKENDS, running, upstream_for
+from support.fetch_messages import fetch_body, partition_body
+from support.fetch_scripts import READ_COMMITTED, TopicPartition, Upstream, whole_batches
+from support.rawclient import RawClient, make_request
+from support.stack import ProxyStack
+
+pytestmark = pytest.mark.integration
+
+DEADLINE = 150.0
+"""Absolute time limit of one test's network operations (seconds)."""
+FETCH, METADATA, API_VERSIONS = 1, 3, 18
+SESSIONLESS_VERSIONS = (4, 5, 6, 7, 11, 12, 13, 15, 16, 17)
+SESSION_VERSIONS = (12, 13, 16, 17)
+PARTITION_MAX = 1 << 20
+RESPONSE_MAX = 50 << 20
+IGNORED = frozenset({"throttle_time", "records", "partition_index", "partitions", "responses"})
+METADATA_V12 = {
+    "allow_auto_topic_creation": False,
+    "include_cluster_authorized_operations": False,
+    "include_topic_authorized_operations": False,
+}
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def stack(request: pytest.FixtureRequest) -> Iterator[ProxyStack]:
+    upstream = upstream_for(request, request.param)
+    with running(ProxyStack({}, nodes=1, upstream=upstream, name="lockstep")) as s:
+        yield s
+
+
+def plain(value: Any) -> Any:
+    """A kio value as plain data (enums by name, durations in ms)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.name not in IGNORED
+        }
+    if isinstance(value, tuple | list):
+        return [plain(v) for v in value]
+    if isinstance(value, ErrorCode):
+        return value.name
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    return value
+
+
+class Side:
+    """One of the two clients, with its own session."""
+
+    def __init__(self, name: str, address: str, deadline: float) -> None:
+        self.name = name
+        self.raw = RawClient(address, client_id="lockstep", deadline=deadline)
+        self.raw.call(
+            API_VERSIONS, 3, {"client_software_name": "lockstep", "client_software_version": "1"}
+        )
+        self.session_id = 0
+        self.epoch = -1
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class Lockstep:
+    def __init__(self, stack: ProxyStack, upstream: Upstream, deadline: float) -> None:
+        self.upstream = upstream
+        with RawClient(stack.bootstrap, client_id="lockstep-meta", deadline=deadline) as c:
+            meta = c.call(
+                METADATA,
+                12,
+                METADATA_V12 | {"topics": [{"name": t, "topic_id": None} for t in upstream.topics]},
+            )
+        self.ids = {t.name: t.topic_id for t in meta.topics}
+        self.names = {v: k for k, v in self.ids.items()}
+        [broker] = meta.brokers
+        self.broker = Side("broker", upstream.direct_address, deadline)
+        self.proxy = Side("proxy", f"{broker.host}:{broker.port}", deadline)
+        self.partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
+        self.session: dict[TopicPartition, dict[str, Any]] | None = None
+        self.session_version = 12
+        self.differences: list[str] = []
+        self.seen: Counter[str] = Counter()
+
+    def close(self) -> None:
+        self.broker.close()
+        self.proxy.close()
+
+    def _partition(self, rng: random.Random, tp: TopicPartition) -> dict[str, Any]:
+        end = self.upstream.ends.get(tp, 0)
+        offset = rng.choice((0, 0, end, rng.randint(0, max(0, end)), rng.randint(0, max(0, end))))
+        body = partition_body(tp[1], offset, PARTITION_MAX)
+        if rng.random() < 0.15:  # what the broker refuses
+            field, values = rng.choice(
+                (
+                    ("current_leader_epoch", (0, 1, 7)),
+                    ("fetch_offset", (-1, -100, 2**40, end + 3)),
+                    ("log_start_offset", (0, 5)),
+                    ("last_fetched_epoch", (0, 3)),
+                )
+            )
+            body[field] = rng.choice(values)
+        return body
+
+    def step(self, rng: random.Random, label: str) -> None:
+        kinds = ("produce", "sessionless", "full", "incremental", "same", "bad epoch", "close")
+        kind = rng.choices(kinds, (1, 4, 2, 5, 3, 1, 1))[0]
+        if kind == "produce":
+            self.upstream.produce(rng, rng.choice(self.partitions))
+            return
+        if self.session is None and kind not in ("sessionless", "full"):
+            kind = "full"
+        common = {"max_bytes": RESPONSE_MAX, "isolation_level": rng.choice((0, READ_COMMITTED))}
+        listed: list[tuple[TopicPartition, dict[str, Any]]] = []
+        forgotten: list[TopicPartition] = []
+        if kind == "sessionless":
+            version = rng.choice(SESSIONLESS_VERSIONS)
+            chosen = rng.sample(self.partitions, rng.randint(1, len(self.partitions)))
+            listed = [(tp, self._partition(rng, tp)) for tp in chosen]
+            if rng.random() < 0.2:  # one partition twice (a broker keeps one entry)
+                tp = rng.choice(chosen)
+                listed.insert(rng.randint(0, len(listed)), (tp, self._partition(rng, tp)))
+        elif kind == "full":
+            version = self.session_version = rng.choice(SESSION_VERSIONS)
+            chosen = rng.sample(self.partitions, rng.randint(1, len(self.partitions)))
+            self.session = {tp: self._partition(rng, tp) for tp in chosen}
+            listed = list(self.session.items())
+        else:
+            version = self.session_version
+            assert self.session is not None
+            if kind == "incremental":
+                for tp in rng.sample(self.partitions, rng.randint(0, len(self.partitions))):
+                    if tp in self.session and rng.random() < 0.3:
+                        forgotten.append(tp)
+                        del self.session[tp]
+                    else:
+                        self.session[tp] = self._partition(rng, tp)
+                        listed.append((tp, self.session[tp]))
+        where = (
+            f"{label} {kind} v{version} {common} "
+            f"asked {[(t[-6:], p, b['fetch_offset']) for (t, p), b in listed]}"
+            f" forgot {[(t[-6:], p) for t, p in forgotten]}"
+        )
+        answers = {}
+        for side in (self.broker, self.proxy):
+            if kind in ("sessionless", "full"):
+                session_id, epoch = 0, (-1 if kind == "sessionless" else 0)
+            elif kind == "close":
+                session_id, epoch = side.session_id, -1
+            elif kind == "bad epoch":
+                session_id, epoch = side.session_id, side.epoch + 2
+            else:
+                session_id, epoch = side.session_id, side.epoch
+            body = self._body(listed, forgotten, session_id, epoch, common)
+            answers[side.name] = side.raw.request(make_request(FETCH, version, body))
+            self._advance(side, kind, answers[side.name])
+        self.seen[kind] += 1
+        self._compare(version, answers["broker"], answers["proxy"], where)
+        if kind == "close" or (
+            kind in ("full", "incremental", "same") and self.broker.session_id == 0
+        ):
+            self.session = None
+
+    def _advance(self, side: Side, kind: str, answer: Any) -> None:
+        error = int(getattr(answer, "error_code", 0))
+        if kind == "sessionless" or error:
+            return
+        if kind == "close":
+            side.session_id, side.epoch = 0, -1
+        elif kind == "full":
+            side.session_id = int(answer.session_id)
+            side.epoch = 1 if side.session_id else -1
+        elif kind in ("incremental", "same"):
+            if int(answer.session_id) == 0:  # the request emptied the session: closed
+                side.session_id, side.epoch = 0, -1
+            else:
+                side.epoch += 1
+
+    def _body(
+        self,
+        listed: list[tuple[TopicPartition, dict[str, Any]]],
+        forgotten: list[TopicPartition],
+        session_id: int,
+        epoch: int,
+        common: dict[str, Any],
+    ) -> dict[str, Any]:
+        def grouped(items: list[tuple[TopicPartition, Any]]) -> list[dict[str, Any]]:
+            runs: list[tuple[str, list[Any]]] = []
+            for (topic, _), value in items:
+                if runs and runs[-1][0] == topic:
+                    runs[-1][1].append(value)
+                else:
+                    runs.append((topic, [value]))
+            return [
+                {"topic": t, "topic_id": self.ids[t], "partitions": values} for t, values in runs
+            ]
+
+        return fetch_body(
+            grouped(listed),
+            session_id=session_id,
+            session_epoch=epoch,
+            forgotten_topics_data=grouped([(tp, tp[1]) for tp in forgotten]),
+            **common,
+        )
+
+    def _reduced(self, version: int, answer: Any) -> dict[str, Any]:
+        top = plain(answer)
+        top["session_id"] = "session" if top.get("session_id") else 0
+        partitions: dict[str, Any] = {}
+        count: Counter[TopicPartition] = Counter()
+        for topic in answer.responses:
+            name = self.names.get(topic.topic_id) if version >= 13 else topic.topic
+            for pd in topic.partitions:
+                tp = (str(name), int(pd.partition_index))
+                count[tp] += 1
+                batches, _ = whole_batches(pd.records)
+                partitions[f"{tp[0][-6:]}-{tp[1]}"] = plain(pd) | {
+                    "batches": [(b.base, b.last, hash(b.data)) for b in batches]
+                }
+                if batches:
+                    self.seen["partitions with records"] += 1
+                if pd.error_code != ErrorCode.none:
+                    self.seen["partitions with errors"] += 1
+        top["partitions"] = partitions
+        top["listed twice"] = sorted(tp for tp, n in count.items() if n > 1)
+        return top
+
+    def _compare(self, version: int, broker: Any, proxy: Any, where: str) -> None:
+        b, p = self._reduced(version, broker), self._reduced(version, proxy)
+        if b == p:
+            return
+        lines = [
+            f"    {key}: broker {b.get(key)!r}, proxy {p.get(key)!r}"
+            for key in sorted(set(b) | set(p))
+            if key != "partitions" and b.get(key) != p.get(key)
+        ]
+        bp, pp = b["partitions"], p["partitions"]
+        for key in sorted(set(bp) | set(pp)):
+            if bp.get(key) != pp.get(key):
+                lines.append(f"    {key}: broker {bp.get(key)!r}\n{' ' * 8}proxy  {pp.get(key)!r}")
+        self.differences.append(where + "\n" + "\n".join(lines))
+
+
+def run_lockstep(stack: ProxyStack, seed: int, steps: int, deadline: float) -> Counter[str]:
+    rng = random.Random(seed)
+    upstream = Upstream(stack, deadline, f"lockstep-{seed}")
+    lockstep = None
+    try:
+        upstream.create(rng.choice((1, 3)), f"lockstep{seed}a")
+        upstream.create(2, f"lockstep{seed}b")
+        partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
+        for _ in range(rng.randint(3, 12)):
+            upstream.produce(rng, rng.choice(partitions))
+        lockstep = Lockstep(stack, upstream, deadline)
+        for step in range(steps):
+            lockstep.step(rng, f"seed {seed} step {step}")
+        assert not lockstep.differences, "\n".join(lockstep.differences[:6])
+        return lockstep.seen
+    finally:
+        if lockstep is not None:
+            lockstep.close()
+        upstream.close()
+
+
+@pytest.mark.parametrize("seed", [2, 7, 11])
+def test_without_limits_the_proxy_answers_as_the_broker(stack: ProxyStack, seed: int) -> None:
+    seen = run_lockstep(stack, seed, 70, time.monotonic() + DEADLINE)
+    # every kind of step ran, and records and errors were compared (these seeds: 190-224
+    # partitions with records, both sides counted)
+    assert all(seen[k] for k in ("sessionless", "full", "incremental", "same", "close")), seen
+    assert seen["partitions with records"] >= 20, seen
+    assert seen["partitions with errors"] >= 5, seen
+
+
+def test_lockstep_sees_a_difference(stack: ProxyStack) -> None:
+    """The comparison can fail: a broker answer against itself with one batch removed."""
+    upstream = Upstream(stack, time.monotonic() + DEADLINE, f"lockstep-{uuid.uuid4().hex[:6]}")
+    lockstep = None
+    try:
+        topic = upstream.create(1, "lockstepself")
+        upstream.produce(random.Random(0), (topic, 0))
+        upstream.produce(random.Random(1), (topic, 0))
+        lockstep = Lockstep(stack, upstream, time.monotonic() + DEADLINE)
+        body = lockstep._body(
+            [((topic, 0), partition_body(0, 0, PARTITION_MAX))],
+            [],
+            0,
+            -1,
+            {"max_bytes": RESPONSE_MAX},
+        )
+        answer = lockstep.broker.raw.request(make_request(FETCH, 12, body))
+        [t] = answer.responses
+        [pd] = t.partitions
+        batches, _ = whole_batches(pd.records)
+        assert len(batches) >= 2, batches
+        cut = dataclasses.replace(pd, records=b"".join(b.data for b in batches[:-1]))
+        fewer = dataclasses.replace(answer, responses=(dataclasses.replace(t, partitions=(cut,)),))
+        lockstep._compare(12, answer, answer, "same")
+        assert lockstep.differences == []
+        lockstep._compare(12, answer, fewer, "one batch fewer")
+        assert len(lockstep.differences) == 1 and "batches" in lockstep.differences[0]
+    finally:
+        if lockstep is not None:
+            lockstep.close()
+        upstream.close()
