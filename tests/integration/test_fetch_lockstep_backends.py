@@ -38,26 +38,30 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 from support.backends import BACKENDS, running, upstream_for
-from support.fetch_messages import fetch_body, partition_body
-from support.fetch_scripts import READ_COMMITTED, TopicPartition, Upstream, whole_batches
-from support.rawclient import RawClient, make_request
+from support.fetch_messages import partition_body
+from support.fetch_scripts import (
+    FETCH,
+    READ_COMMITTED,
+    TopicPartition,
+    Upstream,
+    connect,
+    learn,
+    run_seeded,
+    script_body,
+    whole_batches,
+)
+from support.rawclient import make_request
 from support.stack import ProxyStack
 
 pytestmark = pytest.mark.integration
 
 DEADLINE = 150.0
 """Absolute time limit of one test's network operations (seconds)."""
-FETCH, METADATA, API_VERSIONS = 1, 3, 18
 SESSIONLESS_VERSIONS = (4, 5, 6, 7, 11, 12, 13, 15, 16, 17)
 SESSION_VERSIONS = (12, 13, 16, 17)
 PARTITION_MAX = 1 << 20
 RESPONSE_MAX = 50 << 20
 IGNORED = frozenset({"throttle_time", "records", "partition_index", "partitions", "responses"})
-METADATA_V12 = {
-    "allow_auto_topic_creation": False,
-    "include_cluster_authorized_operations": False,
-    "include_topic_authorized_operations": False,
-}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -89,10 +93,7 @@ class Side:
 
     def __init__(self, name: str, address: str, deadline: float) -> None:
         self.name = name
-        self.raw = RawClient(address, client_id="lockstep", deadline=deadline)
-        self.raw.call(
-            API_VERSIONS, 3, {"client_software_name": "lockstep", "client_software_version": "1"}
-        )
+        self.raw = connect(address, "lockstep", deadline)
         self.session_id = 0
         self.epoch = -1
 
@@ -103,17 +104,10 @@ class Side:
 class Lockstep:
     def __init__(self, stack: ProxyStack, upstream: Upstream, deadline: float) -> None:
         self.upstream = upstream
-        with RawClient(stack.bootstrap, client_id="lockstep-meta", deadline=deadline) as c:
-            meta = c.call(
-                METADATA,
-                12,
-                METADATA_V12 | {"topics": [{"name": t, "topic_id": None} for t in upstream.topics]},
-            )
-        self.ids = {t.name: t.topic_id for t in meta.topics}
-        self.names = {v: k for k, v in self.ids.items()}
-        [broker] = meta.brokers
+        learnt = learn(stack, list(upstream.topics), deadline)
+        self.ids, self.names = learnt.ids, learnt.names
         self.broker = Side("broker", upstream.direct_address, deadline)
-        self.proxy = Side("proxy", f"{broker.host}:{broker.port}", deadline)
+        self.proxy = Side("proxy", learnt.broker, deadline)
         self.partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
         self.session: dict[TopicPartition, dict[str, Any]] | None = None
         self.session_version = 12
@@ -189,7 +183,7 @@ class Lockstep:
                 session_id, epoch = side.session_id, side.epoch + 2
             else:
                 session_id, epoch = side.session_id, side.epoch
-            body = self._body(listed, forgotten, session_id, epoch, common)
+            body = script_body(self.ids, listed, forgotten, session_id, epoch, common)
             answers[side.name] = side.raw.request(make_request(FETCH, version, body))
             self._advance(side, kind, answers[side.name])
         self.seen[kind] += 1
@@ -213,33 +207,6 @@ class Lockstep:
                 side.session_id, side.epoch = 0, -1
             else:
                 side.epoch += 1
-
-    def _body(
-        self,
-        listed: list[tuple[TopicPartition, dict[str, Any]]],
-        forgotten: list[TopicPartition],
-        session_id: int,
-        epoch: int,
-        common: dict[str, Any],
-    ) -> dict[str, Any]:
-        def grouped(items: list[tuple[TopicPartition, Any]]) -> list[dict[str, Any]]:
-            runs: list[tuple[str, list[Any]]] = []
-            for (topic, _), value in items:
-                if runs and runs[-1][0] == topic:
-                    runs[-1][1].append(value)
-                else:
-                    runs.append((topic, [value]))
-            return [
-                {"topic": t, "topic_id": self.ids[t], "partitions": values} for t, values in runs
-            ]
-
-        return fetch_body(
-            grouped(listed),
-            session_id=session_id,
-            session_epoch=epoch,
-            forgotten_topics_data=grouped([(tp, tp[1]) for tp in forgotten]),
-            **common,
-        )
 
     def _reduced(self, version: int, answer: Any) -> dict[str, Any]:
         top = plain(answer)
@@ -279,30 +246,11 @@ class Lockstep:
         self.differences.append(where + "\n" + "\n".join(lines))
 
 
-def run_lockstep(stack: ProxyStack, seed: int, steps: int, deadline: float) -> Counter[str]:
-    rng = random.Random(seed)
-    upstream = Upstream(stack, deadline, f"lockstep-{seed}")
-    lockstep = None
-    try:
-        upstream.create(rng.choice((1, 3)), f"lockstep{seed}a")
-        upstream.create(2, f"lockstep{seed}b")
-        partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
-        for _ in range(rng.randint(3, 12)):
-            upstream.produce(rng, rng.choice(partitions))
-        lockstep = Lockstep(stack, upstream, deadline)
-        for step in range(steps):
-            lockstep.step(rng, f"seed {seed} step {step}")
-        assert not lockstep.differences, "\n".join(lockstep.differences[:6])
-        return lockstep.seen
-    finally:
-        if lockstep is not None:
-            lockstep.close()
-        upstream.close()
-
-
 @pytest.mark.parametrize("seed", [2, 7, 11])
 def test_without_limits_the_proxy_answers_as_the_broker(stack: ProxyStack, seed: int) -> None:
-    seen = run_lockstep(stack, seed, 70, time.monotonic() + DEADLINE)
+    client = run_seeded(stack, seed, 70, time.monotonic() + DEADLINE, "lockstep", Lockstep)
+    assert not client.differences, "\n".join(client.differences[:8])
+    seen = client.seen
     # every kind of step ran, and records and errors were compared (these seeds: 190-224
     # partitions with records, both sides counted)
     assert all(seen[k] for k in ("sessionless", "full", "incremental", "same", "close")), seen
@@ -319,7 +267,8 @@ def test_lockstep_sees_a_difference(stack: ProxyStack) -> None:
         upstream.produce(random.Random(0), (topic, 0))
         upstream.produce(random.Random(1), (topic, 0))
         lockstep = Lockstep(stack, upstream, time.monotonic() + DEADLINE)
-        body = lockstep._body(
+        body = script_body(
+            lockstep.ids,
             [((topic, 0), partition_body(0, 0, PARTITION_MAX))],
             [],
             0,

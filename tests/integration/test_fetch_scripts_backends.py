@@ -53,15 +53,20 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 from support.backends import BACKENDS, running, upstream_for
-from support.fetch_messages import fetch_body, partition_body
+from support.fetch_messages import partition_body
 from support.fetch_scripts import (
+    FETCH,
     READ_COMMITTED,
     TopicPartition,
     Upstream,
     aborted_of,
+    connect,
+    learn,
+    run_seeded,
+    script_body,
     whole_batches,
 )
-from support.rawclient import RawClient, make_request
+from support.rawclient import make_request
 from support.stack import ProxyStack
 
 pytestmark = pytest.mark.integration
@@ -69,16 +74,10 @@ pytestmark = pytest.mark.integration
 DEADLINE = 150.0
 """Absolute time limit of one test's network operations (seconds)."""
 SETTINGS = {"max_records": 2, "reuse_buffer_bytes": 100_000}
-FETCH, METADATA, API_VERSIONS = 1, 3, 18
 SESSIONLESS_VERSIONS = (7, 11, 12, 13, 15, 16, 17)
 SESSION_VERSIONS = (12, 13, 16, 17)
 PARTITION_MAX = (1, 500, 5000, 1 << 20)
 RESPONSE_MAX = (1, 3000, 50 << 20)
-METADATA_V12 = {
-    "allow_auto_topic_creation": False,
-    "include_cluster_authorized_operations": False,
-    "include_topic_authorized_operations": False,
-}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -123,30 +122,15 @@ class ScriptedClient:
 
     def __init__(self, stack: ProxyStack, upstream: Upstream, deadline: float) -> None:
         self.upstream = upstream
-        meta = self._metadata(stack, deadline)
-        self.ids = {t.name: t.topic_id for t in meta.topics}
-        self.names = {v: k for k, v in self.ids.items()}
-        [broker] = meta.brokers
-        self.raw = RawClient(f"{broker.host}:{broker.port}", client_id="scripts", deadline=deadline)
-        self.raw.call(
-            API_VERSIONS, 3, {"client_software_name": "scripts", "client_software_version": "1"}
-        )
+        learnt = learn(stack, list(upstream.topics), deadline)
+        self.ids, self.names = learnt.ids, learnt.names
+        self.raw = connect(learnt.broker, "scripts", deadline)
         self.partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
         self.position = dict.fromkeys(self.partitions, 0)
         self.told: dict[TopicPartition, tuple[int, int, int]] = {}
         self.session: Session | None = None
         self.problems: list[str] = []
         self.seen: Counter[str] = Counter()
-
-    def _metadata(self, stack: ProxyStack, deadline: float) -> Any:
-        """Topic ids through the proxy, as a client learns them."""
-        with RawClient(stack.bootstrap, client_id="scripts-meta", deadline=deadline) as c:
-            return c.call(
-                METADATA,
-                12,
-                METADATA_V12
-                | {"topics": [{"name": t, "topic_id": None} for t in self.upstream.topics]},
-            )
 
     def close(self) -> None:
         self.raw.close()
@@ -248,36 +232,11 @@ class ScriptedClient:
             f"asked {[(t[-6:], p, b['fetch_offset'], b['partition_max_bytes']) for (t, p), b in listed]}"
             f" forgot {forgotten}"
         )
-        body = self._body(listed, forgotten, session_id, epoch, common)
+        body = script_body(self.ids, listed, forgotten, session_id, epoch, common)
         return Fetch(kind, version, isolation, listed, body, where)
 
     def _partition(self, tp: TopicPartition, max_bytes: int) -> dict[str, Any]:
         return partition_body(tp[1], self.position[tp], max_bytes)
-
-    def _body(
-        self,
-        listed: list[tuple[TopicPartition, dict[str, Any]]],
-        forgotten: list[TopicPartition],
-        session_id: int,
-        epoch: int,
-        common: dict[str, Any],
-    ) -> dict[str, Any]:
-        def grouped(items: list[tuple[TopicPartition, Any]]) -> list[dict[str, Any]]:
-            by: dict[str, list[Any]] = {}
-            for (topic, _), value in items:
-                by.setdefault(topic, []).append(value)
-            return [
-                {"topic": t, "topic_id": self.ids[t], "partitions": values}
-                for t, values in by.items()
-            ]
-
-        return fetch_body(
-            grouped(listed),
-            session_id=session_id,
-            session_epoch=epoch,
-            forgotten_topics_data=grouped([(tp, tp[1]) for tp in forgotten]),
-            **common,
-        )
 
     # -- checking an answer -----------------------------------------------------------
 
@@ -398,32 +357,13 @@ class ScriptedClient:
         self.position[tp] = max(self.position[tp], last + 1)
 
 
-def run_script(stack: ProxyStack, seed: int, steps: int, deadline: float) -> Counter[str]:
-    rng = random.Random(seed)
-    upstream = Upstream(stack, deadline, f"scripts-{seed}")
-    client = None
-    try:
-        upstream.create(rng.choice((1, 3)), f"scripts{seed}a")
-        upstream.create(2, f"scripts{seed}b")
-        partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
-        for _ in range(rng.randint(3, 12)):
-            upstream.produce(rng, rng.choice(partitions))
-        client = ScriptedClient(stack, upstream, deadline)
-        for step in range(steps):
-            client.step(rng, f"seed {seed} step {step}")
-        assert not client.problems, "\n".join(client.problems[:10])
-        return client.seen
-    finally:
-        if client is not None:
-            client.close()
-        upstream.close()
-
-
 @pytest.mark.parametrize("seed", [1, 14, 20])
 def test_random_fetch_scripts_agree_with_the_broker(
     stack: ProxyStack, seed: int, deadline: float
 ) -> None:
-    seen = run_script(stack, seed, 70, deadline)
+    client = run_seeded(stack, seed, 70, deadline, "scripts", ScriptedClient)
+    assert not client.problems, "\n".join(client.problems[:8])
+    seen = client.seen
     # The rules were exercised, not passed vacuously: these seeds gave 32-57 partitions
     # with records, 22-44 trimmed, 36-79 left out, 6-14 needing aborted transactions and
     # 11-27 pipelined fetches on both backends (batching varies from run to run; other
@@ -460,7 +400,8 @@ def test_read_committed_after_read_uncommitted_lists_aborted(
             tp = (topic, 0)
 
             def fetch(offset: int, isolation: int) -> Any:
-                body = client._body(
+                body = script_body(
+                    client.ids,
                     [(tp, partition_body(0, offset, 1 << 20))],
                     [],
                     0,

@@ -13,8 +13,10 @@ import random
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
+from uuid import UUID
 
 import confluent_kafka
 
@@ -22,8 +24,13 @@ from .fetch_messages import fetch_body, partition_body
 from .rawclient import RawClient, make_request
 from .stack import ProxyStack
 
-FETCH = 1
+FETCH, METADATA, API_VERSIONS = 1, 3, 18
 READ_COMMITTED = 1
+METADATA_V12 = {
+    "allow_auto_topic_creation": False,
+    "include_cluster_authorized_operations": False,
+    "include_topic_authorized_operations": False,
+}
 
 TopicPartition = tuple[str, int]
 
@@ -172,3 +179,109 @@ class Upstream:
         self.direct.close()
         for producer in (self.plain, self.txn):
             producer.close()
+
+
+def seeded_upstream(stack: ProxyStack, rng: random.Random, deadline: float, name: str) -> Upstream:
+    """Two topics (*name*a: 1 or 3 partitions, *name*b: 2) with a few batches in them."""
+    upstream = Upstream(stack, deadline, name)
+    try:
+        upstream.create(rng.choice((1, 3)), f"{name}a")
+        upstream.create(2, f"{name}b")
+        partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
+        for _ in range(rng.randint(3, 12)):
+            upstream.produce(rng, rng.choice(partitions))
+    except BaseException:
+        upstream.close()
+        raise
+    return upstream
+
+
+@dataclass(frozen=True)
+class Learnt:
+    """What a client learns from Metadata through the proxy: topic ids and its broker."""
+
+    ids: dict[str, UUID]
+    names: dict[UUID, str]
+    broker: str
+    """The proxy's listener for the one broker."""
+
+
+def learn(stack: ProxyStack, topics: list[str], deadline: float) -> Learnt:
+    """Metadata v12 for *topics* through the proxy's bootstrap, as a client asks it."""
+    with RawClient(stack.bootstrap, client_id="scripts-meta", deadline=deadline) as c:
+        meta = c.call(
+            METADATA, 12, METADATA_V12 | {"topics": [{"name": t, "topic_id": None} for t in topics]}
+        )
+    ids = {t.name: t.topic_id for t in meta.topics}
+    [broker] = meta.brokers
+    return Learnt(ids, {v: k for k, v in ids.items()}, f"{broker.host}:{broker.port}")
+
+
+def connect(address: str, client_id: str, deadline: float) -> RawClient:
+    """A raw client that starts as every client does, with ApiVersions."""
+    raw = RawClient(address, client_id=client_id, deadline=deadline)
+    raw.call(API_VERSIONS, 3, {"client_software_name": client_id, "client_software_version": "1"})
+    return raw
+
+
+def script_body(
+    ids: dict[str, UUID],
+    listed: list[tuple[TopicPartition, dict[str, Any]]],
+    forgotten: list[TopicPartition],
+    session_id: int,
+    epoch: int,
+    common: dict[str, Any],
+) -> dict[str, Any]:
+    """A Fetch body for ``devbroker.build``: *listed* partitions (one topic entry per run of
+    a topic, in their order), *forgotten* ones, the session's id and epoch, and *common*
+    fields (``fetch_body``'s defaults otherwise)."""
+
+    def grouped(items: list[tuple[TopicPartition, Any]]) -> list[dict[str, Any]]:
+        runs: list[tuple[str, list[Any]]] = []
+        for (topic, _), value in items:
+            if runs and runs[-1][0] == topic:
+                runs[-1][1].append(value)
+            else:
+                runs.append((topic, [value]))
+        return [{"topic": t, "topic_id": ids[t], "partitions": values} for t, values in runs]
+
+    return fetch_body(
+        grouped(listed),
+        session_id=session_id,
+        session_epoch=epoch,
+        forgotten_topics_data=grouped([(tp, tp[1]) for tp in forgotten]),
+        **common,
+    )
+
+
+class ScriptClient(Protocol):
+    def step(self, rng: random.Random, label: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=ScriptClient)
+
+
+def run_seeded(
+    stack: ProxyStack,
+    seed: int,
+    steps: int,
+    deadline: float,
+    name: str,
+    make: Callable[[ProxyStack, Upstream, float], C],
+) -> C:
+    """*steps* steps of the client *make* builds over a :func:`seeded_upstream`, drawn from
+    ``random.Random(seed)``; the client (closed) for its findings."""
+    rng = random.Random(seed)
+    upstream = seeded_upstream(stack, rng, deadline, f"{name}{seed}")
+    client = None
+    try:
+        client = make(stack, upstream, deadline)
+        for step in range(steps):
+            client.step(rng, f"seed {seed} step {step}")
+        return client
+    finally:
+        if client is not None:
+            client.close()
+        upstream.close()
