@@ -93,7 +93,7 @@ class Side:
 
     def __init__(self, name: str, address: str, deadline: float) -> None:
         self.name = name
-        self.raw = connect(address, "lockstep", deadline)
+        self.raw, self.fetch_max = connect(address, "lockstep", deadline)
         self.session_id = 0
         self.epoch = -1
 
@@ -108,6 +108,9 @@ class Lockstep:
         self.ids, self.names = learnt.ids, learnt.names
         self.broker = Side("broker", upstream.direct_address, deadline)
         self.proxy = Side("proxy", learnt.broker, deadline)
+        top = min(self.broker.fetch_max, self.proxy.fetch_max)  # (the broker's, relayed)
+        self.sessionless_versions = [v for v in SESSIONLESS_VERSIONS if v <= top]
+        self.session_versions = [v for v in SESSION_VERSIONS if v <= top]
         self.partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
         self.session: dict[TopicPartition, dict[str, Any]] | None = None
         self.session_version = 12
@@ -146,14 +149,14 @@ class Lockstep:
         listed: list[tuple[TopicPartition, dict[str, Any]]] = []
         forgotten: list[TopicPartition] = []
         if kind == "sessionless":
-            version = rng.choice(SESSIONLESS_VERSIONS)
+            version = rng.choice(self.sessionless_versions)
             chosen = rng.sample(self.partitions, rng.randint(1, len(self.partitions)))
             listed = [(tp, self._partition(rng, tp)) for tp in chosen]
             if rng.random() < 0.2:  # one partition twice (a broker keeps one entry)
                 tp = rng.choice(chosen)
                 listed.insert(rng.randint(0, len(listed)), (tp, self._partition(rng, tp)))
         elif kind == "full":
-            version = self.session_version = rng.choice(SESSION_VERSIONS)
+            version = self.session_version = rng.choice(self.session_versions)
             chosen = rng.sample(self.partitions, rng.randint(1, len(self.partitions)))
             self.session = {tp: self._partition(rng, tp) for tp in chosen}
             listed = list(self.session.items())

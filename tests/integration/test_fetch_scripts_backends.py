@@ -124,7 +124,7 @@ class ScriptedClient:
         self.upstream = upstream
         learnt = learn(stack, list(upstream.topics), deadline)
         self.ids, self.names = learnt.ids, learnt.names
-        self.raw = connect(learnt.broker, "scripts", deadline)
+        self.raw, self.fetch_max = connect(learnt.broker, "scripts", deadline)
         self.partitions = [(t, p) for t, n in upstream.topics.items() for p in range(n)]
         self.position = dict.fromkeys(self.partitions, 0)
         self.told: dict[TopicPartition, tuple[int, int, int]] = {}
@@ -199,11 +199,19 @@ class ScriptedClient:
         listed: list[tuple[TopicPartition, dict[str, Any]]] = []
         forgotten: list[TopicPartition] = []
         if kind == "sessionless":
-            version, session_id, epoch = rng.choice(SESSIONLESS_VERSIONS), 0, -1
+            version, session_id, epoch = (
+                rng.choice([v for v in SESSIONLESS_VERSIONS if v <= self.fetch_max]),
+                0,
+                -1,
+            )
             for tp in rng.sample(self.partitions, rng.randint(1, len(self.partitions))):
                 listed.append((tp, self._partition(tp, rng.choice(PARTITION_MAX))))
         elif kind == "full":
-            version, session_id, epoch = rng.choice(SESSION_VERSIONS), 0, 0
+            version, session_id, epoch = (
+                rng.choice([v for v in SESSION_VERSIONS if v <= self.fetch_max]),
+                0,
+                0,
+            )
             chosen = rng.sample(self.partitions, rng.randint(1, len(self.partitions)))
             max_bytes = {tp: rng.choice(PARTITION_MAX) for tp in chosen}
             listed = [(tp, self._partition(tp, mb)) for tp, mb in max_bytes.items()]

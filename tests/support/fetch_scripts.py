@@ -217,11 +217,15 @@ def learn(stack: ProxyStack, topics: list[str], deadline: float) -> Learnt:
     return Learnt(ids, {v: k for k, v in ids.items()}, f"{broker.host}:{broker.port}")
 
 
-def connect(address: str, client_id: str, deadline: float) -> RawClient:
-    """A raw client that starts as every client does, with ApiVersions."""
+def connect(address: str, client_id: str, deadline: float) -> tuple[RawClient, int]:
+    """A raw client that starts as every client does, with ApiVersions, and the highest
+    Fetch version the other end offers (a script uses none above it, as clients do not)."""
     raw = RawClient(address, client_id=client_id, deadline=deadline)
-    raw.call(API_VERSIONS, 3, {"client_software_name": client_id, "client_software_version": "1"})
-    return raw
+    versions = raw.call(
+        API_VERSIONS, 3, {"client_software_name": client_id, "client_software_version": "1"}
+    )
+    [fetch] = [k for k in versions.api_keys if int(k.api_key) == FETCH]
+    return raw, int(fetch.max_version)
 
 
 def script_body(
