@@ -5,10 +5,11 @@ A raw client (``support.rawclient``) talks to the proxy as an odd but legal clie
 sessionless fetches of any version from v7, KIP-227 sessions opened, advanced (moved
 offsets, added and forgotten partitions, nothing changed), emptied and closed,
 read_uncommitted and read_committed mixed on one connection, partition and response
-max_bytes from 1 byte to 50 MB, seeks, and several fetches sent before the first answer
+max_bytes from 1 byte to 50 MB, long polls (max_wait up to 100 ms, min_bytes up to 1 MB),
+seeks, and several fetches sent before the first answer
 (pipelined; a session's take consecutive epochs, as Kafka processes a connection's
 requests in order).  Between fetches records are produced, plain and in transactions
-that commit, abort or stay open for a while.  Every fetch answers at once (max_wait 0).
+that commit, abort or stay open for a while.
 
 The oracle is the upstream itself: right after each answer the same partitions are read
 directly at the offsets the proxy was asked (sessionless, 1 MiB a partition, the same
@@ -48,6 +49,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -194,7 +196,9 @@ class ScriptedClient:
         common = {
             "max_bytes": rng.choice(RESPONSE_MAX),
             "isolation_level": isolation,
-            "min_bytes": rng.choice((0, 1)),
+            # long polls too: a min_bytes the data may not reach, waited for up to max_wait
+            "min_bytes": rng.choice((0, 1, 1, 1000, 10**6)),
+            "max_wait": timedelta(milliseconds=rng.choice((0, 0, 20, 100))),
         }
         listed: list[tuple[TopicPartition, dict[str, Any]]] = []
         forgotten: list[TopicPartition] = []
@@ -365,22 +369,22 @@ class ScriptedClient:
         self.position[tp] = max(self.position[tp], last + 1)
 
 
-@pytest.mark.parametrize("seed", [1, 14, 20])
+@pytest.mark.parametrize("seed", [1, 7, 10])
 def test_random_fetch_scripts_agree_with_the_broker(
     stack: ProxyStack, seed: int, deadline: float
 ) -> None:
     client = run_seeded(stack, seed, 70, deadline, "scripts", ScriptedClient)
     assert not client.problems, "\n".join(client.problems[:8])
     seen = client.seen
-    # The rules were exercised, not passed vacuously: these seeds gave 32-57 partitions
-    # with records, 22-44 trimmed, 36-79 left out, 6-14 needing aborted transactions and
-    # 11-27 pipelined fetches on both backends (batching varies from run to run; other
-    # seeds may exercise less).
+    # The rules were exercised, not passed vacuously: in 4 runs on each backend these seeds
+    # gave 29-46 partitions with records, 19-38 trimmed, 54-114 left out, 5-11 needing
+    # aborted transactions and 6-21 pipelined fetches (batching varies from run to run;
+    # other seeds may exercise less).
     assert seen["partitions with records"] >= 10, seen
     assert seen["trimmed"] >= 5, seen
     assert seen["left out of an incremental answer"] >= 10, seen
     assert seen["aborted transactions needed"] >= 1, seen
-    assert seen["pipelined"] >= 5, seen
+    assert seen["pipelined"] >= 3, seen
 
 
 def test_read_committed_after_read_uncommitted_lists_aborted(
