@@ -10,7 +10,6 @@ batch a call) and reads partitions directly (the oracle of
 from __future__ import annotations
 
 import random
-import struct
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import confluent_kafka
+
+from proxy.protocol.records import iter_batches
 
 from .fetch_messages import fetch_body, partition_body
 from .rawclient import RawClient, make_request
@@ -43,19 +44,15 @@ class Batch:
 
 
 def whole_batches(records: Any) -> tuple[list[Batch], int]:
-    """The whole batches of a records field, and its size in bytes."""
+    """The whole batches of a records field (``records.iter_batches``: a partial trailing
+    batch is not one), and the field's size in bytes."""
     if records is None:
         return [], 0
     data = bytes(records)
-    out: list[Batch] = []
-    pos = 0
-    while pos + 12 <= len(data):
-        base, size = struct.unpack_from(">qi", data, pos)
-        if pos + 12 + size > len(data):
-            break
-        (delta,) = struct.unpack_from(">i", data, pos + 23)  # lastOffsetDelta
-        out.append(Batch(base, base + delta, data[pos : pos + 12 + size]))
-        pos += 12 + size
+    out = [
+        Batch(h.base_offset, h.next_offset - 1, data[h.position : h.position + h.size])
+        for h in iter_batches(data)
+    ]
     return out, len(data)
 
 
