@@ -415,7 +415,7 @@ class FetchShaper:
         read_committed = int(getattr(request, "isolation_level", 0)) == READ_COMMITTED
         if read_committed is not self.read_committed:
             if self.read_committed is not None:
-                for key in list(self.buffer.keys()):
+                for key in self.buffer.keys():  # (a copy of its keys)
                     self.buffer.drop(key)
             self.read_committed = read_committed
 
