@@ -34,6 +34,8 @@ METADATA_V12 = {
 }
 
 TopicPartition = tuple[str, int]
+RECORD_SIZES = (20, 200, 900)
+"""The value sizes (bytes) of the records ``Upstream.produce`` writes, 1 to 12 a batch."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,15 @@ def aborted_of(pd: Any) -> set[tuple[int, int]]:
 class Upstream:
     """Topics on the stack's upstream, producers writing to them, and direct reads."""
 
-    def __init__(self, stack: ProxyStack, deadline: float, name: str) -> None:
+    def __init__(
+        self,
+        stack: ProxyStack,
+        deadline: float,
+        name: str,
+        record_sizes: tuple[int, ...] = RECORD_SIZES,
+    ) -> None:
         self.stack = stack
+        self.record_sizes = record_sizes
         self.deadline = deadline
         self.topics: dict[str, int] = {}
         bootstrap = stack.direct_bootstrap
@@ -107,7 +116,7 @@ class Upstream:
     def produce(self, rng: random.Random, tp: TopicPartition) -> None:
         """One batch of records to *tp* (a flush ends it): plain, or in a transaction that
         commits, aborts or stays open (a later call ends it)."""
-        count, size = rng.randint(1, 12), rng.choice((20, 200, 900))
+        count, size = rng.randint(1, 12), rng.choice(self.record_sizes)
         if self.open and rng.random() < 0.6:
             self._end(rng)
             return
@@ -151,13 +160,16 @@ class Upstream:
                 self._left()  # the deadline bounds the wait
                 time.sleep(0.01)  # the broker writing its markers
 
-    def read(self, asked: dict[TopicPartition, int], isolation: int) -> dict[TopicPartition, Any]:
-        """What the broker answers for *asked* (partition -> offset) now."""
+    def read(
+        self, asked: dict[TopicPartition, int], isolation: int, partition_max: int = 1 << 20
+    ) -> dict[TopicPartition, Any]:
+        """What the broker answers for *asked* (partition -> offset) now, each partition
+        read up to *partition_max* bytes (at least what the checked fetch asked)."""
         topics = [
             {
                 "topic": topic,
                 "partitions": [
-                    partition_body(p, offset, 1 << 20)
+                    partition_body(p, offset, partition_max)
                     for (t, p), offset in asked.items()
                     if t == topic
                 ],
@@ -178,9 +190,15 @@ class Upstream:
             producer.close()
 
 
-def seeded_upstream(stack: ProxyStack, rng: random.Random, deadline: float, name: str) -> Upstream:
+def seeded_upstream(
+    stack: ProxyStack,
+    rng: random.Random,
+    deadline: float,
+    name: str,
+    record_sizes: tuple[int, ...] = RECORD_SIZES,
+) -> Upstream:
     """Two topics (*name*a: 1 or 3 partitions, *name*b: 2) with a few batches in them."""
-    upstream = Upstream(stack, deadline, name)
+    upstream = Upstream(stack, deadline, name, record_sizes)
     try:
         upstream.create(rng.choice((1, 3)), f"{name}a")
         upstream.create(2, f"{name}b")
@@ -271,11 +289,13 @@ def run_seeded(
     deadline: float,
     name: str,
     make: Callable[[ProxyStack, Upstream, float], C],
+    record_sizes: tuple[int, ...] = RECORD_SIZES,
 ) -> C:
-    """*steps* steps of the client *make* builds over a :func:`seeded_upstream`, drawn from
-    ``random.Random(seed)``; the client (closed) for its findings."""
+    """*steps* steps of the client *make* builds over a :func:`seeded_upstream` (records of
+    *record_sizes*), drawn from ``random.Random(seed)``; the client (closed) for its
+    findings."""
     rng = random.Random(seed)
-    upstream = seeded_upstream(stack, rng, deadline, f"{name}{seed}")
+    upstream = seeded_upstream(stack, rng, deadline, f"{name}{seed}", record_sizes)
     client = None
     try:
         client = make(stack, upstream, deadline)

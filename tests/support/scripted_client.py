@@ -72,6 +72,11 @@ class ScriptedClient:
     """A raw client of the proxy that fetches as a random script says, and checks each
     answer against the upstream (the module docstring's rules)."""
 
+    partition_max: tuple[int, ...] = PARTITION_MAX
+    """The partition max bytes a fetch draws from."""
+    response_max: tuple[int, ...] = RESPONSE_MAX
+    """The response max bytes a fetch draws from."""
+
     def __init__(self, stack: ProxyStack, upstream: Upstream, deadline: float) -> None:
         self.upstream = upstream
         learnt = learn(stack, list(upstream.topics), deadline)
@@ -144,7 +149,7 @@ class ScriptedClient:
         """A fetch of *kind*; *ahead*: fetches of the session sent before it, unanswered."""
         isolation = rng.choice((0, READ_COMMITTED))
         common = {
-            "max_bytes": rng.choice(RESPONSE_MAX),
+            "max_bytes": rng.choice(self.response_max),
             "isolation_level": isolation,
             # long polls too: a min_bytes the data may not reach, waited for up to max_wait
             "min_bytes": rng.choice((0, 1, 1, 1000, 10**6)),
@@ -159,7 +164,7 @@ class ScriptedClient:
                 -1,
             )
             for tp in rng.sample(self.partitions, rng.randint(1, len(self.partitions))):
-                listed.append((tp, self._partition(tp, rng.choice(PARTITION_MAX))))
+                listed.append((tp, self._partition(tp, rng.choice(self.partition_max))))
         elif kind == "full":
             version, session_id, epoch = (
                 rng.choice([v for v in SESSION_VERSIONS if v <= self.fetch_max]),
@@ -167,7 +172,7 @@ class ScriptedClient:
                 0,
             )
             chosen = rng.sample(self.partitions, rng.randint(1, len(self.partitions)))
-            max_bytes = {tp: rng.choice(PARTITION_MAX) for tp in chosen}
+            max_bytes = {tp: rng.choice(self.partition_max) for tp in chosen}
             listed = [(tp, self._partition(tp, mb)) for tp, mb in max_bytes.items()]
             self.session = Session(0, 0, version, max_bytes)
         else:
@@ -187,7 +192,7 @@ class ScriptedClient:
                         forgotten.append(tp)
                         del session.max_bytes[tp]
                     elif tp not in session.max_bytes:
-                        session.max_bytes[tp] = rng.choice(PARTITION_MAX)
+                        session.max_bytes[tp] = rng.choice(self.partition_max)
                         listed.append((tp, self._partition(tp, session.max_bytes[tp])))
         where = (
             f"{kind} v{version} {common} "
@@ -253,7 +258,7 @@ class ScriptedClient:
             problem(f"answered partitions not asked: {sorted(set(got) - set(asked))}")
         if not asked:
             return
-        broker = self.upstream.read(asked, isolation)
+        broker = self.upstream.read(asked, isolation, max(self.partition_max))
         for tp, offset in asked.items():
             self._check_partition(tp, offset, got.get(tp), broker[tp], isolation, problem)
 
