@@ -73,6 +73,7 @@ from ..protocol.partition_key import PartitionKey, TopicKey
 from ..protocol.partition_plan import NO_EPOCH, PartitionPlan, fetch_partition, plan_of
 from ..protocol.partition_result import result_of
 from .as_broker_cache import (
+    CachedPartition,
     FetchContext,
     FetchSession,
     FetchSessionCache,
@@ -287,7 +288,8 @@ class DownstreamSessions:
             if every and i % every == 0:
                 yield
             by_ref[(_ref(t, on_ids), t.partition)] = t
-        sessionless = yield from _sessionless_request(request, effective, on_ids, every)
+        cached = context.cached if isinstance(context, IncrementalFetchContext) else None
+        sessionless = yield from _sessionless_request(request, effective, on_ids, every, cached)
         return DownstreamFetch(sessionless, version, context, by_ref, len(by_ref))
 
     def _within_limit(
@@ -512,12 +514,14 @@ def _sessionless_request(
     effective: list[tuple[TopicIdPartition, PartitionPlan]],
     on_ids: bool,
     every: int = 0,
+    cached: list[CachedPartition] | None = None,
 ) -> Ranges[Any]:
-    """The client's fetch as one sessionless full fetch at its own version."""
+    """The client's fetch as one sessionless full fetch at its own version (*cached*: the
+    session's partitions in *effective*'s order, whose entities serve unchanged ones)."""
     topics = yield from _listed_as_is(request, effective, on_ids, every)
     if topics is None:
         mod = request_module(FETCH, int(request.__version__))
-        topics = yield from _rebuilt_topics_in_ranges(mod, effective, on_ids, every)
+        topics = yield from _rebuilt_topics_in_ranges(mod, effective, on_ids, every, cached)
     return _full_fetch(request, topics)
 
 
@@ -620,6 +624,7 @@ def _rebuilt_topics_in_ranges(
     effective: list[tuple[TopicIdPartition, PartitionPlan]],
     on_ids: bool,
     every: int,
+    cached: list[CachedPartition] | None = None,
 ) -> Ranges[tuple[Any, ...]]:
     topics = []
     done = 0
@@ -629,7 +634,10 @@ def _rebuilt_topics_in_ranges(
             done += 1
             if every and done % every == 0:
                 yield
-            partitions.append(fetch_partition(mod, t.partition, req))
+            if cached is None:
+                partitions.append(fetch_partition(mod, t.partition, req))
+            else:  # the session's partition: its entity, rebuilt only when its plan changed
+                partitions.append(cached[done - 1].request_partition(mod))
         topics.append(make(mod.FetchTopic, topic=ref, topic_id=ref, partitions=tuple(partitions)))
     return tuple(topics)
 

@@ -59,7 +59,7 @@ from ..protocol.error_codes import (
     NONE,
 )
 from ..protocol.partition_key import PartitionKey
-from ..protocol.partition_plan import PartitionPlan
+from ..protocol.partition_plan import PartitionPlan, fetch_partition
 from ..protocol.partition_result import PartitionResult
 
 # FINAL_EPOCH, INVALID_SESSION_ID and is_full are re-exported: the dev broker
@@ -115,6 +115,8 @@ class CachedPartition:
     """A partition of a session: its last request parameters and last sent HW / log start."""
 
     __slots__ = (
+        "_plan",
+        "_tp",
         "fetch_offset",
         "fetcher_log_start_offset",
         "high_watermark",
@@ -123,6 +125,8 @@ class CachedPartition:
         "local_log_start_offset",
         "max_bytes",
         "partition",
+        "quiet",
+        "request",
         "topic",
         "topic_id",
     )
@@ -144,6 +148,16 @@ class CachedPartition:
         self.fetcher_log_start_offset = req.log_start_offset
         self.local_log_start_offset = local_log_start_offset
         self.last_fetched_epoch = req.last_fetched_epoch
+        self.request: tuple[type, Any] | None = None
+        """(kio class, its request ``FetchPartition`` for the plan), see ``request_partition``."""
+        # ``plan()`` and ``topic_id_partition``, made once per change: a large session's
+        # partitions are listed on every fetch of it, most of them unchanged
+        self._plan: PartitionPlan | None = None
+        self._tp: TopicIdPartition | None = None
+        self.quiet: object = None
+        """The last response data given for the partition when it was left out of the
+        response (no records, nothing changed): the same object again (a shared empty
+        entry, kio's being frozen) is left out again without reading it."""
 
     @property
     def key(self) -> PartitionKey:
@@ -151,17 +165,23 @@ class CachedPartition:
 
     @property
     def topic_id_partition(self) -> TopicIdPartition:
-        return TopicIdPartition(self.topic_id, self.topic, self.partition)
+        tp = self._tp
+        if tp is None:
+            tp = self._tp = TopicIdPartition(self.topic_id, self.topic, self.partition)
+        return tp
 
     def plan(self) -> PartitionPlan:
         """The partition's fetch parameters as its last request gave them."""
-        return PartitionPlan(
-            self.fetch_offset,
-            self.max_bytes,
-            self.fetcher_log_start_offset,
-            self.leader_epoch,
-            self.last_fetched_epoch,
-        )
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = PartitionPlan(
+                self.fetch_offset,
+                self.max_bytes,
+                self.fetcher_log_start_offset,
+                self.leader_epoch,
+                self.last_fetched_epoch,
+            )
+        return plan
 
     def update_request_params(self, req: PartitionPlan) -> None:
         self.max_bytes = req.partition_max_bytes
@@ -169,10 +189,26 @@ class CachedPartition:
         self.fetcher_log_start_offset = req.log_start_offset
         self.leader_epoch = req.current_leader_epoch
         self.last_fetched_epoch = req.last_fetched_epoch
+        self.request = self._plan = None
+
+    def request_partition(self, mod: Any) -> Any:
+        """The kio request ``FetchPartition`` of *mod*'s version for the partition's plan,
+        built once per change of its parameters: an incremental fetch becomes the whole
+        session's full fetch (``DownstreamSessions.open``), and most of a large session's
+        partitions are the same as in the last one (kio's entities are frozen, so one
+        serves every fetch until ``update_request_params``)."""
+        cls = mod.FetchPartition
+        memo = self.request
+        if memo is not None and memo[0] is cls:
+            return memo[1]
+        entity = fetch_partition(mod, self.partition, self.plan())
+        self.request = (cls, entity)
+        return entity
 
     def maybe_resolve_unknown_name(self, topic_names: Mapping[uuid.UUID, str]) -> None:
         if self.topic is None and self.topic_id is not None:
             self.topic = topic_names.get(self.topic_id)
+            self._tp = None
 
     def maybe_update_response_data(self, outcome: PartitionResult, update: bool) -> bool:
         """True if an incremental response must carry this partition; optionally remember what was sent.
@@ -474,6 +510,7 @@ class IncrementalFetchContext(FetchContext):
         self.session = session
         self.request_epoch = request_epoch
         self.topic_names = topic_names
+        self.cached: list[CachedPartition] = []
 
     def get_fetch_offset(self, tp: TopicIdPartition) -> int | None:
         return self.session.get_fetch_offset(tp)
@@ -484,10 +521,12 @@ class IncrementalFetchContext(FetchContext):
     def partitions_in_ranges(
         self, every: int
     ) -> Ranges[list[tuple[TopicIdPartition, PartitionPlan]]]:
-        """The session's partitions (a copy of its order, taken before the first range)."""
+        """The session's partitions (a copy of its order, taken before the first range;
+        ``cached`` keeps their ``CachedPartition`` in the same order)."""
         out = []
         session = self.session
-        for i, cp in enumerate(list(session.partitions.values()), 1):
+        self.cached = cached = list(session.partitions.values())
+        for i, cp in enumerate(cached, 1):
             if every and i % every == 0:
                 yield
             if session.uses_topic_ids:
@@ -520,17 +559,23 @@ class IncrementalFetchContext(FetchContext):
         for i, (tp, data) in enumerate(list(updates.items()), 1):
             if every and i % every == 0:
                 yield
-            o = outcome(data)
             cp = self.session.find(tp)
             if cp is None:  # not in the session (cannot happen for data read from partitions())
                 selected.append((tp, data))
                 continue
+            if data is cp.quiet:
+                continue  # what was left out last time, unchanged: left out again
+            o = outcome(data)
             if cp.maybe_update_response_data(o, update=True):
+                cp.quiet = None
                 selected.append((tp, data))
                 if o.records_size > 0:
                     # Partitions that returned data go to the end of the session order,
                     # so the next fetch starts with the others (fairness).
                     self.session.move_to_end(cp)
+            elif o.records_size == 0:
+                # (never data with records: it would keep its frame in memory)
+                cp.quiet = data
         return SessionResponse(NONE, self.session.id, selected)
 
     def throttled_response(self) -> SessionResponse[Any]:

@@ -14,6 +14,7 @@ from proxy.protocol.error_codes import (
     FETCH_SESSION_TOPIC_ID_ERROR,
     INVALID_FETCH_SESSION_EPOCH,
 )
+from proxy.protocol.messages import request_module
 from proxy.protocol.partition_plan import PartitionPlan
 from proxy.protocol.partition_result import PartitionResult, result_of
 from proxy.sessions.as_broker_cache import (
@@ -314,6 +315,24 @@ def test_incremental_adds_at_the_end_updates_in_place_and_forgets() -> None:
     assert cache.num_partitions == 2
 
 
+def test_an_incremental_update_keeps_every_request_parameter_the_client_sent() -> None:
+    """Kafka's ``CachedPartition.updateRequestParams`` takes all five: the last fetched
+    epoch too (KIP-595), which the broker's diverging-epoch check reads.  A session that
+    kept the one its full fetch sent would ask with a stale epoch once the consumer has
+    read into a new leader epoch, and the broker would answer a diverging epoch (a
+    truncation that did not happen) at every fetch past the new epoch's start."""
+    cache = make_cache()
+    a = tp("a")
+    data = {a: PartitionPlan(5, 1000, 0, current_leader_epoch=1, last_fetched_epoch=1)}
+    ctx = cache.new_context(12, 0, 0, False, data, [], {})
+    assert isinstance(ctx, FullFetchContext)
+    sid = ctx.update_and_generate_response_data({a: out()}, ident).session_id
+    moved = PartitionPlan(40, 2000, 3, current_leader_epoch=2, last_fetched_epoch=2)
+    ctx = incremental(cache, sid, 1, {a: moved})
+    assert isinstance(ctx, IncrementalFetchContext)
+    assert ctx.partitions() == [(a, moved)]
+
+
 def test_forgetting_an_unknown_partition_is_ignored() -> None:
     cache = make_cache()
     sid = open_session(cache, [tp("a")])
@@ -365,6 +384,61 @@ def test_changes_are_sent_once_then_remembered() -> None:
     r1 = incremental(cache, sid, 1).update_and_generate_response_data({a: out(hw=12)}, ident)
     r2 = incremental(cache, sid, 2).update_and_generate_response_data({a: out(hw=12)}, ident)
     assert len(r1.partitions) == 1 and r2.partitions == []
+
+
+def test_the_same_quiet_data_again_is_left_out_without_being_read() -> None:
+    """A partition left out of an answer keeps the data object it was given (a shared
+    empty entry); that same object again is left out without calling ``outcome`` on it,
+    anything else is read and judged as always."""
+    cache = make_cache()
+    a = tp("a")
+    sid = open_session(cache, [a], outcomes={a: out(hw=10)})
+    quiet, read = out(hw=10), []
+
+    def counted(o: PartitionResult) -> PartitionResult:
+        read.append(o)
+        return o
+
+    r1 = incremental(cache, sid, 1).update_and_generate_response_data({a: quiet}, counted)
+    r2 = incremental(cache, sid, 2).update_and_generate_response_data({a: quiet}, counted)
+    assert r1.partitions == [] and r2.partitions == [] and read == [quiet]
+    r3 = incremental(cache, sid, 3).update_and_generate_response_data({a: out(hw=12)}, counted)
+    assert [p for p, _ in r3.partitions] == [a]
+    r4 = incremental(cache, sid, 4).update_and_generate_response_data({a: quiet}, counted)
+    assert [p for p, _ in r4.partitions] == [a]  # the watermark went from 12 back to 10
+
+
+def test_data_with_records_is_never_kept_as_quiet() -> None:
+    """Records keep their response frame in memory: a partition's data with records is
+    judged every time, and not held by the session."""
+    cache = make_cache()
+    a = tp("a")
+    sid = open_session(cache, [a], outcomes={a: out(hw=10)})
+    with_records = out(hw=10, size=5)
+    for epoch in (1, 2):
+        resp = incremental(cache, sid, epoch).update_and_generate_response_data(
+            {a: with_records}, ident
+        )
+        assert [p for p, _ in resp.partitions] == [a]
+    s = cache.get(sid)
+    assert s is not None and s.partitions[a.session_key].quiet is None
+
+
+def test_a_session_partition_rebuilds_its_request_entity_only_when_its_plan_changes() -> None:
+    cache = make_cache()
+    a = tp("a")
+    sid = open_session(cache, [a])
+    s = cache.get(sid)
+    assert s is not None
+    cp = s.partitions[a.session_key]
+    mod = request_module(1, 12)
+    first = cp.request_partition(mod)
+    assert cp.request_partition(mod) is first
+    assert cp.request_partition(request_module(1, 13)) is not first  # another version's class
+    incremental(cache, sid, 1, {a: req(7, 300)})
+    moved = cp.request_partition(request_module(1, 13))
+    assert (moved.fetch_offset, moved.partition_max_bytes) == (7, 300)
+    assert cp.plan() == req(7, 300)
 
 
 def test_an_error_resets_the_cached_high_watermark_so_recovery_is_sent() -> None:
