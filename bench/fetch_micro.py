@@ -106,6 +106,15 @@ CASES = (
         version=11,
         cycles=40,
     ),
+    # an idle Java consumer of 1,000 partitions: incremental fetches that name nothing
+    Case(
+        "1000p-session-client-idle",
+        topics=10,
+        partitions_per_topic=100,
+        changed=0,
+        session=True,
+        cycles=40,
+    ),
     Case(
         "1000p-session-client-10",
         topics=10,

@@ -70,6 +70,13 @@ the last answer's bytes (``complete_quiet``, ``_answer_repeat``).  Any other
 answer runs the skipped stages then (``_stages_of_repeat``: the downstream
 context and shaping's prepare) and goes the usual way.  One remembered fetch per
 connection, its body and answer at most ``DECODE_MEMO_MAX_BYTES`` each.
+A session client with nothing new to read (Java's consumer) sends an incremental
+fetch that names no partition, at each next epoch: when the last one was answered
+with no partition from an idle upstream session, the next (the same body but its
+session epoch, which must be the one the session waits for: ``_session_repeat``)
+is repeated the same way, and its session takes it before the answer goes
+(``DownstreamSessions.next_idle_epoch``: its epoch moves on, as ``open`` would move
+it); a session evicted meanwhile gets the session error ``open`` answers.
 
 Fetches of one connection are served one at a time, in arrival order (a
 session's epochs are a sequence); pipelined fetches wait in a queue bounded by
@@ -246,7 +253,7 @@ from .sessions.as_broker import (
     FetchTooLarge,
     SessionPartitionBound,
 )
-from .sessions.as_broker_cache import FetchSessionCache
+from .sessions.as_broker_cache import FetchSessionCache, IncrementalFetchContext
 from .sessions.as_client import FetchTranslator, UpstreamFetch
 from .sessions.as_client_session import FetchSessionClient
 from .sessions.client_fetch import ClientFetch, ClientReply, TranslationError
@@ -406,6 +413,11 @@ class _Repeat:
     upstream_frame: bytes | None
     """The request the idle upstream session was sent (a repeat changes its epoch alone)."""
     upstream_session_id: int
+    session_id: int | None = None
+    """A session client's fetch: its session (None: a sessionless client's)."""
+    epoch_at: int = -1
+    """A session client's fetch: where its body has the session epoch, which a repeat
+    changes (``body`` has zeros there)."""
 
 
 @dataclass(slots=True)
@@ -921,6 +933,8 @@ class FetchPathHandler:
         if self.path.select(h.client_id, self.listener) != (memo.policy, memo.limits):
             return None
         frame = request.frame
+        if memo.session_id is not None:
+            return memo if self._session_repeat(memo, frame, offset) else None
         if len(frame) - offset == len(memo.body):
             with memoryview(frame) as view:
                 if view[offset:] == memo.body:
@@ -931,6 +945,22 @@ class FetchPathHandler:
         ):
             return None
         return memo
+
+    def _session_repeat(self, memo: _Repeat, frame: bytes, offset: int) -> bool:
+        """Whether *frame* (its body at *offset*) is a session client's remembered fetch
+        again: the same bytes but the session epoch, which is the one the session waits
+        for.  A session client with nothing new to read sends an incremental fetch that
+        names no partition, at the next epoch, round after round."""
+        at = memo.epoch_at
+        body = memo.body
+        if len(frame) - offset != len(body):
+            return False
+        start = offset + at
+        if frame[offset:start] != body[:at] or frame[start + 4 :] != body[at + 4 :]:
+            return False
+        epoch = int.from_bytes(frame[start : start + 4], "big", signed=True)
+        assert memo.session_id is not None
+        return self.downstream.expects(memo.session_id, epoch)
 
     def _start_repeat(self, request: ClientRequest, upstream: Upstream) -> bool:
         """Serve the fetch at the head of the queue as the remembered one, when it is
@@ -953,7 +983,7 @@ class FetchPathHandler:
             None,
             repeat.policy,
             self.path.clock(),
-            True,
+            repeat.session_id is None,
             large=repeat.large,
             limits=repeat.limits,
             repeat=repeat,
@@ -979,8 +1009,11 @@ class FetchPathHandler:
         return kept[1]
 
     def _answer_repeat(self, exchange: _Exchange, repeat: _Repeat, upstream: Upstream) -> None:
-        """Upstream said nothing changed: the client gets the last answer again."""
+        """Upstream said nothing changed: the client gets the last answer again (a session
+        client's session takes the fetch first: its epoch moves on, as ``open`` would)."""
         request = exchange.request
+        if repeat.session_id is not None and not self._next_idle_epoch(exchange, repeat, upstream):
+            return
         self.repeats += 1
         self.effects.add(FetchRepeated())
         self._exchange = None
@@ -995,8 +1028,33 @@ class FetchPathHandler:
             )
         )
         self._reply(
-            request, None, upstream, sessionless=True, exchange=exchange, encoded=repeat.answer
+            request,
+            None,
+            upstream,
+            sessionless=exchange.sessionless,
+            exchange=exchange,
+            encoded=repeat.answer,
         )
+
+    def _next_idle_epoch(self, exchange: _Exchange, repeat: _Repeat, upstream: Upstream) -> bool:
+        """A repeated session client's fetch taken by its session (``next_idle_epoch``);
+        False when the session went meanwhile (evicted to make room for another
+        connection's): the client then gets what ``open`` answers, the session error."""
+        request = exchange.request
+        offset = request.header.body_offset
+        assert repeat.session_id is not None and offset is not None
+        start = offset + repeat.epoch_at
+        epoch = int.from_bytes(request.frame[start : start + 4], "big", signed=True)
+        if self.downstream.next_idle_epoch(repeat.session_id, epoch, repeat.version):
+            return True
+        client = ClientFetch.validate(self._decode(request))
+        opened = None if client is None else self.downstream.open(client)
+        if not isinstance(opened, ClientReply):  # (only an error can have changed it)
+            raise TranslationError("a repeated session fetch found its session changed")
+        self._exchange = None
+        self._hold_until_written(exchange.grant)
+        self._reply(request, opened.response, upstream, sessionless=False)
+        return False
 
     def _stages_of_repeat(
         self, exchange: _Exchange, repeat: _Repeat, upstream: Upstream
@@ -1021,7 +1079,9 @@ class FetchPathHandler:
                 self.translator.abort()
             self._exchange = None
             self._hold_until_written(exchange.grant)
-            self._reply(exchange.request, opened.response, upstream, sessionless=True)
+            self._reply(
+                exchange.request, opened.response, upstream, sessionless=exchange.sessionless
+            )
             return False
         exchange.opened = opened
         fetch = _cap_wait(opened.request, self.path.config.max_upstream_wait_ms)
@@ -1031,19 +1091,35 @@ class FetchPathHandler:
         )
         return not self.closed
 
-    def _remember(self, exchange: _Exchange, frame: Gathered | bytes, report: ShapedReport) -> None:
+    def _remember(
+        self, exchange: _Exchange, frame: Gathered | bytes, report: ShapedReport, response: Any
+    ) -> None:
         """Keep this answer for the same fetch again (``_repeat_of``) when it came from an
         idle upstream session (the translator's ``quiet``), with nothing held, trimmed or
-        redirected, for a sessionless client; the body and the answer at most
-        ``DECODE_MEMO_MAX_BYTES`` each."""
+        redirected, for a sessionless client, or for a session client's incremental fetch
+        answered with no partition (*response*, the client's answer); the body and the
+        answer at most ``DECODE_MEMO_MAX_BYTES`` each."""
         translator = self.translator
         prepared = exchange.prepared
         request = exchange.request
         offset = request.header.body_offset
+        version = int(request.header.api_version)
+        session_id, epoch_at = None, -1
+        if not exchange.sessionless:
+            opened = exchange.opened
+            at = fetch_count.session_epoch_at(version)
+            if (
+                opened is None
+                or not isinstance(opened.context, IncrementalFetchContext)
+                or response is None
+                or response.responses
+                or at is None
+            ):
+                return
+            session_id, epoch_at = opened.context.session.id, at
         if (
             translator is None
             or not translator.quiet
-            or not exchange.sessionless
             or exchange.follow
             or exchange.rack is not None
             or exchange.redirects
@@ -1059,11 +1135,17 @@ class FetchPathHandler:
         ):
             return
         h = request.header
+        body = bytes(request.frame[offset:])
+        order_free = None
+        if session_id is None:
+            order_free = fetch_count.order_free(version, request.frame, offset)
+        else:  # its epoch is the one field a repeat changes: compared apart
+            body = body[:epoch_at] + bytes(4) + body[epoch_at + 4 :]
         self._repeat = _Repeat(
-            version=int(h.api_version),
+            version=version,
             client_id=h.client_id,
-            body=bytes(request.frame[offset:]),
-            order_free=fetch_count.order_free(int(h.api_version), request.frame, offset),
+            body=body,
+            order_free=order_free,
             policy=exchange.policy,
             limits=exchange.limits,
             answer=frame if isinstance(frame, bytes) else frame.join(),
@@ -1072,6 +1154,8 @@ class FetchPathHandler:
             large=exchange.large,
             upstream_frame=exchange.upstream_frame,
             upstream_session_id=translator.session.session_id,
+            session_id=session_id,
+            epoch_at=epoch_at,
         )
 
     def _run(self, work: Slices, *, defer: bool = False) -> None:
@@ -1458,7 +1542,7 @@ class FetchPathHandler:
             if shaped is not None:
                 report = self._report(exchange, shaped, len(frame))
                 self.effects.add(report)
-                self._remember(exchange, frame, report)
+                self._remember(exchange, frame, report, response)
         self.upstream_fetch_bytes += up_request + up_response
         self.client_fetch_bytes += len(request.frame) + len(frame)
         if sessionless:

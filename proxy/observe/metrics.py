@@ -238,8 +238,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "repeated_fetches_total",
         "counter",
         [],
-        "Sessionless fetches answered with the client's last answer again: the same fetch, "
-        "and the upstream session said nothing changed (no partition walked).",
+        "Fetches answered with the client's last answer again: the same fetch (a sessionless "
+        "client's, or a session client's incremental fetch naming nothing, at its next "
+        "epoch), and the upstream session said nothing changed (no partition walked).",
     ),
     # rack-aware fetching (KIP-392): where record bytes came from, seen from the proxy's rack
     _spec(

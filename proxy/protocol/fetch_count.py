@@ -188,6 +188,16 @@ def order_free(version: int, frame: bytes | bytearray, offset: int) -> OrderFree
     return bytes(frame[offset : offset + head]) + bytes(frame[pos:]), entries
 
 
+def session_epoch_at(version: int) -> int | None:
+    """Where a Fetch request body of *version* (v7+) has its ``session_epoch``, from the
+    body's start (4 bytes before ``topics``); None for a version without one at a fixed
+    place."""
+    layout = _known_layout(version)
+    if layout is None or version < 7:
+        return None
+    return layout[1] - 4
+
+
 def with_session_epoch(frame: bytes, version: int, epoch: int) -> bytes:
     """*frame*, an encoded Fetch request (header and body) of *version* (v7+), with its
     ``session_epoch`` set to *epoch*: the last of the fixed fields before ``topics``, so

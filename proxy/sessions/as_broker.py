@@ -199,6 +199,22 @@ class DownstreamSessions:
             own = self._session = None  # evicted, or closed by the client
         return own
 
+    def expects(self, session_id: int, epoch: int) -> bool:
+        """Whether this connection's session is *session_id* and waits for *epoch* (an
+        incremental fetch at it would be valid)."""
+        own = self.session
+        return own is not None and own.id == session_id and own.epoch == epoch
+
+    def next_idle_epoch(self, session_id: int, epoch: int, version: int) -> bool:
+        """This connection's session *session_id* takes an incremental fetch at *epoch* that
+        names no partition and whose answer carries none (``FetchSessionCache.next_idle_epoch``);
+        False, changing nothing, when it is not this connection's or ``open`` would answer
+        an error."""
+        own = self.session
+        if own is None or own.id != session_id:
+            return False
+        return self.sessions.next_idle_epoch(session_id, epoch, version)
+
     def close(self) -> None:
         """The connection ended: its session leaves the cache now (not when evicted)."""
         own = self.session

@@ -721,6 +721,25 @@ class FetchSessionCache:
         self._evictable_by_privileged.clear()
         self.num_partitions = 0
 
+    def next_idle_epoch(self, session_id: int, epoch: int, request_version: int) -> bool:
+        """``new_context`` for an incremental fetch of session *session_id* at *epoch* that
+        names and forgets no partition, without making its context: the session is used
+        (touched) and its epoch moves on.  False, changing nothing, when ``new_context``
+        would answer an error (no such session, another epoch, the other topic-id use).
+        For a fetch whose answer is known to carry no partition (the proxy's repeat of
+        an idle session client's fetch); the session's partitions are not visited."""
+        session = self._sessions.get(session_id)
+        if (
+            session is None
+            or session.epoch != epoch
+            or session.uses_topic_ids != (request_version >= 13)
+            or session.is_empty()
+        ):
+            return False
+        self.touch(session, self.now_ms())
+        session.epoch = next_epoch(session.epoch)
+        return True
+
     def new_context(
         self,
         request_version: int,

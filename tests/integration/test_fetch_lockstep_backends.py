@@ -293,3 +293,73 @@ def test_lockstep_sees_a_difference(stack: ProxyStack) -> None:
         if lockstep is not None:
             lockstep.close()
         upstream.close()
+
+
+def test_a_session_clients_idle_fetches_are_answered_as_the_broker_answers(
+    stack: ProxyStack,
+) -> None:
+    """A session client with nothing new to read (Java's consumer) sends an incremental
+    fetch naming no partition at each next epoch; the proxy answers those from its last
+    answer once its upstream session is idle (``FetchPathHandler._repeat_of``).  Every
+    answer must still be the broker's: nothing, then the records produced meanwhile, then
+    nothing again, and a wrong epoch refused."""
+    deadline = time.monotonic() + DEADLINE
+    upstream = Upstream(stack, deadline, f"idle-{uuid.uuid4().hex[:6]}")
+    lockstep = None
+    try:
+        topic = upstream.create(2, "idlesession")
+        rng = random.Random(3)
+        upstream.produce(rng, (topic, 0))
+        lockstep = Lockstep(stack, upstream, deadline)
+        version = max(lockstep.session_versions)
+        common = {"max_bytes": RESPONSE_MAX, "isolation_level": 0}
+        ends = dict.fromkeys([(topic, 0), (topic, 1)], 0)
+
+        def fetch(kind: str, listed: list[TopicPartition], label: str) -> None:
+            assert lockstep is not None
+            parts = [(tp, partition_body(tp[1], ends[tp], PARTITION_MAX)) for tp in listed]
+            answers = {}
+            for side in (lockstep.broker, lockstep.proxy):
+                session_id, epoch = (0, 0) if kind == "full" else (side.session_id, side.epoch)
+                if kind == "bad epoch":
+                    epoch += 2
+                body = script_body(lockstep.ids, parts, [], session_id, epoch, common)
+                answers[side.name] = side.raw.request(make_request(FETCH, version, body))
+                lockstep._advance(side, "same" if kind == "bad epoch" else kind, answers[side.name])
+            lockstep._compare(version, answers["broker"], answers["proxy"], label)
+            for t in answers["broker"].responses:
+                for pd in t.partitions:
+                    batches, _ = whole_batches(pd.records)
+                    if batches:
+                        ends[(topic, int(pd.partition_index))] = batches[-1].last + 1
+
+        def repeats() -> int:
+            return int(
+                stack.run_sync(
+                    lambda: sum(
+                        live.relay.fetch_handler.repeats
+                        for live in stack.proxy.live.values()
+                        if live.connection.client_id == "lockstep"
+                    )
+                )
+            )
+
+        fetch("full", [(topic, 0), (topic, 1)], "full")
+        fetch("incremental", [(topic, 0)], "moved past the records")
+        for i in range(6):
+            fetch("same", [], f"idle {i}")
+        idle = repeats()
+        assert idle >= 3, idle  # answered as the last answer again
+        upstream.produce(rng, (topic, 1))
+        fetch("same", [], "records produced meanwhile")
+        assert ends[(topic, 1)] > 0
+        fetch("incremental", [(topic, 1)], "moved past them")
+        for i in range(4):
+            fetch("same", [], f"idle again {i}")
+        assert repeats() > idle
+        fetch("bad epoch", [], "a wrong epoch")
+        assert not lockstep.differences, "\n".join(lockstep.differences[:8])
+    finally:
+        if lockstep is not None:
+            lockstep.close()
+        upstream.close()

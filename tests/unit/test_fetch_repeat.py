@@ -6,16 +6,21 @@ are checked against the dev broker's own answer to the client's sessionless fetc
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from support.fetch_messages import fetch_body, partition_body
 from support.fetch_world import ALL, Conn, World, delivered, upstream_fetches
+from support.rawclient import make_request
 
 from proxy import fetchpath
 from proxy.config import FetchPathConfig
 from proxy.effects import FetchRepeated, SessionSaved, ShapedReport
 from proxy.observe.metrics import Metrics
 from proxy.protocol import codec
+from proxy.protocol.error_codes import FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH
+from proxy.protocol.messages import replaced
 from proxy.shaping.limits import Limits
 
 
@@ -179,3 +184,104 @@ def test_a_large_fetch_repeats_and_gives_its_partitions_back() -> None:
     assert delivered(got)[("big", n - 1)] == [(0, 2)]
     assert _marks(got) == _marks(direct(w, c, 5, parts))
     assert c.handler.repeats == 2 and w.path.in_flight.used == 0
+
+
+# -- a session client's idle fetch (KIP-227: an incremental fetch naming nothing) ----------
+
+
+def session_frame(
+    cid: int, session_id: int, epoch: int, parts: list[tuple[str, int, int]], version: int = 12
+) -> bytes:
+    """A session client's Fetch (Java's consumer): *parts* listed (none: nothing changed)."""
+    topics: dict[str, list[Any]] = {}
+    for topic, p, offset in parts:
+        topics.setdefault(topic, []).append(partition_body(p, offset, 1 << 20))
+    body = fetch_body(
+        [{"topic": t, "partitions": ps} for t, ps in topics.items()],
+        session_id=session_id,
+        session_epoch=epoch,
+        max_wait=timedelta(0),  # (the dev broker here answers at once, never waits)
+    )
+    return codec.encode_request(make_request(1, version, body), cid, "java")
+
+
+class SessionClient:
+    """The same session fetches sent to the proxy (through *c*) and to the dev broker
+    directly, each with the session id its side gave; answers compared but for that id."""
+
+    def __init__(self, w: World, c: Conn) -> None:
+        self.w, self.c = w, c
+        self.ids = {"proxy": 0, "direct": 0}
+        self.epoch = 0
+
+    def fetch(
+        self, cid: int, parts: list[tuple[str, int, int]], epoch: int | None = None
+    ) -> tuple[Any, Any]:
+        e = self.epoch if epoch is None else epoch
+        [out] = self.c.send(session_frame(cid, self.ids["proxy"], e, parts))
+        mine = codec.decode_response(1, 12, out)[1]
+        theirs = codec.decode_response(
+            1, 12, self.w.answer(session_frame(cid, self.ids["direct"], e, parts), self.w.direct)
+        )[1]
+        if epoch is None and int(mine.error_code) == 0:
+            if e == 0:
+                self.ids = {"proxy": int(mine.session_id), "direct": int(theirs.session_id)}
+            self.epoch = e + 1
+        return mine, theirs
+
+
+def same_but_session(mine: Any, theirs: Any) -> bool:
+    return bool(replaced(mine, session_id=0) == replaced(theirs, session_id=0))
+
+
+def test_a_session_clients_idle_fetch_again_gets_the_last_answer() -> None:
+    """A Java consumer with nothing new to read sends an incremental fetch naming no
+    partition, at the next epoch, round after round: once the upstream session is idle,
+    it is answered with the last answer's bytes (the session's epoch moving on as Kafka's
+    does) and no stage walks the session's partitions; data upstream runs them again."""
+    w = World()
+    c = Conn(w).with_edge()
+    s = SessionClient(w, c)
+    mine, theirs = s.fetch(1, ALL)  # the full fetch creates the session
+    assert same_but_session(mine, theirs) and int(mine.session_id) > 0
+    for cid in range(2, 8):
+        mine, theirs = s.fetch(cid, [])
+        assert same_but_session(mine, theirs) and mine.responses == ()
+    assert c.handler.repeats >= 4
+    repeats = c.handler.repeats
+    w.append("events", 0, 2)
+    mine, theirs = s.fetch(8, [])
+    assert same_but_session(mine, theirs)
+    assert delivered(mine) == {("events", 0): [(0, 2)]}
+    assert c.handler.repeats == repeats  # (upstream had data: the stages ran)
+    mine, theirs = s.fetch(9, [("events", 0, 2)])
+    assert same_but_session(mine, theirs) and mine.responses == ()
+    for cid in range(10, 14):
+        assert same_but_session(*s.fetch(cid, []))
+    assert c.handler.repeats > repeats
+    # an old epoch is refused as Kafka refuses it, not repeated
+    mine, theirs = s.fetch(14, [], epoch=s.epoch - 2)
+    assert int(mine.error_code) == int(theirs.error_code) == INVALID_FETCH_SESSION_EPOCH
+    assert same_but_session(*s.fetch(15, []))
+
+
+def test_a_session_evicted_under_a_repeat_gets_the_session_error() -> None:
+    """The session leaves the cache while a repeat's upstream round is out (another
+    connection's session took its place): the client gets FETCH_SESSION_ID_NOT_FOUND,
+    as a broker answers a fetch of a session it no longer has."""
+    w = World()
+    c = Conn(w).with_edge()
+    s = SessionClient(w, c)
+    s.fetch(1, ALL)
+    for cid in range(2, 5):
+        s.fetch(cid, [])
+    repeats = c.handler.repeats
+    assert repeats >= 1
+    assert c.send(session_frame(5, s.ids["proxy"], s.epoch, []), answer=False) == []
+    assert c.handler.repeats == repeats and c.held  # the repeat's round is out
+    cache = w.path.sessions_for(1)
+    cache.remove(s.ids["proxy"])
+    [out] = c.release_held()
+    got = codec.decode_response(1, 12, out)[1]
+    assert int(got.error_code) == FETCH_SESSION_ID_NOT_FOUND and got.responses == ()
+    assert c.handler.repeats == repeats
