@@ -718,16 +718,27 @@ class FetchSessionCache:
         For a fetch whose answer is known to carry no partition (the proxy's repeat of
         an idle session client's fetch); the session's partitions are not visited."""
         session = self._sessions.get(session_id)
-        if (
-            session is None
-            or session.epoch != epoch
-            or session.uses_topic_ids != (request_version >= 13)
-            or session.is_empty()
-        ):
+        if session is None or self._incremental_error(session, epoch, request_version):
             return False
+        if session.is_empty():  # (new_context would close it: not for this shortcut)
+            return False
+        self._next_epoch(session)
+        return True
+
+    @staticmethod
+    def _incremental_error(session: FetchSession, epoch: int, request_version: int) -> int:
+        """The error an incremental fetch at *epoch* of *request_version* gets from the
+        session it names (NONE: it may go on)."""
+        if session.epoch != epoch:
+            return INVALID_FETCH_SESSION_EPOCH
+        if session.uses_topic_ids != (request_version >= 13):
+            return FETCH_SESSION_TOPIC_ID_ERROR
+        return NONE
+
+    def _next_epoch(self, session: FetchSession) -> None:
+        """An incremental fetch of *session* was taken: it is used now, its epoch moves on."""
         self.touch(session, self.now_ms())
         session.epoch = next_epoch(session.epoch)
-        return True
 
     def new_context(
         self,
@@ -750,15 +761,13 @@ class FetchSessionCache:
         session = self._sessions.get(session_id)
         if session is None:
             return SessionErrorContext(FETCH_SESSION_ID_NOT_FOUND, session_id, epoch)
-        if session.epoch != epoch:
-            return SessionErrorContext(INVALID_FETCH_SESSION_EPOCH, session_id, epoch)
-        if session.uses_topic_ids != (request_version >= 13):
-            return SessionErrorContext(FETCH_SESSION_TOPIC_ID_ERROR, session_id, epoch)
+        error = self._incremental_error(session, epoch, request_version)
+        if error:
+            return SessionErrorContext(error, session_id, epoch)
         session.update(fetch_data, to_forget)
         if session.is_empty():
             # Forgetting every partition closes the session; this fetch is sessionless.
             self.remove(session)
             return SessionlessFetchContext(fetch_data)
-        self.touch(session, self.now_ms())
-        session.epoch = next_epoch(session.epoch)
+        self._next_epoch(session)
         return IncrementalFetchContext(session, epoch, topic_names)
