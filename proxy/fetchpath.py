@@ -419,6 +419,11 @@ class _Repeat:
     """A session client's fetch: where its body has the session epoch, which a repeat
     changes (``body`` has zeros there)."""
 
+    def epoch_in(self, frame: bytes, offset: int) -> int:
+        """The session epoch of a session client's fetch *frame* (its body at *offset*)."""
+        start = offset + self.epoch_at
+        return int.from_bytes(frame[start : start + 4], "big", signed=True)
+
 
 @dataclass(slots=True)
 class _Exchange:
@@ -958,9 +963,8 @@ class FetchPathHandler:
         start = offset + at
         if frame[offset:start] != body[:at] or frame[start + 4 :] != body[at + 4 :]:
             return False
-        epoch = int.from_bytes(frame[start : start + 4], "big", signed=True)
         assert memo.session_id is not None
-        return self.downstream.expects(memo.session_id, epoch)
+        return self.downstream.expects(memo.session_id, memo.epoch_in(frame, offset))
 
     def _start_repeat(self, request: ClientRequest, upstream: Upstream) -> bool:
         """Serve the fetch at the head of the queue as the remembered one, when it is
@@ -1043,8 +1047,7 @@ class FetchPathHandler:
         request = exchange.request
         offset = request.header.body_offset
         assert repeat.session_id is not None and offset is not None
-        start = offset + repeat.epoch_at
-        epoch = int.from_bytes(request.frame[start : start + 4], "big", signed=True)
+        epoch = repeat.epoch_in(request.frame, offset)
         if self.downstream.next_idle_epoch(repeat.session_id, epoch, repeat.version):
             return True
         client = ClientFetch.validate(self._decode(request))
