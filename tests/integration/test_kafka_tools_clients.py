@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 from support.backends import running, upstream_for
 from support.delivery import assert_exactly_once_in_order
-from support.kafka import KafkaCluster, java, jvm_lib
+from support.kafka import KafkaCluster, archive_flags, java, jvm_lib
 from support.stack import ProxyStack
 
 pytestmark = pytest.mark.integration
@@ -65,6 +65,7 @@ class Tool:
         command = [
             java(),
             *JVM_OPTS,
+            *archive_flags(jvm_lib("kafka-tools")),
             "-cp",
             f"{jvm_lib('kafka-tools')}/*",
             f"org.apache.kafka.tools.{main}",
@@ -521,7 +522,8 @@ def test_transactional_copier_then_read_committed_exactly_once(
 def cli(main: str, *args: str, timeout: float = 60.0) -> str:
     """One of Kafka's command-line tools (``bin/kafka-*.sh`` run these classes); rc 0, its
     output.  ``subprocess.run`` kills it by its pid if it outlives *timeout*."""
-    command = [java(), *JVM_OPTS, "-cp", f"{jvm_lib('kafka-tools')}/*", main, *args]
+    lib = jvm_lib("kafka-tools")
+    command = [java(), *JVM_OPTS, *archive_flags(lib), "-cp", f"{lib}/*", main, *args]
     name = main.rsplit(".", 1)[-1]
     try:
         done = subprocess.run(
