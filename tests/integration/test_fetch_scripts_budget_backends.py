@@ -34,8 +34,8 @@ from __future__ import annotations
 import random
 import select
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 from support.backends import BACKENDS, running, upstream_for
@@ -54,6 +54,7 @@ SETTINGS = {"max_records": 2, "reuse_buffer_bytes": 100_000, "memory_budget_byte
 ROOMS = (0, 0, 300, 3000, 30_000)
 """What the budget has room for while the test holds the rest (bytes): most answers
 here are a few hundred bytes to some tens of KB."""
+W = TypeVar("W")
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -128,17 +129,13 @@ def test_random_fetch_scripts_agree_with_the_broker_under_budget_pressure(
     stack: ProxyStack, seed: int
 ) -> None:
     deadline = time.monotonic() + DEADLINE
-    pressure: list[Pressured] = []
-
-    def make(stack: ProxyStack, upstream: Upstream, deadline: float) -> ScriptedClient:
-        client = ScriptedClient(stack, upstream, deadline)
-        pressured = Pressured(client.raw, stack, random.Random(seed + 1000))
-        client.raw = pressured  # type: ignore[assignment]  # (the same calls)
-        pressure.append(pressured)
-        return client
-
-    client = run_seeded(stack, seed, 70, deadline, "pressure", make)
-    [pressured] = pressure
+    client, pressured = _run_wrapped(
+        stack,
+        seed,
+        "pressure",
+        deadline,
+        lambda client: Pressured(client.raw, stack, random.Random(seed + 1000)),
+    )
     assert not client.problems, "\n".join(client.problems[:8])
     # Exercised, not passed vacuously: in 3 runs on each backend these seeds gave 13-15
     # responses that waited, 10-17 answered within the room, 28-45 partitions with
@@ -148,14 +145,38 @@ def test_random_fetch_scripts_agree_with_the_broker_under_budget_pressure(
     assert client.seen["partitions with records"] >= 10, client.seen
     assert client.seen["trimmed"] >= 5, client.seen
     assert client.seen["pipelined"] >= 3, client.seen
+    _budget_settles(stack, deadline)
+
+
+def _run_wrapped(
+    stack: ProxyStack,
+    seed: int,
+    name: str,
+    deadline: float,
+    wrap: Callable[[ScriptedClient], W],
+) -> tuple[ScriptedClient, W]:
+    """``run_seeded``'s 70 steps of a ScriptedClient whose raw client is ``wrap(client)``
+    (which makes the same calls); the client and its wrapper."""
+    wrapped: list[W] = []
+
+    def make(stack: ProxyStack, upstream: Upstream, deadline: float) -> ScriptedClient:
+        client = ScriptedClient(stack, upstream, deadline)
+        wrapper = wrap(client)
+        client.raw = wrapper  # type: ignore[assignment]  # (the same calls)
+        wrapped.append(wrapper)
+        return client
+
+    client = run_seeded(stack, seed, 70, deadline, name, make)
+    [wrapper] = wrapped
+    return client, wrapper
+
+
+def _budget_settles(stack: ProxyStack, deadline: float) -> None:
+    """Wait until nothing of the budget is used (the scripts' connections closed)."""
     path = stack.proxy.fetch_path
     assert path is not None
-
-    def settled() -> bool:
-        return bool(stack.run_sync(lambda: path.budget.used) == 0)
-
-    while not settled():  # the connection's close lets go of all it held
-        assert time.monotonic() < deadline, "budget still used after the client closed"
+    while stack.run_sync(lambda: path.budget.used):
+        assert time.monotonic() < deadline, "budget still used after the clients closed"
         time.sleep(0.02)
 
 
@@ -240,29 +261,17 @@ def test_random_fetch_scripts_agree_with_the_broker_when_another_answer_sheds_th
     stack: ProxyStack, seed: int
 ) -> None:
     deadline = time.monotonic() + DEADLINE
-    shedding: list[Shedding] = []
-
-    def make(stack: ProxyStack, upstream: Upstream, deadline: float) -> ScriptedClient:
-        client = ScriptedClient(stack, upstream, deadline)
-        beside = Shedding(client, stack, random.Random(seed + 2000))
-        client.raw = beside  # type: ignore[assignment]  # (the same calls)
-        shedding.append(beside)
-        return client
-
-    client = run_seeded(stack, seed, 70, deadline, "shed", make)
-    [beside] = shedding
+    client, beside = _run_wrapped(
+        stack,
+        seed,
+        "shed",
+        deadline,
+        lambda client: Shedding(client, stack, random.Random(seed + 2000)),
+    )
     assert not client.problems, "\n".join(client.problems[:8])
     # Exercised, not passed vacuously: on each backend these seeds shed 8-18 times (5-109 KB
     # of held batches), with 20-42 partitions trimmed; a proxy that did not shed would
     # leave the other's answer waiting, and the test would end at its deadline.
     assert beside.seen["sheds"] >= 5, beside.seen
     assert client.seen["trimmed"] >= 10, client.seen
-    path = stack.proxy.fetch_path
-    assert path is not None
-
-    def settled() -> bool:
-        return bool(stack.run_sync(lambda: path.budget.used) == 0)
-
-    while not settled():  # both connections' close let go of all they held
-        assert time.monotonic() < deadline, "budget still used after the clients closed"
-        time.sleep(0.02)
+    _budget_settles(stack, deadline)
