@@ -5,7 +5,8 @@ For each broker line (:data:`support.kafka.VERSIONS`): one single-node cluster s
 stopped with ``-XX:ArchiveClassesAtExit``; the JVM writes the classes it loaded as it
 exits on SIGTERM.  For Kafka's tools (the ``kafka-tools`` jars, at :data:`LINE`): a
 console consumer that reads a record of that line's cluster, so the client's classes are
-in it.  Each archive is
+in it; for the Java test client (``tests/clients/java``, its jar before the
+``kafka-clients`` jars): a produce and an assign step against the same cluster.  Each archive is
 written beside its final name and renamed once whole, and is checked to map
 (``-Xshare:on``, which fails when it cannot) before it is kept.  An archive already built
 for the same JDK and jars is left as it is, so a second run starts nothing.
@@ -16,13 +17,16 @@ as before.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from . import clients
 from .kafka import (
+    QUIET_CDS,
     TOOL_JVM_OPTS,
     VERSIONS,
     KafkaCluster,
@@ -35,14 +39,14 @@ TIMEOUT = 120.0
 LINE = "4"
 
 
-def _maps_for(lib: Path, main: str) -> Callable[[Path], bool]:
-    """Whether a JVM of *lib* (*main* ``--version``) starts with an archive mapped
-    (``-Xshare:on`` refuses to start otherwise)."""
+def _maps_for(classpath: str) -> Callable[[Path], bool]:
+    """Whether a JVM of *classpath* starts with an archive mapped: ``-Xshare:on`` refuses
+    to start when it cannot map it, or when the class path is not the archive's."""
 
     def maps(archive: Path) -> bool:
-        command = [java(), "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", f"{lib}/*"]
+        command = [java(), "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", classpath]
         done = subprocess.run(
-            [*command, main, "--version"],
+            [*command, "-version"],
             capture_output=True,
             timeout=TIMEOUT,
             stdin=subprocess.DEVNULL,
@@ -102,19 +106,36 @@ def _produce_one(bootstrap: str, topic: str) -> None:
     producer.flush(30)
 
 
-def build(line: str, work: Path, *, with_tools: bool) -> None:
+def _java_client(bootstrap: str, topic: str, archive: Path) -> None:
+    """The Java test client (``support.clients``) produces and reads back a few records,
+    writing its class archive as it exits."""
+    clients.run(
+        clients.java_command(f"-XX:ArchiveClassesAtExit={archive}", *QUIET_CDS),
+        bootstrap,
+        clients.produce(topic, 1, 10, "a"),
+        clients.assign(topic, 1, 10),
+        client_id="class-archive",
+    )
+
+
+def build(line: str, work: Path, *, clients_too: bool) -> None:
+    """The archives of *line*'s broker and, with *clients_too*, of the tools and the Java
+    test client (each only when missing)."""
     lib = jvm_lib(VERSIONS[line])
     broker = class_archive(lib)
-    tools_lib = jvm_lib("kafka-tools") if with_tools else None
+    tools_lib = jvm_lib("kafka-tools") if clients_too else None
     tools = class_archive(tools_lib) if tools_lib is not None else None
+    client_jar, client_lib = clients.java_jar(), jvm_lib("clients")
+    client = class_archive(client_lib, client_jar) if clients_too else None
     need_tools = tools is not None and not tools.is_file()
-    if broker.is_file() and not need_tools:
+    need_client = client is not None and not client.is_file()
+    if broker.is_file() and not need_tools and not need_client:
         return
     broker.parent.mkdir(parents=True, exist_ok=True)
     written = broker.with_suffix(".tmp")
     cluster = KafkaCluster(1, workdir=work / f"kafka-{line}", version=line, name=f"archive-{line}")
     if not broker.is_file():
-        cluster.archive_at_exit = [f"-XX:ArchiveClassesAtExit={written}"]
+        cluster.archive_at_exit = [f"-XX:ArchiveClassesAtExit={written}", *QUIET_CDS]
     with cluster:
         if need_tools:
             assert tools is not None and tools_lib is not None
@@ -123,17 +144,31 @@ def build(line: str, work: Path, *, with_tools: bool) -> None:
             _produce_one(cluster.bootstrap, topic)
             tools_written = tools.with_suffix(".tmp")
             _consume(
-                cluster.bootstrap, topic, [f"-XX:ArchiveClassesAtExit={tools_written}"], tools_lib
+                cluster.bootstrap,
+                topic,
+                [f"-XX:ArchiveClassesAtExit={tools_written}", *QUIET_CDS],
+                tools_lib,
             )
-            _keep(tools_written, tools, _maps_for(tools_lib, "org.apache.kafka.tools.TopicCommand"))
+            _keep(tools_written, tools, _maps_for(f"{tools_lib}/*"))
+        if need_client:
+            assert client is not None
+            topic = "class-archive-client"
+            cluster.create_topic(topic, 1)
+            client_written = client.with_suffix(".tmp")
+            try:
+                _java_client(cluster.bootstrap, topic, client_written)
+            except clients.ClientFailed as e:
+                print(f"class_archives: the Java client failed: {e}", file=sys.stderr)
+            classpath = f"{client_jar}{os.pathsep}{client_lib}/*"
+            _keep(client_written, client, _maps_for(classpath))
     if cluster.archive_at_exit:
-        _keep(written, broker, _maps_for(lib, "kafka.Kafka"))
+        _keep(written, broker, _maps_for(f"{lib}/*"))
 
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="class-archives-") as tmp:
         for line in VERSIONS:
-            build(line, Path(tmp), with_tools=line == LINE)
+            build(line, Path(tmp), clients_too=line == LINE)
     return 0
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .kafka import SetupError, cache_dir, jar_version, java, jvm_lib
+from .kafka import SetupError, archive_flags, cache_dir, jar_version, java, jvm_lib
 
 SETUP_HINT = "run `scripts/setup --test` (it runs tests/clients/build)"
 JVM_OPTS = ["-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
@@ -46,15 +46,22 @@ def _built(path: Path, what: str) -> Path:
     return path
 
 
-def java_command() -> list[str]:
-    classes = _built(clients_dir() / "java" / "classes" / "ProxyClient.class", "the Java client")
-    lib = jvm_lib("clients")
+def java_jar() -> Path:
+    """The Java test clients' classes as one jar (``tests/clients/build``)."""
+    return _built(clients_dir() / "java" / "clients.jar", "the Java client")
+
+
+def java_command(*jvm_options: str) -> list[str]:
+    """tests/clients/java/ProxyClient.java, from its class archive when there is one
+    (*jvm_options*: more options of the JVM)."""
+    jar, lib = java_jar(), jvm_lib("clients")
     return [
         java(),
         *JVM_OPTS,
+        *(jvm_options or archive_flags(lib, jar)),
         "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
         "-cp",
-        f"{classes.parent}{os.pathsep}{lib}/*",
+        f"{jar}{os.pathsep}{lib}/*",
         "ProxyClient",
     ]
 

@@ -157,21 +157,30 @@ class SetupError(RuntimeError):
 # starts without it, as it did before: an archive only saves time.
 
 
+QUIET_CDS = ("-Xlog:cds*=off",)
+"""The JVM says on stdout when it cannot use an archive (a class path that is not the
+archive's) and, writing one, which classes it leaves out: not among a client's or a
+tool's output, which the tests read."""
+
+
 @functools.cache
-def class_archive(lib: Path) -> Path:
-    """Where the class archive of the JVMs that run the jars of *lib* is kept: named by
-    the JDK and the jars, so an upgrade of either gets a new one."""
+def class_archive(lib: Path, first: Path | None = None) -> Path:
+    """Where the class archive of the JVMs that run the jars of *lib* (after the jar
+    *first*, if given) is kept: named by the JDK and the jars, so an upgrade of either
+    gets a new one."""
     stamp = hashlib.sha256(os.path.realpath(java()).encode())
-    for jar in sorted(lib.glob("*.jar")):
+    for jar in [*([first] if first is not None else []), *sorted(lib.glob("*.jar"))]:
         st = jar.stat()
         stamp.update(f"{jar.name} {st.st_size} {st.st_mtime_ns}\n".encode())
-    return cache_dir() / "cds" / f"{lib.parent.name}-{stamp.hexdigest()[:16]}.jsa"
+    name = lib.parent.name if first is None else f"{first.stem}-{lib.parent.name}"
+    return cache_dir() / "cds" / f"{name}-{stamp.hexdigest()[:16]}.jsa"
 
 
-def archive_flags(lib: Path) -> list[str]:
-    """The JVM options that map *lib*'s class archive (none while it is not built)."""
-    archive = class_archive(lib)
-    return [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
+def archive_flags(lib: Path, first: Path | None = None) -> list[str]:
+    """The JVM options that map the class archive of *lib*'s jars (after *first*), none
+    while it is not built."""
+    archive = class_archive(lib, first)
+    return [f"-XX:SharedArchiveFile={archive}", *QUIET_CDS] if archive.is_file() else []
 
 
 def cluster_id() -> str:
