@@ -44,7 +44,7 @@ from typing import Any
 import pytest
 from support.backends import running, upstream_for
 from support.delivery import assert_exactly_once_in_order
-from support.kafka import KafkaCluster, archive_flags, java, jvm_lib
+from support.kafka import KafkaCluster, jvm_lib, tool_command
 from support.stack import ProxyStack
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,6 @@ CAPS = {"max_records": 50, "max_partition_bytes": 4096}
 PARTITIONS = 6
 TOOL_TIMEOUT = 120.0
 """The most a tool may run (then it is killed by its pid and the test fails)."""
-JVM_OPTS = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true")
 
 Event = dict[str, Any]
 
@@ -62,15 +61,7 @@ class Tool:
     """One of Kafka's Verifiable* tools, its JSON events collected as it prints them."""
 
     def __init__(self, main: str, *args: str) -> None:
-        command = [
-            java(),
-            *JVM_OPTS,
-            *archive_flags(jvm_lib("kafka-tools")),
-            "-cp",
-            f"{jvm_lib('kafka-tools')}/*",
-            f"org.apache.kafka.tools.{main}",
-            *args,
-        ]
+        command = tool_command(jvm_lib("kafka-tools"), f"org.apache.kafka.tools.{main}", *args)
         self.name = main
         self.events: list[Event] = []
         self._changed = threading.Condition()
@@ -522,8 +513,7 @@ def test_transactional_copier_then_read_committed_exactly_once(
 def cli(main: str, *args: str, timeout: float = 60.0) -> str:
     """One of Kafka's command-line tools (``bin/kafka-*.sh`` run these classes); rc 0, its
     output.  ``subprocess.run`` kills it by its pid if it outlives *timeout*."""
-    lib = jvm_lib("kafka-tools")
-    command = [java(), *JVM_OPTS, *archive_flags(lib), "-cp", f"{lib}/*", main, *args]
+    command = tool_command(jvm_lib("kafka-tools"), main, *args)
     name = main.rsplit(".", 1)[-1]
     try:
         done = subprocess.run(

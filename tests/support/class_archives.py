@@ -27,12 +27,12 @@ from pathlib import Path
 from . import clients
 from .kafka import (
     QUIET_CDS,
-    TOOL_JVM_OPTS,
     VERSIONS,
     KafkaCluster,
     class_archive,
     java,
     jvm_lib,
+    tool_command,
 )
 
 TIMEOUT = 120.0
@@ -71,16 +71,13 @@ def _keep(written: Path, final: Path, check: Callable[[Path], bool]) -> None:
     print(f"class_archives: {final.name} left out: {why}", file=sys.stderr)
 
 
-def _consume(bootstrap: str, topic: str, extra: list[str], lib: Path) -> None:
-    tools = "org.apache.kafka.tools."
+def _consume(bootstrap: str, topic: str, archive: list[str], lib: Path) -> None:
+    """A console consumer of Kafka's tools reads a record of *topic* (*archive*: the
+    options that write its class archive)."""
     subprocess.run(
-        [
-            java(),
-            *TOOL_JVM_OPTS,
-            *extra,
-            "-cp",
-            f"{lib}/*",
-            tools + "consumer.ConsoleConsumer",
+        tool_command(
+            lib,
+            "org.apache.kafka.tools.consumer.ConsoleConsumer",
             "--bootstrap-server",
             bootstrap,
             "--topic",
@@ -90,7 +87,8 @@ def _consume(bootstrap: str, topic: str, extra: list[str], lib: Path) -> None:
             "1",
             "--timeout-ms",
             "20000",
-        ],
+            archive=archive,
+        ),
         capture_output=True,
         timeout=TIMEOUT,
         stdin=subprocess.DEVNULL,
