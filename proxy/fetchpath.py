@@ -1290,6 +1290,7 @@ class FetchPathHandler:
             if self.closed:
                 return
         fetch, prepared = opened.request, None
+        translator.use_sessions = self.path.config.fetch_sessions
         fetch = _cap_wait(fetch, self.path.config.max_upstream_wait_ms)
         step = None
         if self.rack is not None and self.rack.rack:
@@ -1318,9 +1319,12 @@ class FetchPathHandler:
                 yield
                 if self.closed:
                     return
-            prepared = yield from _upstream_in_ranges(self.shaper, prepared, every)
+            # The upstream rotation orders a full fetch; an incremental one is in the
+            # broker's session order whatever its own (a replica's link may be new: the
+            # fetch it gets stays rotated).
+            rotate = follows or not translator.continues_session
+            prepared = yield from _upstream_in_ranges(self.shaper, prepared, every, rotate=rotate)
             fetch = prepared.upstream_request
-        translator.use_sessions = self.path.config.fetch_sessions
         exchange.prepared, exchange.rack = prepared, step
         if follows:
             exchange.follow = True
@@ -1916,10 +1920,10 @@ def _shape_in_ranges(
 
 
 def _upstream_in_ranges(
-    shaper: FetchShaper, prepared: PreparedFetch, every: int
+    shaper: FetchShaper, prepared: PreparedFetch, every: int, *, rotate: bool
 ) -> Generator[None, None, PreparedFetch]:
     """*prepared*'s upstream request, built (``FetchShaper.upstream_in_ranges``)."""
-    prepared = yield from shaper.upstream_in_ranges(prepared, every)
+    prepared = yield from shaper.upstream_in_ranges(prepared, every, rotate=rotate)
     return _no_long_poll(prepared)
 
 

@@ -259,6 +259,16 @@ class FetchTranslator:
         return UpstreamFetch(upstream_request, missing)
 
     @property
+    def continues_session(self) -> bool:
+        """Whether the next upstream request, as far as is known before the client's
+        partitions are keyed, continues an established session: an incremental fetch,
+        whose partitions the broker answers in its session's order, moving each it
+        answers to the end (Kafka's ``IncrementalFetchContext``), so the order they are
+        listed in does not decide what is read.  (A switch between topic names and ids,
+        found when they are keyed, still makes that request a full one.)"""
+        return self.use_sessions and not self.session.next_metadata.is_full
+
+    @property
     def quiet(self) -> bool:
         """The last client fetch was answered from an idle session: its upstream request sent
         and forgot no partition, the answer carried none, at once (no resend), with no

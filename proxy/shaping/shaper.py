@@ -370,12 +370,17 @@ class FetchShaper:
         return (yield from self.upstream_in_ranges(prepared, every))
 
     def upstream_in_ranges(
-        self, prepared: PreparedFetch, every: int
+        self, prepared: PreparedFetch, every: int, *, rotate: bool = True
     ) -> Generator[None, None, PreparedFetch]:
         """*prepared* with its upstream request built (as ``prepare`` builds it unless told
         not to): clamped, offsets moved past held batches, in the upstream rotation's order
         for a full fetch; yields after every *every* partitions (0: never) of its walks.
-        The rotation is read and changed at one point."""
+        The rotation is read and changed at one point.
+
+        *rotate* False: the request keeps the client's order, for a caller whose upstream
+        session orders the partitions itself (an incremental fetch: the broker answers
+        them in its session's order and moves each it answers to the end, the same round
+        robin); the rotation still learns from every response (``observe``)."""
         plan = prepared.plan
         if prepared.upstream_request is not None or plan is None:
             return prepared
@@ -401,7 +406,7 @@ class FetchShaper:
             upstream = yield from _with_offsets_in_ranges(
                 upstream, prepared.upstream_offsets, plan.upstream_epochs, full, every
             )
-        if is_full_fetch(request):
+        if rotate and is_full_fetch(request):
             upstream = yield from self._rotate_in_ranges(upstream, every)
         return replaced(prepared, upstream_request=upstream, plan=None)
 
