@@ -148,6 +148,9 @@ class _Pending:
     missing: tuple[str, ...]
     resends: int = 0
     by_key: dict[PartitionKey, _ClientPartition] = field(default_factory=dict)
+    unique: bool = False
+    """Every client partition is listed once and addressable upstream (``by_key`` holds
+    each): answering it needs no ``_dedupe``."""
     upstream: Any = None
     """The request sent upstream for it (the last one, after a resend)."""
 
@@ -252,6 +255,7 @@ class FetchTranslator:
             session_request=session_request,
             missing=missing,
             by_key=by_key,
+            unique=len(by_key) == len(partitions),
         )
         pending = self._pending
         upstream_request = yield from self._upstream_request_in_ranges(pending, every)
@@ -372,11 +376,21 @@ class FetchTranslator:
         uses_topic_ids = version >= FIRST_TOPIC_ID_VERSION
         wanted: dict[PartitionKey, PartitionPlan] = {}
         by_key: dict[PartitionKey, _ClientPartition] = {}
+        # A client lists a topic's partitions together: its upstream name or id is found
+        # once per run of them, not once per partition.
+        client_topic: Any = _NO_TOPIC
+        up: str | uuid.UUID | None = None
         for i, cp in enumerate(partitions, 1):
-            cp.key = self._upstream_key(cp, uses_topic_ids)
-            if cp.key is not None:
-                wanted[cp.key] = cp.params
-                by_key[cp.key] = cp
+            name = cp.topic_name
+            ref = cp.topic_id if name is None else name
+            if ref != client_topic:
+                client_topic, up = ref, self._upstream_topic(name, cp.topic_id, uses_topic_ids)
+            if up is not None:
+                key = cp.key = (up, cp.partition)
+                wanted[key] = cp.params
+                by_key[key] = cp
+            else:
+                cp.key = None
             if every and i % every == 0:
                 yield
         return missing, version, uses_topic_ids, wanted, by_key
@@ -387,16 +401,17 @@ class FetchTranslator:
         else:
             self.stats.incremental_requests += 1
 
-    def _upstream_key(self, cp: _ClientPartition, uses_topic_ids: bool) -> PartitionKey | None:
+    def _upstream_topic(
+        self, name: str | None, topic_id: uuid.UUID | None, uses_topic_ids: bool
+    ) -> str | uuid.UUID | None:
+        """How the upstream request names a client's topic (None: it cannot)."""
         if uses_topic_ids:
-            topic_id = cp.topic_id
-            if topic_id is None and cp.topic_name is not None:
-                topic_id = self.topic_ids.id_for(cp.topic_name)
-            return None if topic_id is None else (topic_id, cp.partition)
-        name = cp.topic_name
-        if name is None and cp.topic_id is not None:
-            name = self.topic_ids.name_for(cp.topic_id)
-        return None if name is None else (name, cp.partition)
+            if topic_id is None and name is not None:
+                topic_id = self.topic_ids.id_for(name)
+            return topic_id
+        if name is None and topic_id is not None:
+            name = self.topic_ids.name_for(topic_id)
+        return name
 
     def _upstream_request(self, pending: _Pending) -> Any:
         return drain(self._upstream_request_in_ranges(pending, 0))
@@ -613,7 +628,9 @@ class FetchTranslator:
         answered: list[tuple[TopicKey, Any]] = []
         refused: list[tuple[TopicKey, Any]] = []
         lookup = self.cache.lookup
-        for i, cp in enumerate([] if empty else _dedupe(pending.partitions), 1):
+        answer_key = (client_version, read_committed)
+        listed = pending.partitions if pending.unique else _dedupe(pending.partitions)
+        for i, cp in enumerate(() if empty else listed, 1):
             if every and i % every == 0:
                 yield
             if cp.key is None:
@@ -629,9 +646,9 @@ class FetchTranslator:
                 state = lookup(cp.key)
                 assert state is not None  # checked in complete()
                 # the same entity for as long as the partition's state holds (kio's are frozen)
-                pd = state.answers.get((client_version, read_committed))
+                pd = state.answers.get(answer_key)
                 if pd is None:
-                    pd = state.answers[(client_version, read_committed)] = empty_entry(
+                    pd = state.answers[answer_key] = empty_entry(
                         mod,
                         cp.partition,
                         state.high_watermark,
@@ -692,16 +709,18 @@ class FetchTranslator:
 # -- helpers ---------------------------------------------------------------------------------
 
 
+_NO_TOPIC = object()
+"""No client topic seen yet (``_keys_in_ranges``)."""
+
+
 def _client_partitions(request: Any) -> Iterator[_ClientPartition]:
     on_ids = int(request.__version__) >= FIRST_TOPIC_ID_VERSION
+    new = _ClientPartition  # (positional: once per partition of every fetch)
     for topic in request.topics:
+        name = None if on_ids else str(topic.topic)
+        topic_id = topic.topic_id if on_ids else None
         for p in topic.partitions:
-            yield _ClientPartition(
-                topic_name=None if on_ids else str(topic.topic),
-                topic_id=topic.topic_id if on_ids else None,
-                partition=int(p.partition),
-                params=plan_of(p),
-            )
+            yield new(name, topic_id, int(p.partition), plan_of(p))
 
 
 def _client_topic(cp: _ClientPartition) -> TopicKey:

@@ -30,6 +30,7 @@ from proxy.protocol.partition_plan import PartitionPlan
 from proxy.sessions import as_client
 from proxy.sessions.as_client import FetchTranslator
 from proxy.sessions.as_client_session import FetchSessionClient
+from proxy.sessions.client_fetch import ClientReply
 from proxy.sessions.topic_ids import TopicIdMap
 
 EVERY = 500
@@ -72,14 +73,17 @@ def test_a_session_reset_between_ranges_is_seen() -> None:
     assert request.is_full and len(request.to_send) == 2_000
 
 
-def _client_fetch(partitions: int) -> Any:
+def _client_fetch(partitions: int, *, twice: int | None = None) -> Any:
+    """A fetch of partitions 0 .. *partitions* - 1 of "t" (*twice*: that one listed again
+    at the end, as a broker keys fetch data by partition and answers it once)."""
+    listed = [*range(partitions), *(() if twice is None else (twice,))]
     return fetch_request(
         12,
         fetch_topics(
             12,
             (
                 ("t", make(FetchPartition, partition=p, fetch_offset=0, partition_max_bytes=1024))
-                for p in range(partitions)
+                for p in listed
             ),
         ),
         max_wait=timedelta(milliseconds=500),
@@ -172,10 +176,11 @@ def test_the_client_partitions_are_deduplicated_range_by_range(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Before, the client's partitions were deduplicated in one walk ahead of the ranges
-    that answer them (18 ms at 20,000 partitions, the longest step of bench/fetch_stall)."""
+    that answer them (18 ms at 20,000 partitions, the longest step of bench/fetch_stall).
+    (A fetch that lists each partition once is answered with no such walk: below.)"""
     n = 4_000
     translator = FetchTranslator(TopicIdMap(), upstream_max_version=12)
-    begun = translator.begin(_client_fetch(n))
+    begun = translator.begin(_client_fetch(n, twice=7))
     calls = [0]
     dedupe = as_client._dedupe
 
@@ -197,3 +202,19 @@ def test_the_client_partitions_are_deduplicated_range_by_range(
             per_range.append(calls[0] - before)
     assert sum(per_range) == n  # each partition deduplicated once, as it is answered
     assert max(per_range) <= EVERY
+
+
+def test_a_fetch_listing_each_partition_once_is_answered_without_deduplicating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    translator = FetchTranslator(TopicIdMap(), upstream_max_version=12)
+    begun = translator.begin(_client_fetch(1_000))
+
+    def refused(partitions: Any) -> Any:
+        raise AssertionError("deduplicated a fetch that lists each partition once")
+
+    monkeypatch.setattr(as_client, "_dedupe", refused)
+    reply = translator.complete(_upstream_answer(begun.request))
+    assert isinstance(reply, ClientReply)
+    listed = [int(p.partition_index) for t in reply.response.responses for p in t.partitions]
+    assert listed == list(range(1_000))
