@@ -1035,11 +1035,16 @@ async def run_attack(
     *,
     baseline: float = 2.0,
     settle: float | None = None,
+    proxy: Proc | None = None,
+    on_settle: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """One attack against a fresh proxy in front of *upstream*; its summary."""
+    """One attack against a fresh proxy in front of *upstream* (*proxy*: one started for it
+    already, which it stops too); its summary.  *on_settle* is called as the watch after
+    the attack begins."""
     global _CLOCK_SKEW
     _CLOCK_SKEW = time.monotonic() - trio.current_time()
-    proxy = await trio.to_thread.run_sync(start_proxy, upstream)
+    if proxy is None:
+        proxy = await trio.to_thread.run_sync(start_proxy, upstream)
     proxy_exit: int | None = None
     worker_proc: subprocess.Popen[bytes] | None = None
     try:
@@ -1093,6 +1098,8 @@ async def run_attack(
                 if worker_proc.poll() is None:
                     worker_proc.kill()
                 await trio.to_thread.run_sync(worker_proc.wait, 30)
+                if on_settle is not None:
+                    on_settle()
                 await trio.sleep(attack.settle if settle is None else settle)
                 settle_end = trio.current_time()
                 proxy_exit = proxy.proc.poll()
@@ -1105,21 +1112,77 @@ async def run_attack(
         proxy.stop()
 
 
+class _NextProxy:
+    """The next attack's proxy, started in a thread while the current attack settles."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.proc: Proc | None = None
+        self.error: BaseException | None = None
+        self.done = trio.Event()
+
+    async def start(self) -> None:
+        try:
+            self.proc = await trio.to_thread.run_sync(start_proxy, self.upstream)
+        except Exception as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+    async def take(self) -> Proc:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.proc is not None
+        return self.proc
+
+
 async def run_all(
     names: Sequence[str], size: str, upstream: str, on_result: Callable[[dict[str, Any]], None]
 ) -> list[dict[str, Any]]:
+    """Each attack in turn.  The next attack's proxy process starts while the one before
+    settles (about a second an attack): a process of its own, which the watchers of the
+    one settling never look at (they watch their proxy's pid and its connections)."""
     results = []
-    for name in names:
-        attack = ATTACKS[name]
-        if size == "full":
-            result = await run_attack(attack, attack.full, upstream)
-        else:
-            result = await run_attack(
-                attack, attack.lean, upstream, baseline=1.0, settle=attack.settle_lean
-            )
-        result["params"] = attack.full if size == "full" else attack.lean
-        on_result(result)
-        results.append(result)
+    pending: _NextProxy | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            for i, name in enumerate(names):
+                attack = ATTACKS[name]
+                proxy = None
+                if pending is not None:
+                    taken, pending = pending, None
+                    proxy = await taken.take()
+
+                def start_next(i: int = i) -> None:
+                    nonlocal pending
+                    if i + 1 < len(names):
+                        pending = _NextProxy(upstream)
+                        nursery.start_soon(pending.start)
+
+                if size == "full":
+                    result = await run_attack(
+                        attack, attack.full, upstream, proxy=proxy, on_settle=start_next
+                    )
+                else:
+                    result = await run_attack(
+                        attack,
+                        attack.lean,
+                        upstream,
+                        baseline=1.0,
+                        settle=attack.settle_lean,
+                        proxy=proxy,
+                        on_settle=start_next,
+                    )
+                result["params"] = attack.full if size == "full" else attack.lean
+                on_result(result)
+                results.append(result)
+        finally:
+            if pending is not None:  # an attack failed while the next proxy started
+                with trio.CancelScope(shield=True):
+                    await pending.done.wait()
+                if pending.proc is not None:
+                    pending.proc.stop()
     return results
 
 

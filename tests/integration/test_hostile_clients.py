@@ -34,8 +34,9 @@ pipelined Fetches, abandoned fetch sessions, state kept by closed connections) j
 once every row passed in the full-size runs of RELIABILITY.md ("Hostile clients"); their
 lean run takes about 50 s more.
 
-One harness process runs the attacks (about 110 s); it is started in its own process
-group and the whole group is killed if it overruns its absolute timeout.
+One harness process runs the attacks (about 90 s: each attack's proxy starts while the one
+before settles); it is started in its own process group and the whole group is killed if
+it overruns its absolute timeout.
 """
 
 from __future__ import annotations
