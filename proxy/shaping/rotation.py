@@ -24,6 +24,7 @@ the least recently seen beyond that.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Generator, Iterable, Sequence
 from typing import Generic, TypeVar
@@ -42,27 +43,34 @@ class UpstreamRotation(Generic[K]):
         if max_partitions < 1:
             raise ValueError("max_partitions must be >= 1")
         self._max = max_partitions
-        self._ring: OrderedDict[K, None] = OrderedDict()
+        self._ring: OrderedDict[K, int] = OrderedDict()
+        """Every partition seen, in the ring's order, with a number that grows along it
+        (given when it joins at the end): ordering by it is ordering by ring position."""
+        self._joined = 0
         self._cursor: K | None = None
 
     def _register(self, keys: Iterable[K]) -> None:
-        for key in keys:
-            if key not in self._ring:
-                self._ring[key] = None
-        while len(self._ring) > self._max:
-            old, _ = self._ring.popitem(last=False)
+        ring = self._ring
+        for key in [k for k in keys if k not in ring]:
+            if key not in ring:  # (listed twice)
+                ring[key] = self._joined
+                self._joined += 1
+        while len(ring) > self._max:
+            old, _ = ring.popitem(last=False)
             if old == self._cursor:
                 self._cursor = None
 
     def order(self, keys: Sequence[K]) -> list[K]:
-        """*keys* (the partitions of the next full fetch) in the order to request them."""
+        """*keys* (the partitions of the next full fetch) in the order to request them:
+        in the ring's order, those after the cursor first."""
         self._register(keys)
-        if self._cursor is None or self._cursor not in self._ring:
+        ring = self._ring
+        if self._cursor is None or self._cursor not in ring:
             return list(keys)
-        positions = {k: i for i, k in enumerate(self._ring)}
-        size = len(positions)
-        start = positions[self._cursor] + 1
-        return sorted(keys, key=lambda k: (positions[k] - start) % size)
+        place = ring.__getitem__  # (a sort and a bisection keyed in C, no per-key lambda)
+        ordered = sorted(keys, key=place)
+        after = bisect_right(ordered, ring[self._cursor], key=place)
+        return ordered[after:] + ordered[:after]
 
     def observe(self, keys_with_data: Sequence[K]) -> None:
         """Record a response: *keys_with_data* in the order the response carried them."""

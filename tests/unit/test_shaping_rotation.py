@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.fetch_model import batch, make_partition, make_response, topic_name_or_id
@@ -23,6 +24,61 @@ def test_upstream_round_robin_starts_after_last_partition_with_data() -> None:
     assert rot.order(["d", "a", "c"]) == ["c", "d", "a"]
     rot.forget(["b"])
     assert rot.order(["d", "a", "c"]) == ["d", "a", "c"]
+
+
+def _kip74_order(ring: list[int], cursor: int | None, keys: list[int]) -> list[int]:
+    """The rule, written out: by ring position, starting after the cursor's."""
+    if cursor is None or cursor not in ring:
+        return list(keys)
+    start = ring.index(cursor) + 1
+    return sorted(keys, key=lambda k: (ring.index(k) - start) % len(ring))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["order", "observe", "forget"]),
+            st.lists(st.integers(0, 12), max_size=10),
+        ),
+        max_size=25,
+    )
+)
+def test_upstream_order_is_the_ring_order_after_the_cursor(
+    steps: list[tuple[str, list[int]]],
+) -> None:
+    rot: UpstreamRotation[int] = UpstreamRotation(max_partitions=8)
+    ring: list[int] = []
+    cursor: int | None = None
+
+    def register(keys: list[int]) -> None:
+        nonlocal cursor
+        for k in keys:
+            if k not in ring:
+                ring.append(k)
+        while len(ring) > 8:
+            if ring.pop(0) == cursor:
+                cursor = None
+
+    for kind, keys in steps:
+        if kind == "order":
+            register(keys)
+            if cursor not in ring or all(k in ring for k in keys):
+                assert rot.order(keys) == _kip74_order(ring, cursor, keys)
+            else:  # more partitions than it keeps (max_fetch_partitions never lets a
+                with pytest.raises(KeyError):  # fetch reach its default bound)
+                    rot.order(keys)
+        elif kind == "observe":
+            rot.observe(keys)
+            if keys:
+                register(keys)
+                cursor = keys[-1]
+        else:
+            rot.forget(keys)
+            ring[:] = [k for k in ring if k not in keys]
+            if cursor in keys:
+                cursor = None
+        assert list(rot._ring) == ring
 
 
 def test_upstream_rotation_is_bounded() -> None:
