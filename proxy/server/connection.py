@@ -176,6 +176,7 @@ class Connection:
         "_ended",
         "_last_active",
         "_log_requests",
+        "_now",
         "_nursery",
         "_out",
         "_queued",
@@ -268,6 +269,9 @@ class Connection:
         self.peak_buffered = 0
         """The most ``buffered`` ever was (what a test of the limit reads)."""
         self._last_active = 0.0
+        self._now: Callable[[], float] = trio.current_time
+        """The run's clock (``run`` binds its ``current_time``: one call where
+        ``trio.current_time`` makes three, several times per request)."""
         self._client_id: str | None = None
         self._log_requests = True
         """Whether each request gets a debug line (``run()`` asks the logging configuration)."""
@@ -331,7 +335,8 @@ class Connection:
 
     async def run(self) -> str:
         """Relay until one side ends; returns the reason (see ``proxy.logs``)."""
-        self._last_active = trio.current_time()
+        self._now = now = trio.lowlevel.current_clock().current_time
+        self._last_active = now()
         self._log_requests = _debug_enabled()
         watch: IdleWatch | None = None
         try:
@@ -423,7 +428,7 @@ class Connection:
             self._settle()  # an answered Fetch gave its frame's bytes back
         frames = self.relay.take_client()
         if frames:
-            self._last_active = trio.current_time()  # an answer is activity too
+            self._last_active = self._now()  # an answer is activity too
             self._out += frames
             self.buffered += sum(4 + len(f) for f in frames)
             self.peak_buffered = max(self.peak_buffered, self.buffered)
@@ -458,10 +463,10 @@ class Connection:
                     # Back-pressure: nothing more is read while max_in_flight requests
                     # await their responses or the client leaves more than its buffer
                     # unread.  What the frames read so far queued goes upstream first.
-                    waited = trio.current_time()
+                    waited = self._now()
                     await self._send_upstream()
                     await self._until(self._can_read_client)
-                    paused += trio.current_time() - waited
+                    paused += self._now() - waited
                 self._handle_request(frame, arrived)
                 continue
             # Every whole frame of the last read is handled: send what they queued in one
@@ -469,12 +474,16 @@ class Connection:
             # its scheduler turns) per read, not per request.  A broker slow to take
             # them is not the client's delay either.
             if self.relay.upstream_queued:
-                waited = trio.current_time()
-                await self._send_upstream()
-                stalled = trio.current_time() - waited
-                paused += stalled
-                if deadline is not None:
-                    deadline += stalled
+                if timeout > 0 and (decoder.buffered or decoder.missing is not None):
+                    # a partial frame's time does not count while the proxy writes
+                    waited = self._now()
+                    await self._send_upstream()
+                    stalled = self._now() - waited
+                    paused += stalled
+                    if deadline is not None:
+                        deadline += stalled
+                else:  # (no frame in progress: nothing to time)
+                    await self._send_upstream()
             if timeout > 0:
                 if not decoder.buffered and decoder.missing is None:
                     deadline = None
@@ -487,7 +496,7 @@ class Connection:
             if allowed == WAIT_OWN or allowed == WAIT_POOL:
                 # Not read until its own requests drain or the pool lets it in; the
                 # time it waits is not the client's, so it does not count against it.
-                waited = trio.current_time()
+                waited = self._now()
                 self.reading_paused = str(allowed)
                 self._notify()  # whoever watches the connection's state sees the pause
                 try:
@@ -495,7 +504,7 @@ class Connection:
                 finally:
                     self.reading_paused = None
                 if deadline is not None:
-                    deadline += trio.current_time() - waited
+                    deadline += self._now() - waited
                 continue
             assert isinstance(allowed, int)
             # A frame that took memory from the pool is read in large pieces (mapped, given
@@ -522,7 +531,7 @@ class Connection:
                 self._finish("client_closed")
                 await self.close_upstream_session()
                 return
-            arrived = self._last_active = trio.current_time()
+            arrived = self._last_active = self._now()
             paused = 0.0
             account.received(len(data))
             decoder.feed(data)
@@ -643,23 +652,29 @@ class Connection:
                     await self._until(lambda: not self.buffered)
                 self._finish("upstream_closed")
                 return
-            if self._take_frames(decoder):
-                reserved = False
+            if not self._take_frames(decoder):
+                # No whole frame (a length prefix read alone, a part of a body): nothing
+                # reached the relay, so nothing new waits for upstream or the client.
+                continue
+            reserved = False
             await self._send_upstream()
             self._write_client_now()
 
     def _take_frames(self, decoder: FrameDecoder) -> bool:
         """Hand the whole frames *decoder* holds to the relay; whether there was one."""
-        now = trio.current_time() if self.meter is not None else 0.0
+        frame = decoder.next_body()
+        if frame is None:
+            return False
+        meter = self.meter
+        now = self._now() if meter is not None else 0.0
         relay = self.relay
-        took = False
-        while (frame := decoder.next_body()) is not None:
-            took = True
-            if self.meter is not None:
-                self.meter.upstream_frame(frame, now)
+        while frame is not None:
+            if meter is not None:
+                meter.upstream_frame(frame, now)
             relay.upstream_frame(frame)
+            frame = decoder.next_body()
         self._take_replies(wake_writer=False)
-        return took
+        return True
 
     def _write_client_now(self) -> None:
         """Write the queued responses from this task (the upstream loop, which just read
@@ -684,6 +699,7 @@ class Connection:
         frames.clear()
         chunks.reverse()
         moved = False
+        now: float | None = None
         try:
             while chunks:
                 chunk = chunks[-1]
@@ -699,12 +715,13 @@ class Connection:
                     return
                 chunks.pop()
             if done is not None and meter is not None:
-                meter.client_written(done, trio.current_time())
+                now = self._now()
+                meter.client_written(done, now)
             # Every response answered so far is written: its memory budget is free.
             self.fetch_handler.written()
         finally:
             if moved:
-                self._last_active = trio.current_time()
+                self._last_active = self._now() if now is None else now
                 self._notify()
 
     def _client_sender(self) -> Callable[[Buffer], int] | None:
@@ -781,7 +798,7 @@ class Connection:
                     if not await self._write_chunks(chunks):
                         return
                     if done is not None and self.meter is not None:
-                        self.meter.client_written(done, trio.current_time())
+                        self.meter.client_written(done, self._now())
             finally:
                 self._writing_client = False
             # Every response answered so far is written: its memory budget is free.
@@ -802,7 +819,7 @@ class Connection:
             else:
                 await self.client.send_all(chunk)
             self.buffered -= len(chunk)
-            self._last_active = trio.current_time()
+            self._last_active = self._now()
             self._notify()
         return True
 
@@ -849,7 +866,7 @@ class Connection:
         while True:
             await self._wakeup.wait()
             async with lane:
-                turn_ends = trio.current_time() + SLICE_LANE_TURN_SECONDS
+                turn_ends = self._now() + SLICE_LANE_TURN_SECONDS
                 while True:
                     self._wakeup = wakeup = trio.Event()
                     fetch_handler.resume()
@@ -857,7 +874,7 @@ class Connection:
                     self._take_replies()
                     if not wakeup.is_set() or self.relay.upstream_queued:
                         break  # (written upstream outside the lane: a slow socket holds no one)
-                    if lane.statistics().tasks_waiting and trio.current_time() >= turn_ends:
+                    if lane.statistics().tasks_waiting and self._now() >= turn_ends:
                         break  # others wait: the next slice queues behind them
                     await trio.lowlevel.checkpoint()  # another slice follows: others run first
             await self._send_upstream()
@@ -907,7 +924,7 @@ class Connection:
             if self.meter is not None:
                 frames, kinds = self.relay.take_upstream_with_kinds()
                 if frames:
-                    self.meter.upstream_sent(frames, trio.current_time(), kinds=kinds)
+                    self.meter.upstream_sent(frames, self._now(), kinds=kinds)
             else:
                 frames = self.relay.take_upstream()
             if frames:
