@@ -21,8 +21,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-ARRANGEMENTS = ("direct", "haproxy", "proxy")
-COLORS = {"direct": "#777777", "haproxy": "#4c72b0", "proxy": "#dd8452"}
+ARRANGEMENTS = ("direct", "haproxy", "trio_relay", "proxy")
+"""In table order; ``trio_relay`` (``bench/trio_relay.py``, the runtime's floor) only in
+the scenarios that measure it (``fetch_cpu``)."""
+COLORS = {"direct": "#777777", "haproxy": "#4c72b0", "trio_relay": "#55a868", "proxy": "#dd8452"}
 
 
 def summarize(runs: list[dict[str, float | None]]) -> dict[str, dict[str, float] | None]:
@@ -112,18 +114,24 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     name = "CPU per small fetch (100 and 1,000 connections): <= 0.12 ms and <= 5x haproxy's"
     per = {c: median(results, sc, c, "proxy", "relay_cpu_ms_per_fetch") for c in cases}
     hap = {c: median(results, sc, c, "haproxy", "relay_cpu_ms_per_fetch") for c in cases}
+    floor = {c: median(results, sc, c, "trio_relay", "relay_cpu_ms_per_fetch") for c in cases}
     if not per or None in per.values() or None in hap.values():
         add(name, sc, "not measured", "no fetch_cpu numbers for 100 or more connections")
     else:
         ok = all((per[c] or 0.0) <= 0.12 and (per[c] or 0.0) <= 5 * (hap[c] or 0.0) for c in cases)
         worst = max(per, key=lambda c: per[c] or 0.0)
+
+        def floor_of(c: str) -> str:
+            f = floor[c]
+            return "" if f is None else f"; a bare trio relay's {f:.3f}"
+
         add(
             name,
             sc,
             _status(ok),
             ", ".join(
                 f"{c}: {per[c]:.3f} ms = {(per[c] or 0.0) / (hap[c] or float('nan')):.1f}x "
-                f"haproxy's {hap[c]:.3f}"
+                f"haproxy's {hap[c]:.3f}{floor_of(c)}"
                 for c in cases
             ),
             worst,
@@ -335,7 +343,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
                     s = data["cases"][case].get(arr, {}).get("summary", {}).get(metric)
                     if s is None:
                         continue
-                    xs.append(x + (i - 1) * width)
+                    xs.append(x + (i - (len(ARRANGEMENTS) - 1) / 2) * width)
                     ys.append(s["median"])
                     lo.append(s["median"] - s["min"])
                     hi.append(s["max"] - s["median"])
@@ -393,7 +401,9 @@ def markdown(results: dict[str, Any], plot_dir: str, plotted: set[str]) -> str:
         "clients connected **direct**ly; through **haproxy** in TCP mode (the broker "
         "advertises haproxy's port on a second listener, so nothing is rewritten); through "
         "**proxy** (`kafka-fetch-proxy run`, defaults unless the scenario says otherwise). "
-        '"relay" is the haproxy or proxy process, "broker" the Kafka JVM; CPU is '
+        "The CPU per small fetch also has **trio_relay** (`bench/trio_relay.py`): two trio "
+        "tasks per connection copying bytes, the least any relay on the proxy's runtime "
+        'does. "relay" is the haproxy, trio_relay or proxy process, "broker" the Kafka JVM; CPU is '
         "the process's CPU time (utime+stime, read in ns from its CPU-time clock).",
         "",
         "## Versions and machine",

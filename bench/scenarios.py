@@ -457,7 +457,11 @@ class FetchCpu(Scenario):
         "with the project's codec) each send a sessionless Fetch for an empty partition, "
         "wait for the answer after max_wait (500 ms) and send the next. The proxy's fetches "
         'are counted by its metric client_to_proxy_requests_total{api="fetch"}, the '
-        "others' by the client; relay_cpu_ms_per_fetch is relay CPU over fetches."
+        "others' by the client; relay_cpu_ms_per_fetch is relay CPU over fetches. "
+        "trio_relay (bench/trio_relay.py) is the floor of the proxy's runtime: two trio "
+        "tasks per connection copying bytes between the client and the broker on the "
+        "proxy's own sockets, with no framing, header, metrics or rewriting (its clients "
+        "fetch from the address they connected to)."
     )
     title = "CPU per small fetch (idle long-polling connections)"
 
@@ -470,13 +474,23 @@ class FetchCpu(Scenario):
     def prepare(self, stack: Stack, sizes: Sizes) -> None:
         self.topic = _new_topic(stack, "idle1", 1)
 
+    def arrangements(self, stack: Stack) -> list[Arrangement]:
+        """direct, haproxy, the bare trio relay (the runtime's floor), the proxy (last, as
+        ``bench.run``'s flame graphs expect)."""
+        *others, proxy = stack.arrangements()
+        return [*others, stack.trio_relay(), proxy]
+
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         connections = int(case.split()[0])
         probe = Probe(arr, stack.broker_pid)
         edges: list[Sample] = []
+        # the bare relay rewrites no address: its clients fetch where they connected
+        address = (
+            arr.bootstrap if arr.name == "trio_relay" else leader_address(arr.bootstrap, self.topic)
+        )
         result = asyncio.run(
             fetchloop.fetch_loops(
-                leader_address(arr.bootstrap, self.topic),
+                address,
                 self.topic,
                 connections,
                 max_wait_ms=sizes.fetch_wait_ms,

@@ -225,6 +225,7 @@ class Stack:
         self.cluster = None
         self.haproxy: subprocess.Popen[bytes] | None = None
         self.proxies: list[ProxyProcess] = []
+        self.trio_relay_proc: subprocess.Popen[bytes] | None = None
         self._arrangements: dict[str, Arrangement] = {}
         self._fds_at_start = 0
 
@@ -285,6 +286,35 @@ class Stack:
         self.proxies.append(proxy)
         return proxy
 
+    def trio_relay(self) -> Arrangement:
+        """``bench.trio_relay`` in front of the broker's own listener (started at the first
+        call): the floor of any relay on Python and trio.  It rewrites no address, so a
+        client must fetch from the address it connected to (the one broker)."""
+        arr = self._arrangements.get("trio_relay")
+        if arr is not None:
+            return arr
+        from support.procs import read_lines
+
+        assert self.cluster is not None
+        with (self.workdir / "trio_relay.log").open("ab") as err:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.trio_relay",
+                    "--upstream",
+                    self.cluster.nodes[1].address,
+                ],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+            )
+        self.trio_relay_proc = proc
+        bootstrap = read_lines(proc, ("bootstrap",), 30.0)["bootstrap"]
+        arr = self._arrangements["trio_relay"] = Arrangement("trio_relay", bootstrap, proc.pid)
+        return arr
+
     def arrangements(self, proxy: ProxyProcess | None = None) -> list[Arrangement]:
         """direct, haproxy, proxy (*proxy*: another proxy process in the proxy's place)."""
         out = [self._arrangements["direct"], self._arrangements["haproxy"]]
@@ -330,5 +360,10 @@ class Stack:
         self.proxies = []
         stop(self.haproxy)
         self.haproxy = None
+        if self.trio_relay_proc is not None:
+            stop(self.trio_relay_proc)
+            if self.trio_relay_proc.stdout is not None:
+                self.trio_relay_proc.stdout.close()
+            self.trio_relay_proc = None
         if self.cluster is not None:
             self.cluster.stop()

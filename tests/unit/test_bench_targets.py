@@ -68,6 +68,19 @@ def test_cpu_per_fetch_needs_both_the_absolute_and_the_haproxy_ratio(report: Mod
     assert _status(report, run(0.10, 0.019), prefix) == "missed"  # over 5x haproxy's
 
 
+def test_cpu_per_fetch_names_the_bare_trio_relays_cost_when_measured(report: ModuleType) -> None:
+    cases: dict[tuple[str, str, str], dict[str, float]] = {}
+    for case in ("100 conn", "1000 conn"):
+        cases["fetch_cpu", case, "proxy"] = {"relay_cpu_ms_per_fetch": 0.4}
+        cases["fetch_cpu", case, "haproxy"] = {"relay_cpu_ms_per_fetch": 0.025}
+    (row,) = [t for t in report.targets(_results(report, cases)) if "small fetch" in t["target"]]
+    assert "trio relay" not in row["numbers"]  # not measured: not named
+    cases["fetch_cpu", "100 conn", "trio_relay"] = {"relay_cpu_ms_per_fetch": 0.161}
+    (row,) = [t for t in report.targets(_results(report, cases)) if "small fetch" in t["target"]]
+    assert "100 conn: 0.400 ms = 16.0x haproxy's 0.025; a bare trio relay's 0.161" in row["numbers"]
+    assert row["status"] == "missed"  # the floor is context, not a threshold
+
+
 def test_idle_rounds_at_10000_partitions_and_the_load_run(report: ModuleType) -> None:
     results = _results(
         report,
