@@ -331,6 +331,13 @@ class Throughput(_KcatWarmUp):
         }
 
 
+def with_trio_relay(stack: Stack) -> list[Arrangement]:
+    """direct, haproxy, the bare trio relay (the floor of the proxy's runtime), the proxy
+    (last, as ``bench.run``'s flame graphs expect)."""
+    *others, proxy = stack.arrangements()
+    return [*others, stack.trio_relay(), proxy]
+
+
 class Latency(Scenario):
     """(b) a producer at a fixed rate (send time in the value), a consumer taking the time."""
 
@@ -340,7 +347,9 @@ class Latency(Scenario):
         "partition at a fixed rate with its send time (time.time_ns) in the value; a "
         "confluent-kafka consumer in another thread of the same process takes the time when "
         "consume() hands it the record. Both go through the arrangement, as an application "
-        "with a sidecar would. The first `latency_warmup` s are not counted."
+        "with a sidecar would. The first `latency_warmup` s are not counted. trio_relay "
+        "(bench/trio_relay.py): two trio tasks per connection copying bytes, the least a "
+        "relay on the proxy's runtime adds."
     )
     title = "End-to-end latency at a fixed rate"
     VALUE_BYTES = 100
@@ -354,6 +363,9 @@ class Latency(Scenario):
     def prepare(self, stack: Stack, sizes: Sizes) -> None:
         for case in self.cases(sizes):
             self.topics[case] = _new_topic(stack, "lat", 1)
+
+    def arrangements(self, stack: Stack) -> list[Arrangement]:
+        return with_trio_relay(stack)
 
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         rate = int(case.split()[0])
@@ -460,8 +472,8 @@ class FetchCpu(Scenario):
         "others' by the client; relay_cpu_ms_per_fetch is relay CPU over fetches. "
         "trio_relay (bench/trio_relay.py) is the floor of the proxy's runtime: two trio "
         "tasks per connection copying bytes between the client and the broker on the "
-        "proxy's own sockets, with no framing, header, metrics or rewriting (its clients "
-        "fetch from the address they connected to)."
+        "proxy's own sockets, with no framing, header, metrics or rewriting (the broker "
+        "advertises its port on a listener of its own)."
     )
     title = "CPU per small fetch (idle long-polling connections)"
 
@@ -475,22 +487,15 @@ class FetchCpu(Scenario):
         self.topic = _new_topic(stack, "idle1", 1)
 
     def arrangements(self, stack: Stack) -> list[Arrangement]:
-        """direct, haproxy, the bare trio relay (the runtime's floor), the proxy (last, as
-        ``bench.run``'s flame graphs expect)."""
-        *others, proxy = stack.arrangements()
-        return [*others, stack.trio_relay(), proxy]
+        return with_trio_relay(stack)
 
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         connections = int(case.split()[0])
         probe = Probe(arr, stack.broker_pid)
         edges: list[Sample] = []
-        # the bare relay rewrites no address: its clients fetch where they connected
-        address = (
-            arr.bootstrap if arr.name == "trio_relay" else leader_address(arr.bootstrap, self.topic)
-        )
         result = asyncio.run(
             fetchloop.fetch_loops(
-                address,
+                leader_address(arr.bootstrap, self.topic),
                 self.topic,
                 connections,
                 max_wait_ms=sizes.fetch_wait_ms,

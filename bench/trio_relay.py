@@ -7,13 +7,13 @@ connection to *upstream* and runs two trio tasks, each reading what arrived (at 
 64 KiB) and writing it to the other side, on the sockets the proxy itself uses
 (``proxy.server.sockets.LeanSocketStream``: one scheduler turn per read, none per
 write the kernel takes at once).  No framing, no header, no metrics, no address
-rewriting: a client must use the address it connected to as the broker's (one
-broker; ``bench.scenarios.FetchCpu`` does).
+rewriting: the broker itself advertises the relay's port, on a listener of its own
+(``bench.stack``'s ``FLOOR``, as haproxy has ``RELAY``).
 
 It is the benchmark's floor for the proxy's runtime, not a product: what one small
 fetch costs on this machine in any relay written on Python and trio, measured in the
 same run as haproxy and the proxy (``fetch_cpu``'s ``trio_relay`` arrangement).
-The CPU per small fetch above it is the proxy's own work.
+What the proxy costs above it (CPU per small fetch, latency added) is the proxy's own work.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from support.kafka import JVM_OPTS
 
 REPO = Path(__file__).resolve().parents[2]
 ARRANGEMENTS = {"direct", "haproxy", "proxy"}
+WITH_TRIO_RELAY = {"fetch_cpu", "latency"}
+"""The scenarios that also measure the bare trio relay (bench/trio_relay.py)."""
 SCENARIOS = {"throughput", "latency", "fetch_cpu", "idle_partitions", "shaping", "rss"}
 FETCH_SCENARIOS = {"shaped_partitions", "idle_consumers", "budget_starvation", "kafka_tools"}
 """Issue 17's scenarios (bench/fetch_scenarios.py), in the same smoke run."""
@@ -82,7 +84,8 @@ def test_bench_smoke_run_measures_every_scenario_and_arrangement(smoke: SmokeRun
     for name, scenario in results["scenarios"].items():
         assert scenario["cases"], name
         for case, arrangements in scenario["cases"].items():
-            assert set(arrangements) == ARRANGEMENTS, (name, case)
+            expected = ARRANGEMENTS | ({"trio_relay"} if name in WITH_TRIO_RELAY else set())
+            assert set(arrangements) == expected, (name, case)
             for arr, data in arrangements.items():
                 (run,) = data["runs"]  # --smoke: one repetition
                 numbers = [v for v in run.values() if v is not None]

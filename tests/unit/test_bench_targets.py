@@ -81,6 +81,29 @@ def test_cpu_per_fetch_names_the_bare_trio_relays_cost_when_measured(report: Mod
     assert row["status"] == "missed"  # the floor is context, not a threshold
 
 
+def test_latency_rows_name_the_bare_trio_relays_when_measured(report: ModuleType) -> None:
+    cases = {
+        ("latency", "1000 rec/s", "direct"): {"p50_ms": 0.3, "p99_ms": 1.0},
+        ("latency", "1000 rec/s", "proxy"): {"p50_ms": 1.0, "p99_ms": 3.0},
+        ("latency", "10000 rec/s", "direct"): {"p50_ms": 0.5, "relay_core_percent": 0.0},
+        ("latency", "10000 rec/s", "proxy"): {"p50_ms": 9.0, "relay_core_percent": 70.0},
+    }
+
+    def rows() -> list[str]:
+        return [
+            str(t["numbers"])
+            for t in report.targets(_results(report, cases))
+            if t["scenario"] == "latency"
+        ]
+
+    assert all("trio relay" not in r for r in rows())
+    cases["latency", "1000 rec/s", "trio_relay"] = {"p50_ms": 0.4, "p99_ms": 1.3}
+    cases["latency", "10000 rec/s", "trio_relay"] = {"p50_ms": 0.7, "relay_core_percent": 25.0}
+    one, ten = rows()
+    assert one.endswith("; a bare trio relay p50 +0.100, p99 +0.300 ms")
+    assert ten.endswith("; a bare trio relay p50 +0.200 ms, 25.0 % of a core")
+
+
 def test_idle_rounds_at_10000_partitions_and_the_load_run(report: ModuleType) -> None:
     results = _results(
         report,
