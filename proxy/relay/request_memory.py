@@ -177,6 +177,13 @@ class RequestAccount:
         pool = self.pool
         share = pool.share
         pool._report(self, held)
+        if held < share and (missing is None or partial + missing <= share):
+            # Within the share (the usual case): the read takes nothing from the pool, and
+            # whatever this account had reserved goes back (the general path's result).
+            self._extent = extent = share - held
+            if self.reserved:
+                self._release_to(0)
+            return extent
         if missing is not None and partial + missing > share:
             extent = missing  # a frame beyond the share: reserved whole, read to its end only
         elif held < share:
@@ -213,7 +220,10 @@ class RequestAccount:
         if self.closed:
             return  # a task of the ended connection, still unwinding
         pool._report(self, held)
-        if self.waiting:
+        queue = pool._queue
+        if not self.reserved and not (queue and self in queue):
+            return  # it took nothing from the pool and asks for nothing: nothing to give back
+        if self in queue:
             self._target = self._need(held)
             self._release_to(max(0, held - pool.share))
             if self.waiting:

@@ -229,8 +229,7 @@ class MemoryBudget:
         self._listeners.remove(callback)
 
     def _adjust(self, delta: int) -> None:
-        self._used += delta
-        used = self.used
+        self._used = used = self._used + delta
         if used > self.peak:
             self.peak = used
         if used > self.capacity:
