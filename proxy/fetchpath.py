@@ -216,6 +216,7 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from .config import FetchPathConfig
@@ -413,6 +414,10 @@ class _Repeat:
     upstream_frame: bytes | None
     """The request the idle upstream session was sent (a repeat changes its epoch alone)."""
     upstream_session_id: int
+    upstream_epoch_at: int = -1
+    """Where ``upstream_frame`` has its session epoch (``fetch_count.frame_epoch_at``)."""
+    upstream_version: int = -1
+    """``upstream_frame``'s Fetch version."""
     session_id: int | None = None
     """A session client's fetch: its session (None: a sessionless client's)."""
     epoch_at: int = -1
@@ -992,8 +997,60 @@ class FetchPathHandler:
             limits=repeat.limits,
             repeat=repeat,
         )
-        self._run(self._send_in_ranges(step, upstream))
+        if not self._send_repeat(step, repeat, upstream):
+            self._run(self._send_in_ranges(step, upstream))
         return True
+
+    def _send_repeat(self, step: UpstreamFetch, repeat: _Repeat, upstream: Upstream) -> bool:
+        """``_send_in_ranges`` for a repeat that continues the idle session: its last
+        request's bytes, the 4 of the epoch new, sent at once (no stages to slice), and its
+        answer checked for "nothing changed" as it arrives (``_repeat_answered``).  False:
+        not that case (another session, a topic id to ask for); nothing was sent."""
+        exchange = self._exchange
+        request = step.request
+        frame = repeat.upstream_frame
+        at = repeat.upstream_epoch_at
+        if (
+            exchange is None
+            or frame is None
+            or at < 0
+            or step.missing_topic_ids
+            or int(request.session_id) != repeat.upstream_session_id
+        ):
+            return False
+        frame = fetch_count.with_epoch_at(frame, at, int(request.session_epoch))
+        exchange.upstream_request_bytes += len(frame)
+        exchange.upstream_frame = frame
+        version = repeat.upstream_version
+        upstream.send(
+            frame,
+            api_key=FETCH,
+            api_version=version,
+            on_response=FrameCallback(partial(self._repeat_answered, version, upstream)),
+        )
+        return True
+
+    def _repeat_answered(self, version: int, upstream: Upstream, frame: Frame) -> None:
+        """The answer to ``_send_repeat``'s request: when it says nothing changed, the client
+        gets its last answer again (``_answer_repeat``) with no stage run; any other goes
+        through the stages (``_received``)."""
+        exchange = self._exchange
+        translator = self.translator
+        if exchange is None or translator is None:
+            return  # the connection closed meanwhile
+        repeat = exchange.repeat
+        session_id = translator.repeating
+        if repeat is not None and session_id is not None:
+            unchanged = self._unchanged_answer(version, session_id)
+            if (
+                len(frame) == 4 + len(unchanged)
+                and frame[4:] == unchanged
+                and translator.complete_unchanged()
+            ):
+                exchange.upstream_response_bytes += len(frame)
+                self._answer_repeat(exchange, repeat, upstream)
+                return
+        self._run(self._received(version, frame, upstream), defer=exchange.large)
 
     def _unchanged_answer(self, version: int, session_id: int) -> bytes:
         """The bytes after the correlation id of a Fetch response of *version* that says
@@ -1138,6 +1195,11 @@ class FetchPathHandler:
         ):
             return
         h = request.header
+        upstream_frame = exchange.upstream_frame
+        upstream_version = epoch_in_frame = -1
+        if upstream_frame is not None:
+            upstream_version = int.from_bytes(upstream_frame[2:4], "big", signed=True)
+            epoch_in_frame = fetch_count.frame_epoch_at(upstream_frame, upstream_version)
         body = bytes(request.frame[offset:])
         order_free = None
         if session_id is None:
@@ -1155,8 +1217,10 @@ class FetchPathHandler:
             report=report,
             config=self.path.config,
             large=exchange.large,
-            upstream_frame=exchange.upstream_frame,
+            upstream_frame=upstream_frame,
             upstream_session_id=translator.session.session_id,
+            upstream_epoch_at=epoch_in_frame,
+            upstream_version=upstream_version,
             session_id=session_id,
             epoch_at=epoch_at,
         )
@@ -1376,8 +1440,10 @@ class FetchPathHandler:
             and repeat.upstream_frame is not None
             and (int(upstream_request.session_id) == repeat.upstream_session_id)
         ):  # the idle session's last request, at this epoch: its bytes, 4 of them new
-            frame = fetch_count.with_session_epoch(
-                repeat.upstream_frame, version, int(upstream_request.session_epoch)
+            frame = fetch_count.with_epoch_at(
+                repeat.upstream_frame,
+                repeat.upstream_epoch_at,
+                int(upstream_request.session_epoch),
             )
         else:
             frame = yield from codec.encode_request_in_ranges(
