@@ -424,8 +424,10 @@ class Connection:
         """
         if self.drain_effects is not None:
             self.drain_effects()
-        if self._account.held != self.request_bytes:
-            self._settle()  # an answered Fetch gave its frame's bytes back
+        held = self.request_bytes
+        if self._account.held != held:  # an answered Fetch gave its frame's bytes back
+            self._account.settle(held)
+            self._notify()
         frames = self.relay.take_client()
         if frames:
             self._last_active = self._now()  # an answer is activity too
