@@ -1038,19 +1038,24 @@ class FetchPathHandler:
         translator = self.translator
         if exchange is None or translator is None:
             return  # the connection closed meanwhile
-        repeat = exchange.repeat
-        session_id = translator.repeating
-        if repeat is not None and session_id is not None:
-            unchanged = self._unchanged_answer(version, session_id)
-            if (
-                len(frame) == 4 + len(unchanged)
-                and frame[4:] == unchanged
-                and translator.complete_unchanged()
-            ):
-                exchange.upstream_response_bytes += len(frame)
-                self._answer_repeat(exchange, repeat, upstream)
-                return
+        if exchange.repeat is not None and self._says_unchanged(translator, version, frame):
+            exchange.upstream_response_bytes += len(frame)
+            self._answer_repeat(exchange, exchange.repeat, upstream)
+            return
         self._run(self._received(version, frame, upstream), defer=exchange.large)
+
+    def _says_unchanged(self, translator: FetchTranslator, version: int, frame: Frame) -> bool:
+        """Whether *frame* answers the repeat in flight with "nothing changed" (read from its
+        bytes), which the translator then takes (``complete_unchanged``)."""
+        session_id = translator.repeating
+        if session_id is None:
+            return False
+        unchanged = self._unchanged_answer(version, session_id)
+        return (
+            len(frame) == 4 + len(unchanged)
+            and frame[4:] == unchanged
+            and translator.complete_unchanged()
+        )
 
     def _unchanged_answer(self, version: int, session_id: int) -> bytes:
         """The bytes after the correlation id of a Fetch response of *version* that says
@@ -1477,17 +1482,9 @@ class FetchPathHandler:
         if exchange is None or translator is None:
             return  # the connection closed meanwhile
         exchange.upstream_response_bytes += len(frame)
-        if exchange.repeat is not None:
-            session_id = translator.repeating
-            unchanged = None if session_id is None else self._unchanged_answer(version, session_id)
-            if (
-                unchanged is not None
-                and len(frame) == 4 + len(unchanged)
-                and frame[4:] == unchanged
-                and translator.complete_unchanged()
-            ):  # (read from its bytes: the answer that says nothing changed)
-                self._answer_repeat(exchange, exchange.repeat, upstream)
-                return
+        if exchange.repeat is not None and self._says_unchanged(translator, version, frame):
+            self._answer_repeat(exchange, exchange.repeat, upstream)
+            return
         response = yield from decode_fetch_response_in_ranges(
             version, frame, SLICE_PARTITIONS if exchange.large else 0
         )
