@@ -1439,25 +1439,15 @@ class FetchPathHandler:
             and not upstream_request.rack_id
         ):  # the leader is asked with the proxy's rack: the proxy follows its redirect
             upstream_request = dataclasses.replace(upstream_request, rack_id=self.rack.rack)
-        repeat = exchange.repeat
-        if (
-            repeat is not None
-            and repeat.upstream_frame is not None
-            and (int(upstream_request.session_id) == repeat.upstream_session_id)
-        ):  # the idle session's last request, at this epoch: its bytes, 4 of them new
-            frame = fetch_count.with_epoch_at(
-                repeat.upstream_frame,
-                repeat.upstream_epoch_at,
-                int(upstream_request.session_epoch),
-            )
-        else:
-            frame = yield from codec.encode_request_in_ranges(
-                upstream_request,
-                0,
-                client_id,
-                path=codec.FETCH_REQUEST_PARTITIONS,
-                every=SLICE_PARTITIONS if exchange.large else 0,
-            )
+        # (A repeat's next epoch goes out as bytes from ``_send_repeat``; whatever comes here,
+        # a resend after a session error at the same session id included, is encoded.)
+        frame = yield from codec.encode_request_in_ranges(
+            upstream_request,
+            0,
+            client_id,
+            path=codec.FETCH_REQUEST_PARTITIONS,
+            every=SLICE_PARTITIONS if exchange.large else 0,
+        )
         if self.closed:
             return
         exchange.upstream_request_bytes += len(frame)

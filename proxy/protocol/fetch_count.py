@@ -201,7 +201,9 @@ def session_epoch_at(version: int) -> int | None:
 def frame_epoch_at(frame: bytes, version: int) -> int:
     """Where *frame*, an encoded Fetch request (header and body) of *version* (v7+), has its
     ``session_epoch``: the last of the fixed fields before ``topics``, so 4 bytes before
-    them (the request header's size read from the frame)."""
+    them (the request header's size read from the frame).  ``with_epoch_at`` there gives
+    the same bytes as kio's encoding of the request with that epoch
+    (``tests/unit/test_fetch_count``)."""
     layout = _known_layout(version)
     if layout is None or version < 7:
         raise ValueError(f"Fetch v{version} has no session epoch at a fixed place")
@@ -214,10 +216,3 @@ def frame_epoch_at(frame: bytes, version: int) -> int:
 def with_epoch_at(frame: bytes, at: int, epoch: int) -> bytes:
     """*frame* with the 4 bytes at *at* (``frame_epoch_at``) set to *epoch*."""
     return frame[:at] + epoch.to_bytes(4, "big", signed=True) + frame[at + 4 :]
-
-
-def with_session_epoch(frame: bytes, version: int, epoch: int) -> bytes:
-    """*frame*, an encoded Fetch request (header and body) of *version* (v7+), with its
-    ``session_epoch`` set to *epoch* (at ``frame_epoch_at``).  The same bytes as kio's
-    encoding of the request with that epoch (``tests/unit/test_fetch_count``)."""
-    return with_epoch_at(frame, frame_epoch_at(frame, version), epoch)

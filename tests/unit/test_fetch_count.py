@@ -112,10 +112,10 @@ def test_the_order_free_form_ignores_the_order_of_the_partitions_only(version: i
 
 @pytest.mark.parametrize("version", range(7, 19))
 def test_a_new_session_epoch_in_the_bytes_is_kios_encoding(version: int) -> None:
-    from proxy.protocol.fetch_count import with_session_epoch
+    from proxy.protocol.fetch_count import frame_epoch_at, with_epoch_at
 
     f, _ = frame(version, [2, 1])
     request = codec.decode_request(f)[1]
     for epoch in (0, 1, 77, 2**31 - 1, -1):
         want = codec.encode_request(dataclasses.replace(request, session_epoch=epoch), 1, "c")
-        assert with_session_epoch(f, version, epoch) == want
+        assert with_epoch_at(f, frame_epoch_at(f, version), epoch) == want

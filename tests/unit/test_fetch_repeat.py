@@ -139,6 +139,31 @@ def test_an_evicted_upstream_session_is_found_out_by_the_repeat() -> None:
     assert delivered(got)[("events", 0)] == [(0, 2)]
 
 
+def test_a_repeat_answered_with_a_session_error_resends_the_whole_fetch() -> None:
+    """INVALID_FETCH_SESSION_EPOCH closes the upstream session and the next request is full
+    under the same session id (``FetchSessionHandler``): the resend names every partition,
+    not the idle session's last request (which named none) at epoch 0."""
+    w = World()
+    c = Conn(w).with_edge()
+    for cid in (1, 2, 3):
+        answer(c, cid, ALL)
+    assert c.handler.repeats == 1
+    (session,) = w.upstream_sessions.sessions()
+    session.epoch += 5  # the next repeat's epoch is stale: INVALID_FETCH_SESSION_EPOCH
+    sent_before = len(upstream_fetches(c))
+    w.append("events", 0, 2)
+    got = codec.decode_response(1, 12, answer(c, 4, ALL))[1]
+    assert delivered(got)[("events", 0)] == [(0, 2)]
+    assert got == direct(w, c, 4, ALL)
+    repeat, resend = upstream_fetches(c)[sent_before:]
+    assert repeat.topics == () and int(repeat.session_id) == session.id
+    # the whole fetch again, as a new session (epoch 0), in one round
+    assert int(resend.session_epoch) == 0
+    assert sorted((t.topic, int(p.partition)) for t in resend.topics for p in t.partitions) == (
+        sorted((t, p) for t, p, _ in ALL)
+    )
+
+
 def test_a_repeat_reports_as_a_shaped_response_does() -> None:
     w = World()
     c = Conn(w).with_edge()
