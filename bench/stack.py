@@ -362,10 +362,7 @@ class Stack:
         self.proxies = []
         stop(self.haproxy)
         self.haproxy = None
-        if self.trio_relay_proc is not None:
-            stop(self.trio_relay_proc)
-            if self.trio_relay_proc.stdout is not None:
-                self.trio_relay_proc.stdout.close()
-            self.trio_relay_proc = None
+        stop(self.trio_relay_proc)
+        self.trio_relay_proc = None
         if self.cluster is not None:
             self.cluster.stop()
