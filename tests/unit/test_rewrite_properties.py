@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kio.static.primitive import Records
 
 from proxy.protocol import codec, walk
-from proxy.protocol.apis import API_VERSIONS
+from proxy.protocol.apis import API_VERSIONS, PRODUCE
 from proxy.relay import rewrite
 
 # kio registers strategies for its primitives but not for Records (opaque batch bytes here)
@@ -89,3 +89,41 @@ def test_walk_agrees_with_kio(message: tuple[int, int, Any], cid: int) -> None:
     assert got_cid == cid
     assert body == expected(obj)
     assert out == codec.encode_response(expected(obj), cid)
+
+
+PRODUCE_VERSIONS = [
+    v
+    for v in range(10, rewrite.PRODUCE_SKIPPED_MAX + 1)
+    if codec.response_schema(PRODUCE, v) is not None
+]
+
+
+@st.composite
+def produce_responses(draw: st.DrawFn) -> tuple[int, Any]:
+    version = draw(st.sampled_from(PRODUCE_VERSIONS))
+    return version, draw(st.from_type(codec.response_schema(PRODUCE, version)))
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(produce_responses(), st.integers(min_value=-(2**31), max_value=2**31 - 1), st.data())
+def test_a_produce_answer_is_skipped_exactly_when_it_names_no_node(
+    message: tuple[int, Any], cid: int, data: st.DataObject
+) -> None:
+    """The skip over a ProduceResponse (``_no_node_endpoints``) says "no NodeEndpoints"
+    exactly for kio's encodings with none (record errors, messages, current leaders and
+    all), and never for a frame cut short or run on: those are walked and refused."""
+    version, obj = message
+    frame = codec.encode_response(obj, cid)
+    hv = codec.response_header_version(PRODUCE, version)
+    assert hv is not None
+    offset = codec.response_body_offset(frame, hv)
+    assert rewrite._no_node_endpoints(frame, offset, version) == (not obj.node_endpoints)
+    if not obj.node_endpoints:
+        assert rewrite.rewrite_response(PRODUCE, version, frame, resolve) is frame
+    cut = data.draw(st.integers(min_value=offset, max_value=len(frame) - 1))
+    assert not rewrite._no_node_endpoints(frame[:cut], offset, version)
+    assert not rewrite._no_node_endpoints(frame + b"\x00", offset, version)
