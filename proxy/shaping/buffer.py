@@ -110,14 +110,17 @@ class ReuseBuffer:
         if not run.headers or run.headers[-1].next_offset <= fetch_offset:
             return 0
         room = (self.capacity if capacity is None else capacity) - self._size
-        count = 0
-        for h in run.headers:
-            if h.end > room:
-                break
-            count += 1
-        if count == 0:
-            return 0
-        kept = run.head(count)
+        if run.size <= room:
+            kept = run  # (the common case: a held run put back whole, nothing served of it)
+        else:
+            count = 0
+            for h in run.headers:
+                if h.end > room:
+                    break
+                count += 1
+            if count == 0:
+                return 0
+            kept = run.head(count)
         reservation = None
         if self._budget is not None:
             if source is not None and not source.released and source.nbytes >= kept.size:

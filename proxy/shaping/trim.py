@@ -47,7 +47,7 @@ from ..protocol.codec import drain
 from ..protocol.error_codes import NONE
 from ..protocol.messages import kio_class_with, make, module_of, replaced
 from ..protocol.partition_key import PartitionKey, topic_key
-from ..protocol.records import BatchHeader
+from ..protocol.records import CONTROL_MASK, LOG_OVERHEAD, BatchHeader
 from .limits import ResponseLimits
 
 Aborted = tuple[tuple[int, int], ...]
@@ -82,6 +82,9 @@ class Run:
     """Headers of the batches in *data*; ``position`` is relative to *data*."""
     aborted: Aborted | None = None
     """Aborted transactions that apply from the first batch on; None: not read_committed."""
+    _records: int = field(default=-1, init=False, repr=False, compare=False)
+    """``records`` once counted (-1: not yet): a run held in the reuse buffer is offered,
+    and counted, by every fetch until it is served."""
 
     @property
     def size(self) -> int:
@@ -89,7 +92,11 @@ class Run:
 
     @property
     def records(self) -> int:
-        return sum(h.counted_records for h in self.headers)
+        counted = self._records
+        if counted < 0:
+            counted = sum(h.counted_records for h in self.headers)
+            object.__setattr__(self, "_records", counted)
+        return counted
 
     @property
     def first_offset(self) -> int | None:
@@ -293,6 +300,14 @@ def _fmin(value: int | None) -> float:
     return float("inf") if value is None else value
 
 
+_REASON_BITS = ("partition_bytes", "partition_records", "response_bytes", "response_records")
+_REASONS = tuple(
+    frozenset(r for bit, r in enumerate(_REASON_BITS) if mask >> bit & 1) for mask in range(16)
+)
+"""The limits that hold a batch back, by the bit mask ``allocate`` computes (one frozenset
+each, made once)."""
+
+
 def allocate(
     runs: Mapping[PartitionKey, Run], order: Sequence[PartitionKey], limits: ResponseLimits
 ) -> dict[PartitionKey, tuple[int, bool, frozenset[str]]]:
@@ -313,31 +328,33 @@ def allocate_in_ranges(
     its arguments."""
     remaining_bytes = _fmin(limits.response_bytes)
     remaining_records = _fmin(limits.response_records)
+    part_records = _fmin(limits.partition_records)
+    # a partition's bytes limit: the smaller of its client max_bytes and the configured cap
+    bytes_for = limits.partition_bytes_for.get
+    cap = _fmin(limits.partition_bytes)
     first = True
     out: dict[PartitionKey, tuple[int, bool, frozenset[str]]] = {}
+    nothing: frozenset[str] = frozenset()
     for walked, key in enumerate(order, 1):
         if every and walked % every == 0:
             yield
         run = runs[key]
-        part_bytes = _fmin(limits.bytes_for(key))
-        part_records = _fmin(limits.partition_records)
+        own = bytes_for(key)
+        part_bytes = cap if own is None or own > cap else own
         count = taken_bytes = taken_records = 0
         exempt = False
-        held: frozenset[str] = frozenset()
+        held = nothing
         for h in run.headers:
-            nb = taken_bytes + h.size
-            nr = taken_records + h.counted_records
-            reasons = set()
-            if nb > part_bytes:
-                reasons.add("partition_bytes")
-            if nr > part_records:
-                reasons.add("partition_records")
-            if nb > remaining_bytes:
-                reasons.add("response_bytes")
-            if nr > remaining_records:
-                reasons.add("response_records")
-            if reasons:
-                held = frozenset(reasons)
+            nb = taken_bytes + LOG_OVERHEAD + h.batch_length  # (h.size)
+            nr = taken_records + (0 if h.attributes & CONTROL_MASK else h.records_count)
+            mask = (
+                (nb > part_bytes)
+                | (nr > part_records) << 1
+                | (nb > remaining_bytes) << 2
+                | (nr > remaining_records) << 3
+            )
+            if mask:
+                held = _REASONS[mask]
                 if first and count == 0:
                     # KIP-74 progress: the batch goes out alone; as in Kafka's
                     # log read with minOneMessage, the partition's read ends here.
