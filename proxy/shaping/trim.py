@@ -440,6 +440,13 @@ def trim_response_in_ranges(
                 outcomes[key] = _nothing_offered(key, None if txns is None else ())  # aborted_of
                 continue
             todo.append((position, pd, key))
+            if not pd.records and (prefix := prefixes.get(key)) is not None and prefix.run.headers:
+                # held batches alone (an answer from held data, or a partition upstream
+                # had nothing new for): what the general steps below make of it, directly
+                marks[key] = marks_of(pd)
+                runs[key] = run = prefix.run
+                upstream[key] = (0, 0, 0, run.size)
+                continue
             if is_legacy(pd.records):
                 legacy.add(key)
                 errors[key] = NONE
@@ -515,7 +522,16 @@ def trim_response_in_ranges(
             run = runs[key]
             up_bytes, up_records, partial, reused = upstream[key]
             count, exempt, held = plan.get(key, (0, False, frozenset()))
-            head, tail = run.split_view(count, copy)
+            plain = (
+                count == 0
+                and run.aborted is None
+                and not pd.records
+                and pd.aborted_transactions is None
+            )
+            if plain:  # nothing of it goes out, nothing to cut: ``split_view(0)``'s answer
+                head, tail = _NO_RUN[None], run._owning(copy)
+            else:
+                head, tail = run.split_view(count, copy)
             all_limited |= held
             outcomes[key] = PartitionOutcome(
                 key=key,
@@ -533,7 +549,7 @@ def trim_response_in_ranges(
                 limited_by=held,
                 remainder=tail,
             )
-            rebuilt = _rebuild_partition(pd, head)
+            rebuilt = pd if plain else _rebuild_partition(pd, head)
             if rebuilt is not pd:
                 if new_parts is None:
                     new_parts = list(topic.partitions)
