@@ -3,6 +3,7 @@
 # -- dev cluster fixtures (tests/support/cluster.py) ---------------------------------
 
 import functools
+import importlib
 import inspect
 import json
 import os
@@ -13,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,6 +25,16 @@ from support.cluster import ThreadedCluster
 from support.kafka import KafkaCluster, clusters_in, running_clusters
 
 __all__ = ["BACKENDS", "upstream_for"]  # defined in tests/support/backends.py
+
+# -- bench/ (a directory of the repository, not an installed package) ------------------
+
+
+@pytest.fixture
+def bench_module(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """Imports ``bench.<name>`` from the repository (its directory put on the path)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    return lambda name: importlib.import_module(f"bench.{name}")
+
 
 # -- Spark (pipeline/) ------------------------------------------------------------------
 #

@@ -5,20 +5,15 @@ The whole tool runs in ``tests/integration/test_bench_compare.py`` (test files n
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
-def compare(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """``bench.compare`` (bench/ is not installed with the package: imported from the repo)."""
-    monkeypatch.syspath_prepend(str(REPO))
-    return importlib.import_module("bench.compare")
+def compare(bench_module: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_module("compare")
 
 
 def test_revisions_alternate_forward_then_backward(compare: ModuleType) -> None:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
-def held_micro(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(REPO))
-    return importlib.import_module("bench.held_micro")
+def held_micro(bench_module: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_module("held_micro")
 
 
 def test_a_small_read_is_answered_mostly_from_held_data_and_is_the_same_each_time(

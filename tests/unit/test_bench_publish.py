@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
-def run(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """``bench.run`` (bench/ is a directory of the repository, not an installed package)."""
-    monkeypatch.syspath_prepend(str(REPO))
-    return importlib.import_module("bench.run")
+def run(bench_module: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_module("run")
 
 
 def test_the_discussion_from_its_mark_on_is_kept(run: ModuleType, tmp_path: Path) -> None:
@@ -33,10 +29,8 @@ def test_nothing_is_kept_without_the_mark_or_the_file(run: ModuleType, tmp_path:
 
 
 @pytest.fixture
-def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """``bench.report`` (imported as ``bench.run`` is, above)."""
-    monkeypatch.syspath_prepend(str(REPO))
-    return importlib.import_module("bench.report")
+def report(bench_module: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_module("report")
 
 
 def test_a_merged_run_replaces_its_targets_rows_in_the_top_table(report: ModuleType) -> None:

@@ -3,7 +3,7 @@ against direct or haproxy of the same run, and "not measured" when the run lacks
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,10 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def report(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """``bench.report`` (bench/ is a directory of the repository, not an installed package)."""
-    monkeypatch.syspath_prepend(str(REPO))
-    return importlib.import_module("bench.report")
+def report(bench_module: Callable[[str], ModuleType]) -> ModuleType:
+    return bench_module("report")
 
 
 def _results(
@@ -124,17 +122,16 @@ def test_idle_rounds_at_10000_partitions_and_the_load_run(report: ModuleType) ->
 
 
 def test_rerender_judges_a_finished_run_again_with_the_load_run_and_keeps_its_flame_graphs(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    bench_module: Callable[[str], ModuleType], tmp_path: Path
 ) -> None:
     """``bench.run --rerender``: the load run (10 minutes, run on its own after the full
     run) joins the targets of an earlier run without measuring again; the run's own
     flame graphs stay linked, the load run's is copied beside them."""
-    monkeypatch.syspath_prepend(str(REPO))
-    run = importlib.import_module("bench.run")
+    run = bench_module("run")
     import json
 
     results = json.loads((REPO / "bench" / "plots" / "results.json").read_text())
-    judged = importlib.import_module("bench.report").targets(results)
+    judged = bench_module("report").targets(results)
     results["targets"] = [{**t, "flamegraph": "flame-kept.svg"} for t in judged]
     (tmp_path / "results.json").write_text(json.dumps(results))
     pair = {"direct": 450.0, "proxy": 500.0, "proxy_over_direct": 1.11}
