@@ -190,25 +190,16 @@ def _no_node_endpoints(frame: bytes, offset: int, version: int) -> bool:
                 for _ in range(errors - 1):
                     pos += 4  # batch_index
                     n, pos = read_uvarint(frame, pos)  # batch_index_error_message
-                    pos = _skip_tags(frame, pos + max(n - 1, 0))
+                    pos = codec.skip_tagged_fields(frame, pos + max(n - 1, 0))
                 n, pos = read_uvarint(frame, pos)  # error_message
-                pos = _skip_tags(frame, pos + max(n - 1, 0))  # (current_leader, tag 0)
-            pos = _skip_tags(frame, pos)
+                # then the partition's tagged fields (current_leader, tag 0)
+                pos = codec.skip_tagged_fields(frame, pos + max(n - 1, 0))
+            pos = codec.skip_tagged_fields(frame, pos)
         pos += 4  # throttle_time_ms
         tags, pos = read_uvarint(frame, pos)
     except DecodeError:
         return False
     return tags == 0 and pos == len(frame)
-
-
-def _skip_tags(frame: bytes, pos: int) -> int:
-    """The position after a tagged-field section at *pos*."""
-    count, pos = read_uvarint(frame, pos)
-    for _ in range(count):
-        _, pos = read_uvarint(frame, pos)
-        size, pos = read_uvarint(frame, pos)
-        pos += size
-    return pos
 
 
 def rewrite_node_endpoints(response: Any, resolve: Resolver) -> Any:
