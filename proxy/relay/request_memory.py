@@ -220,10 +220,10 @@ class RequestAccount:
         if self.closed:
             return  # a task of the ended connection, still unwinding
         pool._report(self, held)
-        queue = pool._queue
-        if not self.reserved and not (queue and self in queue):
+        waiting = self.waiting
+        if not self.reserved and not waiting:
             return  # it took nothing from the pool and asks for nothing: nothing to give back
-        if self in queue:
+        if waiting:
             self._target = self._need(held)
             self._release_to(max(0, held - pool.share))
             if self.waiting:
