@@ -1203,8 +1203,7 @@ class FetchPathHandler:
         upstream_frame = exchange.upstream_frame
         upstream_version = epoch_in_frame = -1
         if upstream_frame is not None:
-            upstream_version = int.from_bytes(upstream_frame[2:4], "big", signed=True)
-            epoch_in_frame = fetch_count.frame_epoch_at(upstream_frame, upstream_version)
+            upstream_version, epoch_in_frame = fetch_count.frame_epoch_at(upstream_frame)
         body = bytes(request.frame[offset:])
         order_free = None
         if session_id is None:

@@ -198,19 +198,20 @@ def session_epoch_at(version: int) -> int | None:
     return layout[1] - 4
 
 
-def frame_epoch_at(frame: bytes, version: int) -> int:
-    """Where *frame*, an encoded Fetch request (header and body) of *version* (v7+), has its
-    ``session_epoch``: the last of the fixed fields before ``topics``, so 4 bytes before
-    them (the request header's size read from the frame).  ``with_epoch_at`` there gives
+def frame_epoch_at(frame: bytes) -> tuple[int, int]:
+    """The version of *frame*, an encoded Fetch request (header and body, v7+), and where it
+    has its ``session_epoch``: the last of the fixed fields before ``topics``, so 4 bytes
+    before them (both read from the request header).  ``with_epoch_at`` there gives
     the same bytes as kio's encoding of the request with that epoch
     (``tests/unit/test_fetch_count``)."""
-    layout = _known_layout(version)
-    if layout is None or version < 7:
-        raise ValueError(f"Fetch v{version} has no session epoch at a fixed place")
-    at = parse_request_header(frame).body_offset
+    header = parse_request_header(frame)
+    version = header.api_version
+    at = session_epoch_at(version)
     if at is None:
+        raise ValueError(f"Fetch v{version} has no session epoch at a fixed place")
+    if header.body_offset is None:
         raise ValueError("a Fetch request frame without a body")
-    return at + layout[1] - 4
+    return version, header.body_offset + at
 
 
 def with_epoch_at(frame: bytes, at: int, epoch: int) -> bytes:
