@@ -476,16 +476,16 @@ class Connection:
             # its scheduler turns) per read, not per request.  A broker slow to take
             # them is not the client's delay either.
             if self.relay.upstream_queued:
-                if timeout > 0 and (decoder.buffered or decoder.missing is not None):
-                    # a partial frame's time does not count while the proxy writes
-                    waited = self._now()
-                    await self._send_upstream()
+                # a partial frame's time does not count while the proxy writes (no frame
+                # in progress: nothing to time)
+                timed = timeout > 0 and (decoder.buffered or decoder.missing is not None)
+                waited = self._now() if timed else 0.0
+                await self._send_upstream()
+                if timed:
                     stalled = self._now() - waited
                     paused += stalled
                     if deadline is not None:
                         deadline += stalled
-                else:  # (no frame in progress: nothing to time)
-                    await self._send_upstream()
             if timeout > 0:
                 if not decoder.buffered and decoder.missing is None:
                     deadline = None
