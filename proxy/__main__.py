@@ -1,5 +1,18 @@
+"""``python -m proxy`` and the installed ``kafka-fetch-proxy`` command."""
+
 import sys
 
-from proxy.cli import main
+from proxy.command import without_test_tools
 
-sys.exit(main())
+
+def run() -> int:
+    """The command: :func:`proxy.cli.main`, imported once the test tools are marked
+    absent (``proxy.command``)."""
+    without_test_tools()
+    from proxy.cli import main
+
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

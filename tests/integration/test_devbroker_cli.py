@@ -221,7 +221,7 @@ def test_devbroker_is_installed_with_its_own_command() -> None:
     proxy never imports it is one of the import contracts (``lint-imports``)."""
     root = Path(__file__).resolve().parents[2]
     project = tomllib.loads((root / "pyproject.toml").read_text())
-    assert project["project"]["scripts"]["kafka-devbroker"] == "devbroker.cli:main"
+    assert project["project"]["scripts"]["kafka-devbroker"] == "devbroker.__main__:run"
     assert "devbroker*" in project["tool"]["setuptools"]["packages"]["find"]["include"]
     assert "devbroker" in project["tool"]["mypy"]["packages"]
     args = cli.build_parser().parse_args(["--nodes", "1", "--port", "0", "--topic", "t:2"])

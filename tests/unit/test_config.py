@@ -283,7 +283,7 @@ def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def cli(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """:func:`run_cli` in this process: ``proxy.cli.main`` (what the installed command calls)
+    """:func:`run_cli` in this process: ``proxy.cli.main`` (what the installed command runs)
     with the same argv, environment and directory, its exit code (returned or raised, as
     argparse does) and what it wrote.  For what needs no process of its own (check-config,
     --help): a Python start-up and the proxy's imports each time cost a second of CPU."""

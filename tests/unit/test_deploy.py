@@ -115,7 +115,7 @@ def test_dockerfile_entrypoint_is_the_run_command() -> None:
     (entrypoint,) = instructions("ENTRYPOINT")
     assert json.loads(entrypoint) == ["kafka-fetch-proxy", "run"]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["kafka-fetch-proxy"] == "proxy.cli:main"
+    assert project["scripts"]["kafka-fetch-proxy"] == "proxy.__main__:run"
     parser = cli.build_parser()
     namespace = parser.parse_args(["run", "--upstream", "broker:9092"])
     assert callable(namespace.func)
