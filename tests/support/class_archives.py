@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import clients
@@ -164,9 +165,18 @@ def build(line: str, work: Path, *, clients_too: bool) -> None:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="class-archives-") as tmp:
-        for line in VERSIONS:
-            build(line, Path(tmp), clients_too=line == LINE)
+    """Each line's archives, the lines at once: each build mostly waits on its JVMs, and
+    on a fresh 2-core machine the lines one after the other took 31 s of set-up, the
+    newest line's 22 of them."""
+    with (
+        tempfile.TemporaryDirectory(prefix="class-archives-") as tmp,
+        ThreadPoolExecutor(len(VERSIONS)) as pool,
+    ):
+        builds = [
+            pool.submit(build, line, Path(tmp), clients_too=line == LINE) for line in VERSIONS
+        ]
+        for done in builds:
+            done.result()  # (what one raised is raised here)
     return 0
 
 
