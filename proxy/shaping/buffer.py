@@ -151,26 +151,37 @@ class ReuseBuffer:
         assert end is not None
         return end
 
-    def take(
-        self,
-        key: PartitionKey,
-        fetch_offset: int,
-        leader_epoch: int = NO_EPOCH,
-        *,
-        into: Reservation | None = None,
+    def offer(
+        self, key: PartitionKey, fetch_offset: int, leader_epoch: int = NO_EPOCH
     ) -> Prefix | None:
-        """Remove and return the held batches for a fetch at *fetch_offset*, if they match.
-
-        The bytes stay in memory until delivered: with *into* (the fetch's
-        reservation) their accounting moves there instead of being released.
-        """
+        """The held batches for a fetch at *fetch_offset*, if they match (else the entry is
+        dropped).  They stay held, counted by the entry's reservation, until the fetch's
+        response settles them: ``keep_unserved`` if it served none of them, else
+        ``hand_over``."""
         entry = self._match(key, fetch_offset, leader_epoch)
+        return None if entry is None else entry.prefix
+
+    def hand_over(self, key: PartitionKey, into: Reservation | None = None) -> None:
+        """Remove *key*'s entry; with *into* (the fetch's reservation) the accounting of
+        its bytes, still in memory until delivered or put back, moves there instead of
+        being released."""
+        entry = self._entries.get(key)
         if entry is None:
-            return None
+            return
         if into is not None and entry.reservation is not None:
             into.absorb(entry.reservation)
         self._remove(key)
-        return entry.prefix
+
+    def keep_unserved(self, key: PartitionKey, run: Run, marks: tuple[int, int, int]) -> bool:
+        """Whether *key*'s entry still holds *run* (offered, nothing of it served); it then
+        stays, with *marks* as its watermarks."""
+        entry = self._entries.get(key)
+        if entry is None or entry.prefix.run is not run:
+            return False
+        prefix = entry.prefix
+        if marks != (prefix.high_watermark, prefix.last_stable_offset, prefix.log_start_offset):
+            entry.prefix = Prefix(run, *marks)
+        return True
 
     def peek(self, key: PartitionKey) -> Prefix | None:
         entry = self._entries.get(key)

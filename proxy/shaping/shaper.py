@@ -127,7 +127,8 @@ class PreparedFetch:
     limits: Limits
     response_limits: ResponseLimits
     prefixes: Mapping[PartitionKey, Prefix]
-    """Batches taken from the reuse buffer, to go out ahead of upstream's data."""
+    """Batches offered from the reuse buffer, to go out ahead of upstream's data; held there
+    until ``finish`` settles them (``ReuseBuffer.offer``)."""
     client_offsets: Mapping[PartitionKey, int]
     """Where the client fetches each partition (request, plus session offsets given)."""
     upstream_offsets: Mapping[PartitionKey, int]
@@ -248,9 +249,9 @@ class FetchShaper:
         *grant*: the memory budget's reservation for this fetch
         (``MemoryBudget.reservation``, of nothing until the response's size is known); its
         size caps the upstream max_bytes
-        unless *max_bytes_cap* is given, batches taken from the reuse buffer
-        move into it, and :meth:`finish` resizes it to the data in memory and
-        then to the bytes delivered.  The caller releases it once the response
+        unless *max_bytes_cap* is given; :meth:`finish` resizes it to upstream's data in
+        memory, moves into it the held batches the response serves (or changes), and
+        resizes it to the bytes delivered.  The caller releases it once the response
         is written.  *max_bytes*: the most the response may carry, held batches
         included (the upstream max_bytes is what is left after them); given, it
         caps instead of the grant's size (a grant that holds nothing until the
@@ -284,12 +285,12 @@ class FetchShaper:
         forget_unlisted: bool = False,
     ) -> Generator[None, None, PreparedFetch]:
         """``prepare``, yielding after every *every* partitions (0: never) of its walks: the
-        offsets the request names, the held batches taken from the reuse buffer (into the
-        grant: a move within the budget), the response limits, the ``max_partition_bytes``
+        offsets the request names, the held batches offered from the reuse buffer (left
+        held there: ``finish`` settles them), the response limits, the ``max_partition_bytes``
         clamp, the offsets moved past held batches and the upstream rotation's rebuild.
         Between two ranges only this connection's own fetch changes its buffer, except
         ``FetchPath.shed_buffers`` (another connection short of budget), which empties
-        it: the rest of the walk then takes nothing, as a prepare after the shed would.
+        it: the rest of the walk then offers nothing, as a prepare after the shed would.
         The rotation is read and changed at one point.
 
         *upstream* False: the upstream request is not built (``upstream_request`` None)
@@ -297,7 +298,7 @@ class FetchShaper:
         (``held_answer``) spares the walks that build it.  *forget_unlisted*: a full fetch
         lists every partition the client reads, so what this connection holds for a
         partition it does not list (held batches, watermarks, waits, rotations) is
-        forgotten, before anything is taken."""
+        forgotten, before anything is offered."""
         self._isolation(request)
         limits = self.limits
         client_offsets: dict[PartitionKey, int] = {}
@@ -332,12 +333,12 @@ class FetchShaper:
         upstream_epochs: dict[PartitionKey, int] = {}
         buffer = self.buffer
         # the partitions with held batches, in the request's order (ties in the serve
-        # rotation keep it); one pass in a comprehension, the takes after it
+        # rotation keep it); one pass in a comprehension, the offers after it
         held_keys = [k for k in client_offsets if k in buffer] if len(buffer) else []
         for walked, key in enumerate(held_keys, 1):
             if every and walked % every == 0:
                 yield
-            prefix = buffer.take(key, client_offsets[key], epochs[key], into=grant)
+            prefix = buffer.offer(key, client_offsets[key], epochs[key])
             if prefix is not None and prefix.run.next_offset is not None:
                 prefixes[key] = prefix
                 upstream_offsets[key] = prefix.run.next_offset
@@ -348,7 +349,7 @@ class FetchShaper:
         elif max_bytes_cap is None and grant is not None:
             max_bytes_cap = max(0, grant.nbytes - held)
         rlimits = response_limits_of(limits, request, partition_max)
-        ahead = self._ahead(rlimits, held)
+        ahead = self._ahead(rlimits, 0)  # (the offered batches are in the buffer's size)
         if ahead is not None:
             max_bytes_cap = ahead if max_bytes_cap is None else min(max_bytes_cap, ahead)
         plan = UpstreamPlan(max_bytes_cap, ahead is None, upstream_epochs)
@@ -603,7 +604,7 @@ class FetchShaper:
         grant = prepared.grant
         prefixes = dict(prepared.prefixes)
         discarded: set[PartitionKey] = set()
-        in_memory = sum(p.run.size for p in prepared.prefixes.values())
+        in_memory = 0  # (offered batches are counted by the buffer's reservations)
         # Upstream's word matters only to held batches: none held, nothing to apply it to.
         observe = bool(prefixes or len(self.buffer)) and not held
         walked = 0
@@ -689,10 +690,25 @@ class FetchShaper:
             whole += outcome.upstream_bytes - outcome.dropped_partial_bytes
         waited = yield from self.serve_rotation.observe_in_ranges(result.serve_order, served, every)
         self.upstream_rotation.observe(served)
+        # The offered batches settle: those a response served none of stay held as they
+        # are (most of them, in a wide fetch answered from held data); the accounting of
+        # the others moves into the grant, where what is kept of them is split off again
+        # by ``put`` (they are in memory until delivered, as upstream's data).
         buffered = 0
+        buffer = self.buffer
+        offered = prepared.prefixes
+        kept_keys = {key for key, _ in kept}
+        for key in offered:
+            if key not in kept_keys:
+                buffer.hand_over(key, grant)
         for walked, (key, outcome) in enumerate(kept, 1):
             if every and walked % every == 0:
                 yield
+            if key in offered:
+                if buffer.keep_unserved(key, outcome.remainder, result_marks[key]):
+                    buffered += outcome.remainder.size
+                    continue
+                buffer.hand_over(key, grant)
             offset = outcome.next_offset
             if offset is None:
                 offset = client_offsets.get(key)

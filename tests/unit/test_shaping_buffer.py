@@ -28,9 +28,11 @@ def test_serves_at_matching_offset_and_moves_upstream_offset() -> None:
     assert buf.put(K, 5, r, leader_epoch=3, high_watermark=100) == r.size
     assert buf.size == r.size and K in buf and len(buf) == 1
     assert buf.upstream_offset(K, 5, 3) == 10
-    prefix = buf.take(K, 5, 3)
+    prefix = buf.offer(K, 5, 3)
     assert prefix is not None and prefix.run.data == r.data and prefix.high_watermark == 100
-    assert buf.size == 0 and buf.take(K, 5, 3) is None
+    assert buf.size == r.size and buf.offer(K, 5, 3) == prefix  # held until settled
+    buf.hand_over(K)  # served
+    assert buf.size == 0 and buf.offer(K, 5, 3) is None
 
 
 @pytest.mark.parametrize("offset,epoch", [(4, 3), (6, 3), (5, 4), (5, -1)])
@@ -122,7 +124,8 @@ def test_a_buffer_is_a_holder_exactly_while_it_holds_bytes() -> None:
     buf = ReuseBuffer(10_000, budget=budget)
     buf.put(K, 0, r, high_watermark=9)
     assert budget.holders == 1
-    assert buf.take(K, 0) is not None  # served: empty again
+    assert buf.offer(K, 0) is not None
+    buf.hand_over(K)  # served: empty again
     assert budget.holders == 0
     buf.put(K, 0, r, high_watermark=9)
     assert buf.upstream_offset(K, 7) == 7  # the client seeked: dropped
@@ -152,3 +155,21 @@ def test_head_is_split_view_s_head_and_owns_a_cut() -> None:
                 assert type(head.data) is bytes  # a cut head pins nothing
             if count >= len(whole.headers):
                 assert head is whole  # kept as it is, as split_view keeps it
+
+
+def test_an_offered_run_a_response_did_not_serve_stays_held_with_the_newer_marks() -> None:
+    r = held(0, 2)
+    budget = MemoryBudget(10 * r.size)
+    buf = ReuseBuffer(10_000, budget=budget)
+    buf.put(K, 0, r, high_watermark=9, last_stable_offset=9, log_start_offset=0)
+    prefix = buf.offer(K, 0)
+    assert prefix is not None and budget.used == r.size
+    assert not buf.keep_unserved(K, held(0, 2), (9, 9, 0))  # not the run it holds
+    assert buf.keep_unserved(K, prefix.run, (12, 10, 1))
+    kept = buf.offer(K, 0)
+    assert kept is not None and kept.run is prefix.run and budget.used == r.size
+    assert (kept.high_watermark, kept.last_stable_offset, kept.log_start_offset) == (12, 10, 1)
+    grant = budget.reservation()
+    buf.hand_over(K, grant)  # served: its bytes now the fetch's
+    assert len(buf) == 0 and grant.nbytes == r.size and budget.used == r.size
+    assert not buf.keep_unserved(K, prefix.run, (12, 10, 1))

@@ -144,7 +144,7 @@ def test_taking_held_batches_and_moving_offsets_past_them_yield_every_range() ->
     expected = whole.prepare(again)
     prepared, yields = counted(sliced.prepare_in_ranges(again, EVERY))
     assert prepared == expected and len(prepared.prefixes) == N
-    assert len(sliced.buffer) == len(whole.buffer) == 0  # taken, at the same points
+    assert len(sliced.buffer) == len(whole.buffer) == N  # offered, held until served
     moved = prepared.upstream_request.topics[0].partitions
     assert {p.fetch_offset for p in moved} == {3} and {p.partition_max_bytes for p in moved} == {0}
     # the offsets named (the response limits read in the same walk), the buffer's take,
