@@ -20,7 +20,7 @@ time.  A consumer fetch (v4+, not a follower's) goes through
       downstream session        DownstreamSessions.open: the partitions this fetch
                                 covers, as one sessionless full fetch (or a session
                                 error, answered at once)
-      shaping                   FetchShaper.prepare: held batches taken from the
+      shaping                   FetchShaper.prepare: held batches offered from the
                                 reuse buffer, the response's limits; when they fill
                                 the response (FetchShaper.held_answer, not for a
                                 fetch naming a rack) the client is answered from them
@@ -106,7 +106,7 @@ and answer (``DownstreamSessions.open_in_ranges``,
 ``answer_in_ranges``), the upstream session's begin (``begin_in_ranges``:
 reading the client's partitions, building the upstream request) and complete
 (``complete_in_ranges``), shaping's prepare, held answer and finish
-(``FetchShaper.prepare_in_ranges``: the offsets named, the held batches taken,
+(``FetchShaper.prepare_in_ranges``: the offsets named, the held batches offered,
 the response limits, the ``max_partition_bytes`` clamp, the offsets moved past
 held batches, the upstream rotation's rebuild; ``held_answer_in_ranges``;
 ``finish_in_ranges``: upstream's word on held batches, the trim walks, the

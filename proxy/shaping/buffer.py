@@ -111,7 +111,7 @@ class ReuseBuffer:
             return 0
         room = (self.capacity if capacity is None else capacity) - self._size
         if run.size <= room:
-            kept = run  # (the common case: a held run put back whole, nothing served of it)
+            kept = run  # (the common case: the whole run fits)
         else:
             count = 0
             for h in run.headers:
