@@ -349,7 +349,7 @@ class FetchShaper:
         elif max_bytes_cap is None and grant is not None:
             max_bytes_cap = max(0, grant.nbytes - held)
         rlimits = response_limits_of(limits, request, partition_max)
-        ahead = self._ahead(rlimits, 0)  # (the offered batches are in the buffer's size)
+        ahead = self._ahead(rlimits)
         if ahead is not None:
             max_bytes_cap = ahead if max_bytes_cap is None else min(max_bytes_cap, ahead)
         plan = UpstreamPlan(max_bytes_cap, ahead is None, upstream_epochs)
@@ -435,7 +435,7 @@ class FetchShaper:
         if gone:
             self.forget(gone)
 
-    def _ahead(self, limits: ResponseLimits, held: int) -> int | None:
+    def _ahead(self, limits: ResponseLimits) -> int | None:
         """The most record bytes to ask upstream for, so that all of it is delivered or held.
 
         Only a record limit trims a response below what upstream was asked (byte
@@ -443,7 +443,8 @@ class FetchShaper:
         partition cap while running ahead: see ``prepare_in_ranges``), so only then
         is this bound needed: what a response does not deliver goes to the buffer,
         which takes up to its capacity (and this connection's share of the budget)
-        less what the fetch already holds.  Asked that much, one round serves
+        less what it holds, the batches the fetch is offered among them (they stay
+        held until ``finish``).  Asked that much, one round serves
         several client responses and upstream bytes stay those delivered.  None:
         no bound (no record limit, or a buffer of capacity 0 keeps nothing).
         """
@@ -452,7 +453,7 @@ class FetchShaper:
             return None
         if self.share is not None:
             capacity = min(capacity, self.share())
-        return max(0, capacity - self.buffer.size - held)
+        return max(0, capacity - self.buffer.size)
 
     def held_answer(self, prepared: PreparedFetch) -> Any | None:
         """``held_answer_in_ranges`` at once."""
@@ -698,7 +699,9 @@ class FetchShaper:
         buffer = self.buffer
         offered = prepared.prefixes
         kept_keys = {key for key, _ in kept}
-        for key in offered:
+        for walked, key in enumerate(offered, 1):
+            if every and walked % every == 0:
+                yield
             if key not in kept_keys:
                 buffer.hand_over(key, grant)
         for walked, (key, outcome) in enumerate(kept, 1):
