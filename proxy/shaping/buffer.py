@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from ..protocol.partition_key import PartitionKey
 from .budget import MemoryBudget, Reservation
-from .trim import Prefix, Run
+from .trim import PartitionOutcome, Prefix, Run
 
 NO_EPOCH = -1
 
@@ -48,6 +48,9 @@ class _Entry:
     prefix: Prefix
     leader_epoch: int
     reservation: Reservation | None
+    unserved: PartitionOutcome | None = None
+    """The outcome a response that served none of the run gave it (``keep_unserved``):
+    the next such response gives it again (``trim_held_in_ranges``)."""
 
     @property
     def size(self) -> int:
@@ -172,16 +175,26 @@ class ReuseBuffer:
             into.absorb(entry.reservation)
         self._remove(key)
 
-    def keep_unserved(self, key: PartitionKey, run: Run, marks: tuple[int, int, int]) -> bool:
-        """Whether *key*'s entry still holds *run* (offered, nothing of it served); it then
-        stays, with *marks* as its watermarks."""
+    def keep_unserved(
+        self, key: PartitionKey, outcome: PartitionOutcome, marks: tuple[int, int, int]
+    ) -> bool:
+        """Whether *key*'s entry still holds *outcome*'s remainder (the run offered, nothing
+        of it served); it then stays, with *marks* as its watermarks and *outcome* as the
+        one to give again (``unserved``)."""
         entry = self._entries.get(key)
+        run = outcome.remainder
         if entry is None or entry.prefix.run is not run:
             return False
         prefix = entry.prefix
         if marks != (prefix.high_watermark, prefix.last_stable_offset, prefix.log_start_offset):
             entry.prefix = Prefix(run, *marks)
+        entry.unserved = outcome
         return True
+
+    def unserved(self, key: PartitionKey) -> PartitionOutcome | None:
+        """The outcome ``keep_unserved`` last kept with *key*'s run (None: none kept)."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.unserved
 
     def peek(self, key: PartitionKey) -> Prefix | None:
         entry = self._entries.get(key)

@@ -92,6 +92,7 @@ from .trim import (
     is_legacy,
     marks_of,
     parse_records,
+    trim_held_in_ranges,
     trim_response_in_ranges,
 )
 
@@ -171,6 +172,11 @@ class _HeldMade:
     """The other partitions that were waiting and no longer are."""
     partitions: int
     """How many partitions the response lists."""
+    keys: tuple[PartitionKey, ...]
+    """The partitions with held data, in response order (as *held_at* places them)."""
+    serve: tuple[PartitionKey, ...]
+    """The serve order the answer was allocated in, and *plan* that allocation."""
+    plan: Mapping[PartitionKey, tuple[int, bool, frozenset[str]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,9 +501,8 @@ class FetchShaper:
         bound = max(1, len(prepared.client_offsets))
         if any(n >= bound and k not in prefixes for k, n in self.waiting.items()):
             return None
-        plan = yield from allocate_in_ranges(
-            runs, self.serve_rotation.order(list(runs)), prepared.response_limits, every
-        )
+        serve = tuple(self.serve_rotation.order(list(runs)))
+        plan = yield from allocate_in_ranges(runs, serve, prepared.response_limits, every)
         # A batch kept back by the response's limits alone: nothing more fits.  (One
         # kept back by its partition's limits too says nothing of other partitions.)
         # Or a held batch over the limits that goes out alone (KIP-74's progress rule):
@@ -520,6 +525,7 @@ class FetchShaper:
         waiting = self.waiting
         topics = []
         held_at: list[tuple[int, tuple[int, ...]]] = []
+        held_keys: list[PartitionKey] = []
         waits: list[PartitionKey] = []
         settled: list[PartitionKey] = []
         walked = 0
@@ -538,6 +544,7 @@ class FetchShaper:
                 held = prefixes_get(key)
                 if held is not None:
                     positions.append(len(parts))
+                    held_keys.append((tkey, int(p.partition)))
                     mark = (
                         max(mark[0], held.high_watermark),
                         max(mark[1], held.last_stable_offset),
@@ -572,7 +579,16 @@ class FetchShaper:
         # session partitions, are added by the general trim)
         placed = sum(len(positions) for _, positions in held_at) == len(prefixes)
         self._held_made = (
-            _HeldMade(response, tuple(held_at), tuple(waits), tuple(settled), walked)
+            _HeldMade(
+                response,
+                tuple(held_at),
+                tuple(waits),
+                tuple(settled),
+                walked,
+                tuple(held_keys),
+                serve,
+                plan,
+            )
             if placed
             else None
         )
@@ -637,18 +653,35 @@ class FetchShaper:
             grant.resize(in_memory)
         if discarded:
             response = _withhold(response, discarded)
-        # an answer from held data: only its partitions with held data are trimmed
-        shown = response if made is None else _held_only(made)
-        result = yield from trim_response_in_ranges(
-            shown,
-            prepared.response_limits,
-            prefixes=prefixes,
-            order=self.serve_rotation.order,
-            every=every,
-            copy=self.copy,
-        )
-        if made is not None:
-            result = _spliced(made, shown, result)
+        if made is None:
+            result = yield from trim_response_in_ranges(
+                response,
+                prepared.response_limits,
+                prefixes=prefixes,
+                order=self.serve_rotation.order,
+                every=every,
+                copy=self.copy,
+            )
+        else:
+            # an answer from held data: only its partitions with held data are trimmed, in
+            # the allocation that made it (the serve order of them in response order, as
+            # the general trim takes it, is almost always the one it was made in)
+            runs = {key: prefixes[key].run for key in made.keys}
+            serve = tuple(self.serve_rotation.order(list(made.keys)))
+            plan = made.plan
+            if serve != made.serve:
+                plan = yield from allocate_in_ranges(runs, serve, prepared.response_limits, every)
+            result = yield from trim_held_in_ranges(
+                response,
+                made.held_at,
+                made.keys,
+                runs,
+                serve,
+                plan,
+                every=every,
+                copy=self.copy,
+                unserved=self.buffer.unserved,
+            )
         marks = self.watermarks
         waiting = self.waiting
         if made is not None:
@@ -708,7 +741,7 @@ class FetchShaper:
             if every and walked % every == 0:
                 yield
             if key in offered:
-                if buffer.keep_unserved(key, outcome.remainder, result_marks[key]):
+                if buffer.keep_unserved(key, outcome, result_marks[key]):
                     buffered += outcome.remainder.size
                     continue
                 buffer.hand_over(key, grant)
@@ -920,40 +953,6 @@ class FetchShaper:
 
 
 _NO_TOPIC = object()
-
-
-def _held_only(made: _HeldMade) -> Any:
-    """``held_answer``'s response (*made*) with only its partitions that have held data:
-    the others have nothing on offer for ``trim_response_in_ranges`` to find."""
-    response = made.response
-    topics = response.responses
-    return replaced(
-        response,
-        responses=tuple(
-            replaced(
-                topics[index], partitions=tuple(topics[index].partitions[at] for at in positions)
-            )
-            for index, positions in made.held_at
-        ),
-    )
-
-
-def _spliced(made: _HeldMade, shown: Any, result: TrimResult) -> TrimResult:
-    """*result* (the trim of ``_held_only``'s *shown*) with the whole response: the trimmed
-    entries in place of the held ones; the outcomes and watermarks stay the trimmed
-    partitions'."""
-    response = made.response
-    whole = list(response.responses)
-    for (index, positions), before, trimmed in zip(
-        made.held_at, shown.responses, result.response.responses, strict=True
-    ):
-        if trimmed is before:
-            continue
-        parts = list(whole[index].partitions)
-        for at, entry in zip(positions, trimmed.partitions, strict=True):
-            parts[at] = entry
-        whole[index] = replaced(whole[index], partitions=tuple(parts))
-    return replaced(result, response=replaced(response, responses=tuple(whole)))
 
 
 def _observe(

@@ -552,6 +552,128 @@ def trim_response_in_ranges(
     return TrimResult(new_response, outcomes, tuple(serve), frozenset(all_limited), marks)
 
 
+def trim_held_in_ranges(
+    response: Any,
+    held_at: Sequence[tuple[int, tuple[int, ...]]],
+    keys: Sequence[PartitionKey],
+    runs: Mapping[PartitionKey, Run],
+    serve: Sequence[PartitionKey],
+    plan: Mapping[PartitionKey, tuple[int, bool, frozenset[str]]],
+    *,
+    every: int = 0,
+    copy: Copy | None = None,
+    unserved: Callable[[PartitionKey], PartitionOutcome | None] | None = None,
+) -> Generator[None, None, TrimResult]:
+    """``trim_response_in_ranges`` for an answer made of held data alone (``FetchShaper.
+    held_answer``'s *response*), with what that answer already knows.
+
+    *held_at* gives, per topic index, the positions of the partitions with held data,
+    *keys* those partitions in the same order and *runs* their held runs (every one with
+    batches); their entries carry no records of their own and no error, and every other
+    entry has nothing on offer.  *serve* is the serve order of *keys* and *plan* its
+    allocation (``allocate``'s), both as the general trim would make them.  So only the
+    held partitions are walked, once, and only a served one is cut.  The result is the
+    general trim's, for the whole *response*: outcomes and watermarks of the held
+    partitions, in response order.
+
+    *unserved(key)*: an outcome given before for a partition none of whose held run
+    was served (its buffer entry's, ``ReuseBuffer.unserved``); it is given again when it
+    is for the very same run and limits, rather than made anew.  Yields after every
+    *every* partitions (0: never).
+    """
+    outcomes: dict[PartitionKey, PartitionOutcome] = {}
+    marks: dict[PartitionKey, tuple[int, int, int]] = {}
+    limited: set[frozenset[str]] = set()
+    topics = response.responses
+    new_topics: list[Any] | None = None
+    nothing: tuple[int, bool, frozenset[str]] = (0, False, frozenset())
+    given = unserved if unserved is not None else _no_outcome
+    walked = 0
+    for index, positions in held_at:
+        topic = topics[index]
+        parts = topic.partitions
+        new_parts: list[Any] | None = None
+        for at in positions:
+            key = keys[walked]
+            walked += 1
+            if every and walked % every == 0:
+                yield
+            pd = parts[at]
+            run = runs[key]
+            marks[key] = marks_of(pd)
+            count, exempt, held = plan.get(key, nothing)
+            limited.add(held)
+            if count == 0:
+                head = _empty_run(run.aborted)
+                outcome = given(key)
+                if (
+                    outcome is None
+                    or outcome.remainder is not run
+                    or outcome.limited_by != held
+                    or outcome.upstream_bytes  # (kept from an upstream answer's trim)
+                ):
+                    outcome = _offered_unserved(key, run, held, copy)
+            else:
+                head, tail = run.split_view(count, copy)
+                outcome = PartitionOutcome(
+                    key=key,
+                    error_code=NONE,
+                    upstream_bytes=0,
+                    upstream_records=0,
+                    offered_bytes=run.size,
+                    reused_bytes=run.size,
+                    delivered_bytes=head.size,
+                    delivered_records=head.records,
+                    delivered_batches=len(head.headers),
+                    dropped_partial_bytes=0,
+                    next_offset=head.next_offset,
+                    exempt=exempt,
+                    limited_by=held,
+                    remainder=tail,
+                )
+            outcomes[key] = outcome
+            rebuilt = _rebuild_partition(pd, head)
+            if rebuilt is not pd:
+                if new_parts is None:
+                    new_parts = list(parts)
+                new_parts[at] = rebuilt
+        if new_parts is not None:
+            if new_topics is None:
+                new_topics = list(topics)
+            new_topics[index] = replaced(topic, partitions=tuple(new_parts))
+    new_response = (
+        response if new_topics is None else replaced(response, responses=tuple(new_topics))
+    )
+    return TrimResult(new_response, outcomes, tuple(serve), frozenset().union(*limited), marks)
+
+
+def _no_outcome(key: PartitionKey) -> None:
+    return None
+
+
+def _offered_unserved(
+    key: PartitionKey, run: Run, held: frozenset[str], copy: Copy | None
+) -> PartitionOutcome:
+    """The outcome of a partition whose held *run* (no records from upstream) the response
+    serves none of, *held* back by the limits named."""
+    return PartitionOutcome(
+        key=key,
+        error_code=NONE,
+        upstream_bytes=0,
+        upstream_records=0,
+        offered_bytes=run.size,
+        reused_bytes=run.size,
+        delivered_bytes=0,
+        delivered_records=0,
+        delivered_batches=0,
+        dropped_partial_bytes=0,
+        next_offset=None,
+        exempt=False,
+        limited_by=held,
+        remainder=run._owning(copy),
+    )
+
+
 _NO_RUN: dict[Aborted | None, Run] = {None: Run(b"", (), None), (): Run(b"", (), ())}
 """The remainder of a partition without records (runs are frozen: one serves them all)."""
 

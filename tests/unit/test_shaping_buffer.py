@@ -5,7 +5,7 @@ from support.fetch_model import batch
 
 from proxy.shaping.budget import MemoryBudget
 from proxy.shaping.buffer import ReuseBuffer
-from proxy.shaping.trim import parse_records
+from proxy.shaping.trim import PartitionOutcome, Run, parse_records
 
 K = ("t", 0)
 
@@ -164,12 +164,37 @@ def test_an_offered_run_a_response_did_not_serve_stays_held_with_the_newer_marks
     buf.put(K, 0, r, high_watermark=9, last_stable_offset=9, log_start_offset=0)
     prefix = buf.offer(K, 0)
     assert prefix is not None and budget.used == r.size
-    assert not buf.keep_unserved(K, held(0, 2), (9, 9, 0))  # not the run it holds
-    assert buf.keep_unserved(K, prefix.run, (12, 10, 1))
+    assert not buf.keep_unserved(K, _unserved(held(0, 2)), (9, 9, 0))  # not the run it holds
+    assert buf.unserved(K) is None
+    outcome = _unserved(prefix.run)
+    assert buf.keep_unserved(K, outcome, (12, 10, 1))
+    assert buf.unserved(K) is outcome  # given again while the entry holds that run
     kept = buf.offer(K, 0)
     assert kept is not None and kept.run is prefix.run and budget.used == r.size
     assert (kept.high_watermark, kept.last_stable_offset, kept.log_start_offset) == (12, 10, 1)
     grant = budget.reservation()
     buf.hand_over(K, grant)  # served: its bytes now the fetch's
     assert len(buf) == 0 and grant.nbytes == r.size and budget.used == r.size
-    assert not buf.keep_unserved(K, prefix.run, (12, 10, 1))
+    assert buf.unserved(K) is None  # (gone with the entry: it pins nothing)
+    assert not buf.keep_unserved(K, outcome, (12, 10, 1))
+    buf.put(K, 0, prefix.run, high_watermark=12)
+    assert buf.unserved(K) is None  # a new entry: nothing given yet
+
+
+def _unserved(run: Run) -> PartitionOutcome:
+    return PartitionOutcome(
+        key=K,
+        error_code=0,
+        upstream_bytes=0,
+        upstream_records=0,
+        offered_bytes=run.size,
+        reused_bytes=run.size,
+        delivered_bytes=0,
+        delivered_records=0,
+        delivered_batches=0,
+        dropped_partial_bytes=0,
+        next_offset=None,
+        exempt=False,
+        limited_by=frozenset({"response_records"}),
+        remainder=run,
+    )

@@ -18,9 +18,19 @@ from support.fetch_model import (
 )
 
 from proxy.protocol import codec, records
+from proxy.protocol.codec import drain
+from proxy.protocol.messages import replaced
 from proxy.protocol.partition_key import PartitionKey
 from proxy.shaping.limits import ResponseLimits
-from proxy.shaping.trim import Prefix, Run, concat, parse_records, trim_response
+from proxy.shaping.trim import (
+    Prefix,
+    Run,
+    allocate,
+    concat,
+    parse_records,
+    trim_held_in_ranges,
+    trim_response,
+)
 
 V = 12
 T = topic_name_or_id(V)
@@ -526,3 +536,100 @@ def test_marks_of_gives_the_same_marks_on_its_fast_path(version: int) -> None:
     log_start = 3 if version >= 5 else -1
     assert [trim.marks_of(e) for e in entries] == [(10, lso[0], log_start), (20, lso[1], log_start)]
     assert (cls in trim._CARRIES_MARKS) == (version >= 5)
+
+
+# --- an answer made of held data alone ----------------------------------------------------
+
+
+def _held_only_trim(
+    response: Any,
+    held_at: list[tuple[int, tuple[int, ...]]],
+    prefixes: dict[PartitionKey, Prefix],
+    limits: ResponseLimits,
+    order: Any,
+) -> Any:
+    """The general trim of *response*'s held partitions alone, spliced back into it."""
+    topics = response.responses
+    shown = replaced(
+        response,
+        responses=tuple(
+            replaced(topics[i], partitions=tuple(topics[i].partitions[a] for a in at))
+            for i, at in held_at
+        ),
+    )
+    result = trim_response(shown, limits, prefixes=prefixes, order=order)
+    whole = list(topics)
+    for (i, at), trimmed in zip(held_at, result.response.responses, strict=True):
+        parts = list(whole[i].partitions)
+        for a, entry in zip(at, trimmed.partitions, strict=True):
+            parts[a] = entry
+        whole[i] = replaced(whole[i], partitions=tuple(parts))
+    return replaced(result, response=replaced(response, responses=tuple(whole)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    held=st.lists(
+        st.one_of(st.none(), st.lists(st.integers(1, 20), min_size=1, max_size=5)),
+        min_size=1,
+        max_size=8,
+    ),
+    aborted=st.sampled_from([None, (), ((5, 0),)]),
+    version=st.sampled_from([4, 11, 12, 16]),
+    rr=st.none() | st.integers(1, 60),
+    pr=st.none() | st.integers(1, 30),
+    pb=opt,
+    rotate=st.integers(0, 7),
+)
+def test_a_held_answer_trims_as_the_general_trim_of_its_held_partitions(
+    held: list[list[int] | None],
+    aborted: tuple[tuple[int, int], ...] | None,
+    version: int,
+    rr: int | None,
+    pr: int | None,
+    pb: int | None,
+    rotate: int,
+) -> None:
+    if all(h is None for h in held):
+        held = [*held, [3]]
+    parts = []
+    prefixes: dict[PartitionKey, Prefix] = {}
+    for i, counts in enumerate(held):
+        parts.append(make_partition(version, i, None, hw=900 + i, aborted=aborted))
+        if counts is not None:
+            run, _ = parse_records(seq(100, *counts))
+            prefixes[k(i, version)] = Prefix(Run(run.data, run.headers, aborted), 900 + i)
+    response = make_response(version, parts)
+    positions = tuple(i for i, counts in enumerate(held) if counts is not None)
+    held_at = [(0, positions)]
+    keys = [k(i, version) for i in positions]
+    limits = ResponseLimits(response_records=rr, partition_records=pr, partition_bytes=pb)
+
+    def order(ks: Any) -> list[Any]:
+        r = rotate % len(ks) if ks else 0
+        return list(ks[r:]) + list(ks[:r])
+
+    runs = {key: prefixes[key].run for key in keys}
+    serve = order(keys)
+    plan = allocate(runs, serve, limits)
+    want = _held_only_trim(response, held_at, prefixes, limits, order)
+    got = drain(trim_held_in_ranges(response, held_at, keys, runs, serve, plan, every=2))
+    assert got == want
+    assert [list(o) for o in (got.outcomes, got.watermarks)] == [keys, keys]  # response order
+    # An outcome given again for the same run and limits is the very object; the result
+    # is the same.
+    again = drain(
+        trim_held_in_ranges(response, held_at, keys, runs, serve, plan, unserved=got.outcomes.get)
+    )
+    assert again == want
+    for key, outcome in again.outcomes.items():
+        assert (outcome is got.outcomes[key]) == (outcome.delivered_batches == 0)
+    # ...and never one for another run, other limits, or one with upstream bytes in it
+    stale = {
+        key: replaced(o, upstream_bytes=1) if n % 2 else replaced(o, limited_by=frozenset({"x"}))
+        for n, (key, o) in enumerate(got.outcomes.items())
+    }
+    assert (
+        drain(trim_held_in_ranges(response, held_at, keys, runs, serve, plan, unserved=stale.get))
+        == want
+    )
