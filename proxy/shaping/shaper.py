@@ -177,6 +177,9 @@ class _HeldMade:
     serve: tuple[PartitionKey, ...]
     """The serve order the answer was allocated in, and *plan* that allocation."""
     plan: Mapping[PartitionKey, tuple[int, bool, frozenset[str]]]
+    in_order: bool
+    """*keys* are in the order *serve* was made from (the held batches' order), so the
+    rotation, which keeps the order of ties, gives *serve* for them again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,6 +591,7 @@ class FetchShaper:
                 tuple(held_keys),
                 serve,
                 plan,
+                tuple(held_keys) == tuple(runs),
             )
             if placed
             else None
@@ -664,13 +668,17 @@ class FetchShaper:
             )
         else:
             # an answer from held data: only its partitions with held data are trimmed, in
-            # the allocation that made it (the serve order of them in response order, as
-            # the general trim takes it, is almost always the one it was made in)
+            # the allocation that made it.  The general trim orders them as the response
+            # lists them; held_answer ordered them as they are held, almost always the same
+            # order (the rotation has not moved since: only this fetch's finish moves it).
             runs = {key: prefixes[key].run for key in made.keys}
-            serve = tuple(self.serve_rotation.order(list(made.keys)))
-            plan = made.plan
-            if serve != made.serve:
-                plan = yield from allocate_in_ranges(runs, serve, prepared.response_limits, every)
+            serve, plan = made.serve, made.plan
+            if not made.in_order:
+                serve = tuple(self.serve_rotation.order(list(made.keys)))
+                if serve != made.serve:
+                    plan = yield from allocate_in_ranges(
+                        runs, serve, prepared.response_limits, every
+                    )
             result = yield from trim_held_in_ranges(
                 response,
                 made.held_at,

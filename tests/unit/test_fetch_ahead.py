@@ -353,12 +353,14 @@ def test_a_held_answer_trimmed_by_its_held_partitions_alone_is_the_general_trims
     """``finish`` of ``held_answer``'s own response trims only the partitions with held
     data; given an equal response that is not the one it made, it trims every partition.
     In lockstep over the same traffic (the client seeking to the start or the end now and
-    then), the two answer alike and keep the same state."""
+    then), the two answer alike and keep the same state; and so does a third whose held
+    partitions are ordered again (as when the response lists them in another order than
+    they are held: ``_HeldMade.in_order``)."""
     n = len(spec)
     logs = model_logs(spec)
     broker = ModelBroker(V, logs)
     limits = Limits(max_records=max_records, max_partition_bytes=pb)
-    fast, general = (FetchShaper(limits, buffer_capacity=600) for _ in range(2))
+    fast, general, reordered = (FetchShaper(limits, buffer_capacity=600) for _ in range(3))
     offsets = {i: 0 for i in range(n)}
     pending, seek_at = list(later), {step: (i, end) for step, i, end in seeks}
     held_answers = 0
@@ -373,7 +375,7 @@ def test_a_held_answer_trimmed_by_its_held_partitions_alone_is_the_general_trims
         if read_committed:
             request = dataclasses.replace(request, isolation_level=1)
         answers = []
-        for shaper, copy in ((fast, False), (general, True)):
+        for shaper, copy in ((fast, False), (general, True), (reordered, False)):
             prepared = shaper.prepare(request)
             response = shaper.held_answer(prepared)
             held = response is not None
@@ -381,16 +383,21 @@ def test_a_held_answer_trimmed_by_its_held_partitions_alone_is_the_general_trims
                 response = broker.fetch(prepared.upstream_request)
             elif copy:
                 response = dataclasses.replace(response)
+            elif shaper is reordered:
+                made = shaper._held_made
+                assert made is not None
+                shaper._held_made = dataclasses.replace(made, in_order=False)
             answers.append((held, drain(shaper.finish_in_ranges(prepared, response, 0, held=held))))
-        (held, a), (held_too, b) = answers
-        assert held == held_too
+        (held, a), (held_too, b), (held_again, c) = answers
+        assert held == held_too == held_again
         held_answers += held
-        assert a.response == b.response
-        assert a.decision == b.decision and a.next_offsets == b.next_offsets
-        assert a.result.serve_order == b.result.serve_order
-        assert a.served_after == b.served_after
-        assert fast.waiting == general.waiting and fast.watermarks == general.watermarks
-        assert fast.buffer.size == general.buffer.size
+        assert a.response == b.response == c.response
+        assert a.decision == b.decision == c.decision and a.next_offsets == b.next_offsets
+        assert a.result.serve_order == b.result.serve_order == c.result.serve_order
+        assert a.served_after == b.served_after == c.served_after
+        assert fast.waiting == general.waiting == reordered.waiting
+        assert fast.watermarks == general.watermarks == reordered.watermarks
+        assert fast.buffer.size == general.buffer.size == reordered.buffer.size
         for (_t, i), batches in delivered(a.response).items():
             for b_ in batches:
                 offsets[i] = records.read_batch_header(b_).next_offset
