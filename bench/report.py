@@ -432,10 +432,9 @@ def markdown(results: dict[str, Any], plot_dir: str, plotted: set[str]) -> str:
         lines.append(f"| {key} | {value} |")
     lines += ["", "## Targets", "", "| target | case | status | numbers |", "|---|---|---|---|"]
     for t in results["targets"]:
-        graph = t.get("flamegraph")
-        flame = f" ([flame graph]({plot_dir}/{graph}))" if graph else ""
         lines.append(
-            f"| {t['target']} | {t['case'] or '-'} | **{t['status']}** | {t['numbers']}{flame} |"
+            f"| {t['target']} | {t['case'] or '-'} | **{t['status']}** | {t['numbers']}"
+            f"{_flame_link(t, plot_dir)} |"
         )
     for scenario, data in results["scenarios"].items():
         lines += ["", *scenario_section(scenario, data, plot_dir, plotted)]
@@ -722,18 +721,25 @@ def merge_markdown(
         if targets:
             preface += ["", "| target | case | status | numbers |", "|---|---|---|---|"]
             preface += [
-                f"| {t['target']} | {t['case'] or '-'} | **{t['status']}** | {t['numbers']} |"
+                f"| {t['target']} | {t['case'] or '-'} | **{t['status']}** | {t['numbers']}"
+                f"{_flame_link(t, plot_dir)} |"
                 for t in targets
             ]
         section = "\n".join(scenario_section(name, data, plot_dir, plotted, tuple(preface)))
         text = _replace_section(text, data["title"], section + "\n", "## Sizes")
         for t in targets:
-            text = _replace_target_row(text, t)
+            text = _replace_target_row(text, t, plot_dir)
     section = "\n".join(sizing(combine(base, partial)))
     return _replace_section(text, "Sizing", section + "\n", "## Sizes")
 
 
-def _replace_target_row(text: str, target: dict[str, Any]) -> str:
+def _flame_link(target: dict[str, Any], plot_dir: str) -> str:
+    """`` ([flame graph](...))`` for a target whose run made one (a miss), else nothing."""
+    graph = target.get("flamegraph")
+    return f" ([flame graph]({plot_dir}/{graph}))" if graph else ""
+
+
+def _replace_target_row(text: str, target: dict[str, Any], plot_dir: str) -> str:
     """*text* with the top Targets table's row of *target* (the same target and case)
     replaced by the merged run's verdict, labelled with that run, so the table at the
     top does not keep a verdict the run below it contradicts.  The row of a target the
@@ -748,6 +754,6 @@ def _replace_target_row(text: str, target: dict[str, Any]) -> str:
         if line.startswith(prefix):
             table[i] = (
                 f"{prefix}**{target['status']}** | {target['numbers']} "
-                f"(merged from {target['run']}: see its section) |"
+                f"(merged from {target['run']}: see its section){_flame_link(target, plot_dir)} |"
             )
     return text[:start] + "\n".join(table) + text[end:]

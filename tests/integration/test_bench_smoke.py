@@ -213,6 +213,33 @@ def test_merge_replaces_only_the_partial_runs_sections_and_writes_sizing() -> No
     assert again == text
 
 
+def test_a_merged_miss_links_its_flame_graph_in_both_tables() -> None:
+    """A partial run's missed target keeps its flame graph: linked from its row in the
+    scenario's section and from the row it replaces in the Targets table at the top."""
+    report = _bench("report")
+    row = "| T | uncompressed | "
+    published = (
+        "# Benchmarks\n\n## Targets\n\n| target | case | status | numbers |\n|---|---|---|---|\n"
+        f"{row}**missed** | old |\n\n## Consumer throughput\n\nold table\n\n"
+        "## Sizes\n\nsizes\n"
+    )
+    doc = _doc("throughput", "Consumer throughput", 0.8)
+    target = {"scenario": "throughput", "target": "T", "case": "uncompressed", "numbers": "new"}
+    doc["targets"] = [{**target, "status": "missed", "flamegraph": "flame-t.svg"}]
+    partial = report.merge_partial(None, doc)
+    text = report.merge_markdown(published, partial, None, "bench/plots", set(), ["throughput"])
+    link = "([flame graph](bench/plots/flame-t.svg))"
+    rows = [line for line in text.split("\n") if line.startswith(row)]
+    assert len(rows) == 2 and all(line.endswith(f"{link} |") for line in rows)
+    assert "old |" not in text
+    # a target met (no flame graph) gets no link
+    doc["targets"] = [{**target, "status": "met"}]
+    text = report.merge_markdown(
+        published, report.merge_partial(None, doc), None, "bench/plots", set(), ["throughput"]
+    )
+    assert "flame graph" not in text
+
+
 def test_load_compare_reads_proxy_over_direct() -> None:
     """``bench.load --arrangement both``: latency through the proxy over direct's, and the
     10 % criterion on p50 and p99."""
