@@ -61,7 +61,7 @@ def test_a_merged_run_replaces_its_targets_rows_in_the_top_table(report: ModuleT
         "run": "ec66057, 2026-11-26T23:23, 3 rep.",
         "scenario": "rss",
     }
-    out = report._replace_target_row(page, merged)
+    out = report._replace_target_row(page, merged, "bench/plots")
     rows = [line for line in out.splitlines() if line.startswith("| <= 30 KB")]
     assert rows == [
         "| <= 30 KB RSS per idle connection | 1000 conn | **missed** | 50.4 KB per connection"
@@ -71,4 +71,4 @@ def test_a_merged_run_replaces_its_targets_rows_in_the_top_table(report: ModuleT
     assert "| uncompressed throughput | uncompressed | **missed** | 0.81x haproxy |" in out
     assert "| 1000 conn | proxy | 49 |" in out
     other = {**merged, "case": "100 conn"}
-    assert report._replace_target_row(page, other) == page
+    assert report._replace_target_row(page, other, "bench/plots") == page
