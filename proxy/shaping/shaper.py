@@ -581,6 +581,7 @@ class FetchShaper:
         # (held batches of a partition the request does not list, as an incremental fetch's
         # session partitions, are added by the general trim)
         placed = sum(len(positions) for _, positions in held_at) == len(prefixes)
+        keys = tuple(held_keys)
         self._held_made = (
             _HeldMade(
                 response,
@@ -588,10 +589,10 @@ class FetchShaper:
                 tuple(waits),
                 tuple(settled),
                 walked,
-                tuple(held_keys),
+                keys,
                 serve,
                 plan,
-                tuple(held_keys) == tuple(runs),
+                keys == tuple(runs),
             )
             if placed
             else None

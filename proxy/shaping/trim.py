@@ -603,16 +603,14 @@ def trim_held_in_ranges(
             marks[key] = marks_of(pd)
             count, exempt, held = plan.get(key, nothing)
             limited.add(held)
-            if count == 0:
-                head = _empty_run(run.aborted)
-                outcome = given(key)
-                if (
-                    outcome is None
-                    or outcome.remainder is not run
-                    or outcome.limited_by != held
-                    or outcome.upstream_bytes  # (kept from an upstream answer's trim)
-                ):
-                    outcome = _offered_unserved(key, run, held, copy)
+            outcome = given(key) if count == 0 else None
+            if (
+                outcome is not None
+                and outcome.remainder is run
+                and outcome.limited_by == held
+                and not outcome.upstream_bytes  # (one kept from an upstream answer's trim)
+            ):
+                head = _empty_run(run.aborted)  # (what split_view(0) gives)
             else:
                 head, tail = run.split_view(count, copy)
                 outcome = PartitionOutcome(
@@ -649,29 +647,6 @@ def trim_held_in_ranges(
 
 def _no_outcome(key: PartitionKey) -> None:
     return None
-
-
-def _offered_unserved(
-    key: PartitionKey, run: Run, held: frozenset[str], copy: Copy | None
-) -> PartitionOutcome:
-    """The outcome of a partition whose held *run* (no records from upstream) the response
-    serves none of, *held* back by the limits named."""
-    return PartitionOutcome(
-        key=key,
-        error_code=NONE,
-        upstream_bytes=0,
-        upstream_records=0,
-        offered_bytes=run.size,
-        reused_bytes=run.size,
-        delivered_bytes=0,
-        delivered_records=0,
-        delivered_batches=0,
-        dropped_partial_bytes=0,
-        next_offset=None,
-        exempt=False,
-        limited_by=held,
-        remainder=run._owning(copy),
-    )
 
 
 _NO_RUN: dict[Aborted | None, Run] = {None: Run(b"", (), None), (): Run(b"", (), ())}
