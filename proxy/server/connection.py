@@ -120,6 +120,12 @@ if TYPE_CHECKING:
 
 RECEIVE_BYTES = 64 * 1024
 UPSTREAM_RECEIVE_BYTES = 256 * 1024
+BODY_WAKE_BYTES = 1024 * 1024
+"""A large body's reads wait until this much of it has arrived (or its rest, when less
+is missing): a 1 MiB read where a read of whatever had arrived took about 250 KB, so a
+large response costs a quarter of the waits, each an ``epoll_wait`` and a scheduler turn.
+The frame's end is never waited past (its rest always arrives), and its buffer is
+allocated already: this changes when it is read, not how much is held."""
 """Upstream reads are larger than the allocator's mmap threshold (``proxy.server.allocator``),
 so the pieces a large Fetch response arrives in are mapped, each given back to the system when
 the frame is joined, rather than left as holes in the heap that keep the RSS above the budget
@@ -622,7 +628,7 @@ class Connection:
                 with into:
                     got = lean.receive_into_now(into) if again else None
                     if got is None:
-                        got = await lean.receive_into(into)
+                        got = await lean.receive_into(into, BODY_WAKE_BYTES)
                         again = got >= len(into)
                     else:
                         again = False

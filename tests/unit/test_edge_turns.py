@@ -52,8 +52,8 @@ class CountingLean(LeanSocketStream):
             self.readers.append(trio.lowlevel.current_task())
         return data
 
-    async def receive_into(self, view: memoryview) -> int:
-        got = await super().receive_into(view)
+    async def receive_into(self, view: memoryview, wait_for: int = 1) -> int:
+        got = await super().receive_into(view, wait_for)
         self.waited += 1
         self.in_place += 1
         self.readers.append(trio.lowlevel.current_task())
