@@ -113,19 +113,13 @@ from ..protocol.framing import BodyPool, Buffer, FrameDecoder, Payload, frame_ch
 from ..relay.relay import FetchHandler, Relay
 from ..relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
 from .idle import IdleTimer, IdleWatch
-from .sockets import LeanSocketStream
+from .sockets import BODY_WAKE_BYTES, LeanSocketStream
 
 if TYPE_CHECKING:
     from ..observe.traffic import TrafficMeter
 
 RECEIVE_BYTES = 64 * 1024
 UPSTREAM_RECEIVE_BYTES = 256 * 1024
-BODY_WAKE_BYTES = 1024 * 1024
-"""A large body's reads wait until this much of it has arrived (or its rest, when less
-is missing): a 1 MiB read where a read of whatever had arrived took about 250 KB, so a
-large response costs a quarter of the waits, each an ``epoll_wait`` and a scheduler turn.
-The frame's end is never waited past (its rest always arrives), and its buffer is
-allocated already: this changes when it is read, not how much is held."""
 """Upstream reads are larger than the allocator's mmap threshold (``proxy.server.allocator``),
 so the pieces a large Fetch response arrives in are mapped, each given back to the system when
 the frame is joined, rather than left as holes in the heap that keep the RSS above the budget

@@ -41,6 +41,13 @@ import trio
 _CLOSED_ERRNOS = (errno.EBADF, errno.ENOTSOCK)
 _RCVLOWAT = getattr(socket, "SO_RCVLOWAT", None)
 
+BODY_WAKE_BYTES = 1024 * 1024
+"""A large body's reads wait until this much of it has arrived (or its rest, when less
+is missing): a 1 MiB read where a read of whatever had arrived took about 250 KB, so a
+large response costs a quarter of the waits, each an ``epoll_wait`` and a scheduler turn.
+The frame's end is never waited past (its rest always arrives), and its buffer is
+allocated already: this changes when it is read, not how much is held."""
+
 
 class LeanSocketStream(trio.abc.Stream):
     """``stream``'s data path with fewer scheduler turns (see the module docstring)."""
