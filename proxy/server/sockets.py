@@ -15,9 +15,10 @@ relaying small requests pays two extra trips through the scheduler (each an
   went through does not yield: the loops that call it yield where they wait
   for the next input, so no loop runs without a checkpoint).
 - ``receive_into`` can wait for more than the first bytes (``wait_for``: the
-  socket's ``SO_RCVLOWAT``): a large frame's body, whose size is known, is read
-  in fewer and larger reads, each a wait and a scheduler turn less (the kernel
-  wakes the reader when that much is there, or at the connection's end).
+  socket's ``SO_RCVLOWAT``, at most a quarter of its receive buffer): a large
+  frame's body, whose size is known, is read in fewer and larger reads, each a
+  wait and a scheduler turn less (the kernel wakes the reader when that much is
+  there, or at the connection's end).
 - ``receive_now`` reads what has already arrived without waiting (None when
   nothing has): a caller that expects the bytes to be there already (a
   frame's body right behind its length prefix) saves the wait's turn.  ``send_now`` writes what the kernel takes at once and says how much (a
@@ -43,10 +44,11 @@ _RCVLOWAT = getattr(socket, "SO_RCVLOWAT", None)
 
 BODY_WAKE_BYTES = 1024 * 1024
 """A large body's reads wait until this much of it has arrived (or its rest, when less
-is missing): a 1 MiB read where a read of whatever had arrived took about 250 KB, so a
-large response costs a quarter of the waits, each an ``epoll_wait`` and a scheduler turn.
-The frame's end is never waited past (its rest always arrives), and its buffer is
-allocated already: this changes when it is read, not how much is held."""
+is missing, or a quarter of the socket's receive buffer, when that is less): reads of up
+to 1 MiB where a read of whatever had arrived took about 250 KB, so a large response
+costs a third of the waits, each an ``epoll_wait`` and a scheduler turn.  The frame's end
+is never waited past (its rest always arrives), and its buffer is allocated already: this
+changes when it is read, not how much is held."""
 
 
 class LeanSocketStream(trio.abc.Stream):
@@ -62,10 +64,18 @@ class LeanSocketStream(trio.abc.Stream):
         where the platform has no such option or refused it)."""
 
     def _wake_at(self, nbytes: int) -> None:
-        """Wake the next wait for readable when *nbytes* have arrived (or at the end)."""
-        if nbytes == self._low_water or not self._low_water:
+        """Wake the next wait for readable when *nbytes* have arrived (or at the end), or
+        a quarter of what the socket's receive buffer holds, if that is less: the kernel
+        would otherwise grow the buffer for the mark and clamp the window the broker may
+        fill to it, so the broker would stop at each mark until this reads."""
+        if not self._low_water or nbytes == self._low_water == 1:
             return
         try:
+            if nbytes > 1:
+                room = self._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+                nbytes = max(1, min(nbytes, room))
+                if nbytes == self._low_water:
+                    return
             self._socket.setsockopt(socket.SOL_SOCKET, _RCVLOWAT, nbytes)  # type: ignore[arg-type]
         except OSError:
             self._low_water = 0  # not on this socket: every wait wakes at the first byte

@@ -165,6 +165,18 @@ async def test_a_body_read_wakes_at_the_connection_end_with_less_than_it_waited_
         await ours.aclose()
 
 
+async def test_a_body_read_waits_for_at_most_a_quarter_of_the_receive_buffer() -> None:
+    with trio.fail_after(10):  # a mark of 10,000 (or the kernel's cap, 8 KiB) waits forever
+        ours, peer = await tcp_lean_pair()
+        ours.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        room = ours.stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+        await peer.send_all(b"q" * (room + 1))
+        got = await ours.receive_into(memoryview(bytearray(10_000)), 10_000)
+        assert room < got <= room + 1
+        await ours.aclose()
+        await peer.aclose()
+
+
 async def test_after_a_body_read_the_next_receive_wakes_at_the_first_byte_again() -> None:
     with trio.fail_after(10):  # a low-water mark left at 1,000 would wait here forever
         ours, peer = await tcp_lean_pair()
