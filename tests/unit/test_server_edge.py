@@ -7,8 +7,10 @@ autojump clock for the connection.
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import struct
+import termios
 import weakref
 
 import pytest
@@ -124,9 +126,6 @@ async def tcp_lean_pair() -> tuple[LeanSocketStream, trio.SocketStream]:
 
 def _queued(stream: LeanSocketStream) -> int:
     """Bytes the kernel holds for *stream* to read (SIOCINQ)."""
-    import fcntl
-    import termios
-
     got = fcntl.ioctl(stream.stream.socket.fileno(), termios.FIONREAD, b"\0\0\0\0")
     return int(struct.unpack("i", got)[0])
 
