@@ -7,7 +7,9 @@
 One real Apache Kafka broker (``scripts/setup --test`` resolves it), haproxy in TCP
 mode (Debian's package, installed with apt-get when missing) and ``kafka-fetch-proxy
 run`` as a process, all on 127.0.0.1.  Each case of each scenario is measured in
-alternating order (direct, haproxy, proxy, direct, ...) ``--repetitions`` times.
+turn, ``--repetitions`` times, the order reversed every other repetition (direct,
+haproxy, proxy, then proxy, haproxy, direct, ...: ``in_turn``), so that what drifts over
+a case (the machine, the broker's heap) does not always fall on the same arrangement.
 
 Output: ``bench/results/<timestamp>/`` (``--out`` elsewhere) gets ``results.json``,
 one PNG per scenario, ``BENCHMARKS.md``, the processes' logs and, for each missed
@@ -45,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .stack import REPO, Stack, use_bench_jvm_opts
+from .stack import REPO, Arrangement, Stack, use_bench_jvm_opts
 
 RESULTS = REPO / "bench" / "results"
 PLOTS = REPO / "bench" / "plots"
@@ -284,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             "finished": None,
             "smoke": args.smoke,
             "sizes": dataclasses.asdict(sizes),
+            "order": "reversed every other repetition",  # (``in_turn``; before: always as given)
             "machine": machine(),
             "versions": {},
         },
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                         for arr in sc.arrangements(stack):
                             sc.warm_up(stack, arr, sizes)
                     for rep in range(sizes.repetitions):
-                        for arr in sc.arrangements(stack):
+                        for arr in in_turn(sc.arrangements(stack), rep):
                             numbers = sc.measure(stack, arr, case, sizes)
                             runs.setdefault(arr.name, []).append(numbers)
                             _log(f"{name} / {case} / {arr.name} #{rep + 1}: {_short(numbers)}")
@@ -423,6 +426,15 @@ def rerender(args: argparse.Namespace, every_scenario: list[str]) -> int:
         + (" (published BENCHMARKS.md, bench/plots/)" if complete and args.publish else "")
     )
     return 0
+
+
+def in_turn(arrangements: list[Arrangement], rep: int) -> list[Arrangement]:
+    """The arrangements in the order repetition *rep* (from 0) measures them: as given,
+    reversed every other repetition.  Over a case a broker can slow down (its heap fills
+    with the delayed fetches of 10,000 partitions: its CPU a round rose from about 110 to
+    960 ms over seven measurements of the idle_partitions scenario, 2026-11-28), and in the
+    same order every time the last arrangement would always get the slowest broker."""
+    return list(arrangements) if rep % 2 == 0 else list(reversed(arrangements))
 
 
 def merge_published(results: dict[str, Any], out: Path, plotted: set[str]) -> None:

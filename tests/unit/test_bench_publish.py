@@ -72,3 +72,18 @@ def test_a_merged_run_replaces_its_targets_rows_in_the_top_table(report: ModuleT
     assert "| 1000 conn | proxy | 49 |" in out
     other = {**merged, "case": "100 conn"}
     assert report._replace_target_row(page, other, "bench/plots") == page
+
+
+def test_every_other_repetition_measures_the_arrangements_in_reverse(run: ModuleType) -> None:
+    arrangements = ["direct", "haproxy", "proxy"]
+    orders = [run.in_turn(arrangements, rep) for rep in range(4)]
+    assert orders == [
+        ["direct", "haproxy", "proxy"],
+        ["proxy", "haproxy", "direct"],
+        ["direct", "haproxy", "proxy"],
+        ["proxy", "haproxy", "direct"],
+    ]
+    assert arrangements == ["direct", "haproxy", "proxy"]  # the caller's list is untouched
+    # each arrangement's mean place over two repetitions is the same: no one is always last
+    places = {a: sum(order.index(a) for order in orders[:2]) for a in arrangements}
+    assert len(set(places.values())) == 1
