@@ -89,11 +89,17 @@ def metadata(c: RawClient, topic: str) -> Any:
 
 def place(stack: ProxyStack, kafka: KafkaCluster, deadline: float) -> Placement:
     topic = kafka.create_topic(f"ne-{uuid.uuid4().hex[:10]}", 1, replication_factor=1)
+    # Metadata first, as a client asks it: the proxy learns a broker it did not see at start
+    # (one not yet registered or unfenced then) from the answer, which every node is in
+    # once the broker answering it has applied their registrations.
+    with RawClient(stack.bootstrap, deadline=deadline) as c:
+        meta = metadata(c, topic)
+        while {b.node_id for b in meta.brokers} != set(kafka.nodes):
+            time.sleep(0.05)  # bounded: every call raises TimeoutError past the deadline
+            meta = metadata(c, topic)
     proxy = {n: stack.run_sync(stack.proxy.broker_address, n) for n in kafka.nodes}
     assert all(a is not None for a in proxy.values()), proxy
     listeners = {n: a for n, a in proxy.items() if a is not None}
-    with RawClient(stack.bootstrap, deadline=deadline) as c:
-        meta = metadata(c, topic)
     assert {(b.node_id, b.host, b.port) for b in meta.brokers} == {
         (n, host, port) for n, (host, port) in listeners.items()
     }
