@@ -431,9 +431,10 @@ def rerender(args: argparse.Namespace, every_scenario: list[str]) -> int:
 def in_turn(arrangements: list[Arrangement], rep: int) -> list[Arrangement]:
     """The arrangements in the order repetition *rep* (from 0) measures them: as given,
     reversed every other repetition.  Over a case a broker can slow down (its heap fills
-    with the delayed fetches of 10,000 partitions: its CPU a round rose from about 110 to
-    960 ms over seven measurements of the idle_partitions scenario, 2026-11-28), and in the
-    same order every time the last arrangement would always get the slowest broker."""
+    with the delayed fetches of 10,000 partitions: its CPU a round was 100-200 ms in six
+    measurements of the idle_partitions scenario and 958 ms in the seventh, 2026-11-28),
+    and in the same order every time the last arrangement would always get the slowest
+    broker."""
     return list(arrangements) if rep % 2 == 0 else list(reversed(arrangements))
 
 
