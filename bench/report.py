@@ -408,12 +408,9 @@ def markdown(results: dict[str, Any], plot_dir: str, plotted: set[str]) -> str:
         "",
         f"Command: `{meta['command']}`  ",
         f"Run: {meta['started']} to {meta['finished']}, {meta['sizes']['repetitions']} "
-        + (
-            "alternating repetitions (direct, haproxy, proxy, then the reverse, ...); "
-            if meta.get("order")
-            else "alternating repetitions (direct, haproxy, proxy, direct, ...); "
-        )
-        + "tables give the median and, in parentheses, min-max.",
+        "alternating repetitions (direct, haproxy, proxy, "
+        f"{'then the reverse' if meta.get('order') else 'direct'}, ...); "
+        "tables give the median and, in parentheses, min-max.",
         "",
         "Three arrangements against the same single Apache Kafka broker, in the same run: "
         "clients connected **direct**ly; through **haproxy** in TCP mode (the broker "

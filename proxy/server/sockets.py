@@ -97,7 +97,8 @@ class LeanSocketStream(trio.abc.Stream):
             raise ValueError("max_bytes must be >= 1")
         while True:
             self._fd()  # closed: ClosedResourceError, not a wait on no socket
-            self._wake_at(1)
+            if self._low_water > 1:  # a body's mark is still set: wake at the first byte
+                self._wake_at(1)
             await trio.lowlevel.wait_readable(self._socket)
             try:
                 return os.read(self._fd(), max_bytes)
@@ -110,7 +111,8 @@ class LeanSocketStream(trio.abc.Stream):
         """Until the socket has bytes (or its end) to read, which ``receive_now`` then reads:
         a caller that may decide not to read after the wait (``DrainableStream``)."""
         self._fd()  # closed: ClosedResourceError, not a wait on no socket
-        self._wake_at(1)
+        if self._low_water > 1:  # a body's mark is still set: wake at the first byte
+            self._wake_at(1)
         await trio.lowlevel.wait_readable(self._socket)
 
     def receive_now(self, max_bytes: int) -> bytes | None:

@@ -93,10 +93,11 @@ def place(stack: ProxyStack, kafka: KafkaCluster, deadline: float) -> Placement:
     # (one not yet registered or unfenced then) from the answer, which every node is in
     # once the broker answering it has applied their registrations.
     with RawClient(stack.bootstrap, deadline=deadline) as c:
-        meta = metadata(c, topic)
-        while {b.node_id for b in meta.brokers} != set(kafka.nodes):
-            time.sleep(0.05)  # bounded: every call raises TimeoutError past the deadline
+        while True:
             meta = metadata(c, topic)
+            if {b.node_id for b in meta.brokers} == set(kafka.nodes):
+                break
+            time.sleep(0.05)  # bounded: every call raises TimeoutError past the deadline
     proxy = {n: stack.run_sync(stack.proxy.broker_address, n) for n in kafka.nodes}
     assert all(a is not None for a in proxy.values()), proxy
     listeners = {n: a for n, a in proxy.items() if a is not None}
