@@ -144,7 +144,10 @@ decoded, and gives it back once its answer is written (``written``) or its
 connection closes (``close``); a follower's, passed through after its decode,
 gives it back then.  One that does not fit waits in the bound's FIFO (its
 connection's fetches wait behind it; its waker resumes it); small fetches never
-wait.  A fetch that took from the bound keeps no decode memo (``_decode``).
+wait.  A connection keeps its latest fetch's decode for the next one
+(``_decode_in_ranges``: a sessionless consumer's next Fetch repeats most of it); one
+that took from the bound keeps it within the process's ``KeptDecodes``, the same
+count apart, which makes the oldest kept be forgotten first.
 
 Memory budget (:mod:`proxy.shaping.budget`, KIP-81 / KIP-72): a fetch starts
 at once with a grant of nothing and asks upstream for at most
@@ -232,7 +235,7 @@ from .effects import (
     ShapedReport,
     UpstreamData,
 )
-from .protocol import codec, fetch_count, writers
+from .protocol import codec, fetch_count, fetch_reuse, writers
 from .protocol.apis import API_VERSIONS, FETCH, METADATA, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .protocol.errors import DecodeError
 from .protocol.fetch_views import decode_fetch_response, decode_fetch_response_in_ranges
@@ -263,7 +266,7 @@ from .sessions.resets import RESET_REASONS, ResetReason, Side
 from .sessions.topic_ids import TopicIdMap, TopicIdRequests
 from .shaping.budget import FetchAdmission, MemoryBudget, Reservation, response_bound
 from .shaping.decision import ShapingDecision
-from .shaping.in_flight import PartitionsInFlight
+from .shaping.in_flight import KeptDecodes, PartitionsInFlight
 from .shaping.limits import Limits
 from .shaping.policy import rack_override, select
 from .shaping.shaper import FetchShaper, PreparedFetch, ShapedResponse
@@ -273,6 +276,12 @@ MIN_SESSION_FETCH_VERSION = 4
 """Older Fetch versions (and followers' fetches) pass through untouched."""
 DECODE_MEMO_MAX_BYTES = 1 << 20
 """The largest request body a connection keeps to skip decoding it again (``_decode``)."""
+REUSE_MIN_BYTES = 1024
+"""A request body below this (about 30 partitions) is decoded by kio's reader, which is
+faster than the walk for reuse (:mod:`.protocol.fetch_reuse`) at a few partitions."""
+REUSE_MAX_BACKOFF = 16
+"""At most this many requests are decoded whole between two walks that found most
+partition entries changed."""
 SLICE_BYTES = 16 * 1024
 """A Fetch request frame larger than this (about 500 partitions) is decoded in a slice of
 its own (see "Slices" in the module docstring)."""
@@ -318,6 +327,8 @@ class FetchPath:
         """Partitions every listener's client sessions may hold together."""
         self.in_flight = PartitionsInFlight(config.max_partitions_in_flight)
         """Partitions of the large fetches being processed (``max_partitions_in_flight``)."""
+        self.kept_decodes = KeptDecodes(config.max_partitions_in_flight)
+        """Partitions of the large fetches' decodes kept for their connections' next."""
         self.bodies = BodyPool(room=lambda: self.budget.headroom)
         """Large upstream frame bodies, used again once nothing refers to them; idle ones
         keep at most the memory budget's free bytes (the edge's readers take from it)."""
@@ -364,6 +375,7 @@ class FetchPath:
         self.admission.configure(config.memory_budget_bytes)
         self.config = config
         self.in_flight.configure(config.max_partitions_in_flight)
+        self.kept_decodes.configure(config.max_partitions_in_flight)
         self.generation += 1
         self._policy_cache.clear()
         for h in list(self.handlers):
@@ -390,6 +402,17 @@ class FetchPath:
                 self._policy_cache.clear()
             self._policy_cache[key] = hit
         return hit
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """A connection's latest decoded Fetch request (``FetchPathHandler._decode_in_ranges``)."""
+
+    version: int
+    body: bytes
+    decoded: Any
+    parts: fetch_reuse.Parts | None
+    """Its partition entries and topics for the next request (None: kio decoded it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,6 +520,8 @@ class FetchPathHandler:
         "_passthrough",
         "_queue",
         "_repeat",
+        "_reuse_backoff",
+        "_reuse_wait",
         "_slices",
         "_starting",
         "_unchanged",
@@ -615,8 +640,11 @@ class FetchPathHandler:
         self._waiting_for: ClientRequest | None = None
         self._unwritten: list[Reservation] = []
         self._waker: Callable[[], None] | None = None
-        self._last_decoded: tuple[int, bytes, Any] | None = None
-        """(version, body, decoded) of the latest request (see ``_decode``)."""
+        self._last_decoded: _Decoded | None = None
+        """The latest request (see ``_decode_in_ranges``)."""
+        self._reuse_wait = 0
+        """Requests to decode with kio's reader before walking for reuse again."""
+        self._reuse_backoff = 0
         self._decode_turn: ClientRequest | None = None
         """The large request whose decode was put off to the next turn (see ``_serve``)."""
         self._repeat: _Repeat | None = None
@@ -682,46 +710,76 @@ class FetchPathHandler:
         return named or 0
 
     def _decode(self, request: ClientRequest) -> Any:
-        """The request body, decoded; a repeated body is decoded once.
-
-        A sessionless consumer with nothing new to read sends the very same Fetch
-        again and again (every partition, the same offsets): when the body is, byte
-        for byte, the previous request's at the same version, that request's decoded
-        value (kio's are immutable) is the answer.  One entry per connection, and
-        only for bodies up to ``DECODE_MEMO_MAX_BYTES``.
-        """
-        h = request.header
-        offset = h.body_offset
-        if offset is None or len(request.frame) - offset > DECODE_MEMO_MAX_BYTES:
-            return codec.decode_request_body(h, request.frame)
-        body = bytes(request.frame[offset:])  # the very slice when the frame is bytes
-        last = self._last_decoded
-        if last is not None and last[0] == h.api_version and last[1] == body:
-            return last[2]
-        decoded = codec.decode_request_body(h, request.frame)
-        self._last_decoded = (h.api_version, body, decoded)
-        return decoded
+        """The request body, decoded (``_decode_in_ranges`` at once)."""
+        return codec.drain(self._decode_in_ranges(request, 0))
 
     def _decode_in_ranges(self, request: ClientRequest, every: int) -> Generator[None, None, Any]:
-        """``_decode`` (the same memo), yielding every *every* partitions of the request."""
+        """The request body, decoded, yielding every *every* partitions of it (0: never).
+
+        A sessionless consumer names every partition in every Fetch, and from one to
+        the next only the offsets it was given change; with nothing new to read it
+        sends the very same body.  The latest request's decoded value (kio's are
+        immutable) answers the same body at the same version, and its parts
+        (:mod:`.protocol.fetch_reuse`) give a new body every partition entry and topic
+        it repeats, so that only what changed is decoded.  One entry per connection,
+        and only for bodies up to ``DECODE_MEMO_MAX_BYTES``.
+        """
         h = request.header
         offset = h.body_offset
         if offset is None:
             return codec.decode_request_body(h, request.frame)  # (which refuses it)
-        body = None
-        # A fetch that took partitions from ``max_partitions_in_flight`` keeps no memo: its
-        # decoded form would outlive the partitions it gives back once answered.
-        if not self._claim and len(request.frame) - offset <= DECODE_MEMO_MAX_BYTES:
-            body = bytes(request.frame[offset:])
-            last = self._last_decoded
-            if last is not None and last[0] == h.api_version and last[1] == body:
-                return last[2]
-        decoded = yield from codec.decode_request_body_in_ranges(
-            h, request.frame, path=codec.FETCH_REQUEST_PARTITIONS, every=every
-        )
-        if body is not None:
-            self._last_decoded = (h.api_version, body, decoded)
+        if len(request.frame) - offset > DECODE_MEMO_MAX_BYTES:
+            return (
+                yield from codec.decode_request_body_in_ranges(
+                    h, request.frame, path=codec.FETCH_REQUEST_PARTITIONS, every=every
+                )
+            )
+        version = int(h.api_version)
+        body = bytes(request.frame[offset:])  # the very slice when the frame is bytes
+        last = self._last_decoded
+        if last is not None and last.version == version and last.body == body:
+            return last.decoded
+        got = None
+        if self._reuse_wait:
+            self._reuse_wait -= 1
+        elif len(body) >= REUSE_MIN_BYTES:
+            prior = None if last is None else last.parts
+            got = yield from fetch_reuse.decode_reusing(
+                version, request.frame, offset, prior, every
+            )
+            if got is None or prior is None:
+                pass  # nothing to judge the reuse by (yet)
+            elif got[1].fresh * 2 > got[1].named:
+                # Most entries changed (a consumer given data in most partitions): the
+                # walk cost more than kio's reader; it is tried again after 1, 2, 4, ...
+                # 16 fetches decoded by kio, so such a consumer pays for it rarely.
+                self._reuse_backoff = min(2 * self._reuse_backoff or 1, REUSE_MAX_BACKOFF)
+                self._reuse_wait = self._reuse_backoff
+            else:
+                self._reuse_backoff = 0
+        if got is None:  # small, changed, or bytes the walk does not follow: kio's reader
+            decoded = yield from codec.decode_request_body_in_ranges(
+                h, request.frame, path=codec.FETCH_REQUEST_PARTITIONS, every=every
+            )
+            parts = None
+        else:
+            decoded, parts = got
+        # A fetch that took partitions from ``max_partitions_in_flight`` (``_claim``) keeps
+        # its decode within the process's count of kept ones, which may make it forget it.
+        kept = self.path.kept_decodes
+        if not self._claim:
+            kept.drop(self)
+            self._last_decoded = _Decoded(version, body, decoded, parts)
+        elif kept.keep(self, self._claim):
+            self._last_decoded = _Decoded(version, body, decoded, parts)
+        else:
+            self._last_decoded = None
         return decoded
+
+    def forget_decode(self) -> None:
+        """The process's count of kept decodes has no room for this connection's
+        (``KeptDecodes``): its next fetch is decoded whole."""
+        self._last_decoded = None
 
     def _decoding(self, request: ClientRequest, upstream: Upstream) -> Slices:
         """The head of the queue, a large request, decoded in slices; it starts next turn."""
@@ -837,6 +895,7 @@ class FetchPathHandler:
         self._queue.clear()
         self._slices = None
         self._last_decoded = None
+        self.path.kept_decodes.drop(self)
         self._repeat = None
         self._waiting_for = None
         self.downstream.close()

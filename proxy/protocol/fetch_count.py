@@ -53,7 +53,7 @@ def _layout(version: int) -> _Layout | None:
     return request.flexible, head[1], id_size, entry[0][1]
 
 
-def _known_layout(version: int) -> _Layout | None:
+def fetch_layout(version: int) -> _Layout | None:
     """``_layout``, None for a version kio does not know (the codec then decides)."""
     try:
         return _layout(version)
@@ -61,7 +61,7 @@ def _known_layout(version: int) -> _Layout | None:
         return None
 
 
-def _count(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+def array_count(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
     """An array's entry count at *pos* (compact in flexible versions: n + 1) and where its
     entries start."""
     if flexible:
@@ -70,7 +70,7 @@ def _count(frame: bytes | bytearray | memoryview, pos: int, flexible: bool) -> t
     return int.from_bytes(frame[pos : pos + 4], "big", signed=True), pos + 4
 
 
-def _past_topic(
+def past_topic(
     frame: bytes | bytearray | memoryview, pos: int, flexible: bool, id_size: int | None
 ) -> int:
     """Where a topic entry's name (or its id, of *id_size* bytes) at *pos* ends."""
@@ -96,20 +96,20 @@ def fetch_partitions(
     bytes after them are not read.  A refused Fetch costs a walk of at most *above*
     partitions, however large its frame.
     """
-    layout = _known_layout(version)
+    layout = fetch_layout(version)
     if layout is None:
         return None
     flexible, head, id_size, fixed = layout
     end = len(frame)
     try:
-        topics, pos = _count(frame, offset + head, flexible)
+        topics, pos = array_count(frame, offset + head, flexible)
         if topics < 0 or topics > end - pos:
             return None
         named = 0
         for walked in range(topics):
             if above is not None and walked > above:
                 return walked
-            count, pos = _count(frame, _past_topic(frame, pos, flexible, id_size), flexible)
+            count, pos = array_count(frame, past_topic(frame, pos, flexible, id_size), flexible)
             if count >= 0 and above is not None and named + count > above:
                 return named + count  # past it: the partitions are not walked
             if count < 0 or count * fixed > end - pos:
@@ -152,21 +152,21 @@ def order_free(version: int, frame: bytes | bytearray, offset: int) -> OrderFree
     partition).  None when the layout has anything this walk does not follow (a tagged
     field in a topic or partition, an unknown version): the caller treats it as new.
     """
-    layout = _known_layout(version)
+    layout = fetch_layout(version)
     if layout is None:
         return None
     flexible, head, id_size, fixed = layout
     end = len(frame)
     entries: list[bytes] = []
     try:
-        topics, pos = _count(frame, offset + head, flexible)
+        topics, pos = array_count(frame, offset + head, flexible)
         if topics < 0 or topics > end - pos:
             return None
         for _ in range(topics):
             start = pos
-            pos = _past_topic(frame, pos, flexible, id_size)
+            pos = past_topic(frame, pos, flexible, id_size)
             topic = bytes(frame[start:pos])
-            count, pos = _count(frame, pos, flexible)
+            count, pos = array_count(frame, pos, flexible)
             if count < 0 or count * fixed > end - pos:
                 return None
             for _ in range(count):
@@ -192,7 +192,7 @@ def session_epoch_at(version: int) -> int | None:
     """Where a Fetch request body of *version* (v7+) has its ``session_epoch``, from the
     body's start (4 bytes before ``topics``); None for a version without one at a fixed
     place."""
-    layout = _known_layout(version)
+    layout = fetch_layout(version)
     if layout is None or version < 7:
         return None
     return layout[1] - 4

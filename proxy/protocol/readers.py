@@ -80,6 +80,8 @@ _FAILURES = (
     SerialError,
 )
 """What a truncated or malformed message makes the generated code raise (then a DecodeError)."""
+READ_FAILURES = _FAILURES
+"""The same, for a caller of ``reader_for``'s compiled readers."""
 
 
 def read(

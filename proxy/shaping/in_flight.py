@@ -106,3 +106,56 @@ class PartitionsInFlight:
             first, partitions = next(iter(queue.items()))
             if not self.used or self.used + partitions <= self.limit:
                 first.wake()
+
+
+class Keeper(Protocol):
+    """A connection's fetch handler that kept a large fetch's decoded request."""
+
+    def forget_decode(self) -> None:
+        """Drop the kept decoded request (sync, no I/O); ``KeptDecodes`` has counted it out."""
+
+
+class KeptDecodes:
+    """The decoded requests large fetches leave for their connection's next fetch, bounded
+    for the process apart from the fetches in flight (the same ``limit``).
+
+    A sessionless consumer's next Fetch repeats most of its last one, which
+    ``proxy.protocol.fetch_reuse`` decodes from the last one's parts.  A connection
+    keeps the parts of its latest fetch; one of more than ``small`` partitions (whose
+    decode took from :class:`PartitionsInFlight`) keeps them only within this count:
+    keeping one past it makes the connections that kept the oldest forget theirs, and
+    one larger than ``limit`` is not kept.  Never a wait: a forgotten decode costs its
+    connection's next fetch a whole decode, as without it.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._kept: dict[Keeper, int] = {}
+        """Keepers and their decodes' partitions, the oldest first."""
+
+    def configure(self, limit: int) -> None:
+        """A reload's new limit: the oldest are forgotten until the rest fit."""
+        self.limit = limit
+        self._make_room(0)
+
+    def keep(self, keeper: Keeper, partitions: int) -> bool:
+        """May *keeper* keep a decode of *partitions* (in place of the one it kept)?"""
+        self.drop(keeper)
+        if partitions > self.limit:
+            return False
+        self._make_room(partitions)
+        self._kept[keeper] = partitions
+        self.used += partitions
+        return True
+
+    def drop(self, keeper: Keeper) -> None:
+        """*keeper* forgot its decode (or its connection closed)."""
+        self.used -= self._kept.pop(keeper, 0)
+
+    def _make_room(self, partitions: int) -> None:
+        kept = self._kept
+        while kept and self.used + partitions > self.limit:
+            oldest = next(iter(kept))
+            self.used -= kept.pop(oldest)
+            oldest.forget_decode()

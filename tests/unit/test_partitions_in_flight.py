@@ -19,7 +19,7 @@ from proxy.config import FetchPathConfig
 from proxy.fetchpath import FetchPath
 from proxy.observe.metrics import PREFIX, Metrics
 from proxy.protocol import codec
-from proxy.shaping.in_flight import SMALL_FETCH_PARTITIONS, PartitionsInFlight
+from proxy.shaping.in_flight import SMALL_FETCH_PARTITIONS, KeptDecodes, PartitionsInFlight
 
 N = SMALL_FETCH_PARTITIONS + 100
 """A large fetch's partitions (it takes from the bound)."""
@@ -175,3 +175,57 @@ def test_the_setting_comes_from_the_environment_and_zero_is_refused() -> None:
     env["KAFKA_FETCH_PROXY_MAX_PARTITIONS_IN_FLIGHT"] = "0"
     with pytest.raises(config.ConfigError, match=r"max_partitions_in_flight.*value 0"):
         config.load(env=env)
+
+
+# -- large fetches' decodes kept for their connection's next fetch (KeptDecodes) -----------
+
+
+class _Keeper:
+    def __init__(self) -> None:
+        self.forgotten = 0
+
+    def forget_decode(self) -> None:
+        self.forgotten += 1
+
+
+def test_kept_decodes_stay_within_the_limit_the_oldest_forgotten_first() -> None:
+    kept = KeptDecodes(1000)
+    a, b, c = _Keeper(), _Keeper(), _Keeper()
+    assert kept.keep(a, 600) and kept.keep(b, 300)
+    assert kept.keep(a, 650)  # in place of its own: nobody else forgets
+    assert kept.used == 950 and (a.forgotten, b.forgotten) == (0, 0)
+    assert kept.keep(c, 400)  # room: the oldest (b, then a) forget theirs until it fits
+    assert (b.forgotten, a.forgotten, c.forgotten) == (1, 1, 0) and kept.used == 400
+    assert not kept.keep(a, 1001) and kept.used == 400  # larger than the limit: not kept
+    kept.configure(100)  # a reload's smaller limit
+    assert c.forgotten == 1 and kept.used == 0
+    kept.drop(c)  # dropping what is no longer kept changes nothing
+    assert kept.used == 0
+
+
+def test_a_large_fetch_keeps_its_decode_within_the_count_and_a_close_gives_it_back() -> None:
+    """The next fetch of the same partitions, one offset moved, decodes only that entry
+    (its other entries are the kept decode's own objects) and answers as a whole decode;
+    a second connection's kept decode makes the first forget its own."""
+    w, parts = world(N)
+    moved = [("big", 0, 2), *parts[1:]]
+    alone = Conn(w)
+    expected = delivered(alone.fetch(1, moved))  # decoded whole
+    alone.handler.close()
+    a, b = Conn(w).with_edge(), Conn(w).with_edge()
+    a.fetch(1, parts)
+    kept = w.path.kept_decodes
+    assert kept.used == N and w.path.in_flight.used == 0
+    remembered = a.handler._last_decoded
+    assert remembered is not None and remembered.parts is not None
+    assert delivered(a.fetch(2, moved)) == expected
+    now = a.handler._last_decoded
+    assert now is not None and now is not remembered
+    assert now.decoded.topics[0].partitions[1] is remembered.decoded.topics[0].partitions[1]
+    assert kept.used == N
+    b.fetch(1, parts)  # room for one (max_partitions_in_flight N): a forgets its own
+    assert a.handler._last_decoded is None and kept.used == N
+    assert delivered(a.fetch(3, moved)) == expected  # decoded whole
+    b.handler.close()
+    a.handler.close()
+    assert kept.used == 0
