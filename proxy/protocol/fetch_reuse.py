@@ -25,8 +25,11 @@ it is bounded by that request.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Generator
 from dataclasses import dataclass
+from functools import cache
+from operator import itemgetter
 from typing import Any
 
 from . import readers
@@ -38,6 +41,15 @@ _NO_TOPICS = {True: b"\x01", False: b"\x00\x00\x00\x00"}
 """An empty ``topics`` array, compact (flexible versions) or not."""
 _NO_PARTITIONS_NO_TAGS = {True: b"\x01\x00", False: b"\x00\x00\x00\x00"}
 """A topic entry's tail with no partitions (and, flexible, no tagged fields)."""
+
+
+_FIRST = itemgetter(0)
+
+
+@cache
+def _entries_of(size: int) -> struct.Struct:
+    """A layout of one *size*-byte string: ``iter_unpack`` cuts a run of entries (in C)."""
+    return struct.Struct(f"{size}s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,7 @@ def decode_reusing(
     if not isinstance(frame, bytes):
         frame = bytes(frame)  # slices that are keys
     reuse = old_entries.get
+    cut = _entries_of(entry_size).iter_unpack
     try:
         count, pos = array_count(frame, offset + head, flexible)
         if count < 0 or count > end - pos:
@@ -103,20 +116,24 @@ def decode_reusing(
             stop = pos + n * entry_size
             if flexible and frame[pos + fixed : stop : entry_size].count(0) != n:
                 return None  # a partition's tagged fields
-            keys = [frame[i : i + entry_size] for i in range(pos, stop, entry_size)]
-            partitions = list(map(reuse, keys))
-            if not all(partitions):  # (kio entities have no __bool__: only None is false)
-                for i, key in enumerate(keys):
-                    if partitions[i] is None:
-                        fresh += 1
-                        partitions[i] = entries.get(key) or read_partition(key, 0)[0]
-            entries.update(zip(keys, partitions, strict=True))
+            partitions: list[Any] = []
+            step = every * entry_size if every else max(stop - pos, 1)
+            for at in range(pos, stop, step):  # at most *every* entries at a time
+                keys = list(map(_FIRST, cut(frame[at : min(at + step, stop)])))
+                got = list(map(reuse, keys))
+                if not all(got):  # (kio entities have no __bool__: only None is false)
+                    for i, key in enumerate(keys):
+                        if got[i] is None:
+                            fresh += 1
+                            got[i] = entries.get(key) or read_partition(key, 0)[0]
+                entries.update(zip(keys, got, strict=True))
+                partitions += got
+                walked += len(keys)
+                if every and walked >= every:
+                    walked -= every
+                    yield
             pos = stop
-            walked += n
             named += n
-            while every and walked >= every:
-                walked -= every
-                yield
             if flexible:
                 if pos >= end or frame[pos] != 0:
                     return None  # the topic's tagged fields
