@@ -193,3 +193,32 @@ def test_a_consumer_whose_every_offset_moves_is_walked_rarely(
     for fetch in range(1, 21):  # one offset moves
         c.fetch(fetch, [("t", p, fetch if p == 7 else 0) for p in range(100)])
     assert walked == list(range(1, 21))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([4, 11, 12, 13, 17]),
+    st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), min_size=1, max_size=4),
+    st.booleans(),
+)
+def test_corrupted_bytes_give_none_or_what_kio_gives(
+    version: int, flips: list[tuple[int, int]], with_last: bool
+) -> None:
+    """Whatever the bytes, the walk answers None (kio's reader then decides, refusing
+    what it refuses) or exactly kio's decode; it never refuses on its own."""
+    from proxy.protocol.errors import DecodeError
+
+    good = request(version, [(0, [(p, 10 + p) for p in range(6)]), (1, [(0, 3)])])
+    frame, offset = encoded(good)
+    _, parts = reuse(version, good, None)
+    body = bytearray(frame)
+    for at, value in flips:
+        body[offset + at % (len(frame) - offset)] = value
+    bad = bytes(body)
+    got = codec.drain(decode_reusing(version, bad, offset, parts if with_last else None, 0))
+    try:
+        expected = codec.decode_request(bad)[1]
+    except DecodeError:
+        assert got is None
+        return
+    assert got is None or got[0] == expected
