@@ -767,7 +767,9 @@ class FetchPathHandler:
         # A fetch that took partitions from ``max_partitions_in_flight`` (``_claim``) keeps
         # its decode within the process's count of kept ones, which may make it forget it.
         kept = self.path.kept_decodes
-        if not self._claim:
+        if self.closed:
+            pass  # (closed between two slices of the decode: keeps nothing)
+        elif not self._claim:
             kept.drop(self)
             self._last_decoded = _Decoded(version, body, decoded, parts)
         elif kept.keep(self, self._claim):

@@ -19,6 +19,7 @@ from proxy.config import FetchPathConfig
 from proxy.fetchpath import FetchPath
 from proxy.observe.metrics import PREFIX, Metrics
 from proxy.protocol import codec
+from proxy.relay.relay import ClientRequest
 from proxy.shaping.in_flight import SMALL_FETCH_PARTITIONS, KeptDecodes, PartitionsInFlight
 
 N = SMALL_FETCH_PARTITIONS + 100
@@ -229,3 +230,17 @@ def test_a_large_fetch_keeps_its_decode_within_the_count_and_a_close_gives_it_ba
     b.handler.close()
     a.handler.close()
     assert kept.used == 0
+
+
+def test_a_decode_that_ends_after_its_connection_closed_keeps_nothing() -> None:
+    w, parts = world(N)
+    c = Conn(w).with_edge()
+    frame = c.fetch_frame(1, parts)
+    request = codec.parse_request_header(frame)
+    handler = c.handler
+    handler._claim = N  # as taken from the bound before its decode
+    ranges = handler._decode_in_ranges(ClientRequest(request, frame, lambda: None, None), 100)
+    next(ranges)  # between two slices
+    handler.close()
+    assert codec.drain(ranges).topics  # decoded all the same
+    assert w.path.kept_decodes.used == 0 and handler._last_decoded is None
