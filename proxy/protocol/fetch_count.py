@@ -17,7 +17,11 @@ it admits (``above``), the walk stops as soon as the count passes it.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable, Iterator
 from functools import cache
+from operator import itemgetter
+from typing import NamedTuple
 
 from .codec import parse_request_header
 from .errors import DecodeError
@@ -140,9 +144,74 @@ def fetch_partitions(
     return named
 
 
+class TopicRuns(NamedTuple):
+    """A Fetch request body's ``topics`` as spans of its bytes (``topic_runs``)."""
+
+    flexible: bool
+    head: int
+    """The bytes before ``topics`` (from the body's start)."""
+    entry_size: int
+    """A partition entry's bytes (in flexible versions with its empty tag buffer)."""
+    runs: list[tuple[bytes, int, int]]
+    """Per topic entry, in order: its name (or id) bytes, where its partition entries
+    start and where they end."""
+    end: int
+    """Where ``topics`` ends (the forgotten topics, the rack and the tags follow)."""
+
+
+def topic_runs(version: int, frame: bytes | bytearray, offset: int) -> TopicRuns | None:
+    """The topics of the Fetch request body at *offset* in *frame*, one walk per topic
+    entry (the partition entries are not walked: they are of a fixed size).  None when
+    the layout has anything this walk does not follow: a tagged field in a topic or
+    partition, a count that cannot fit, an unknown version."""
+    layout = fetch_layout(version)
+    if layout is None:
+        return None
+    flexible, head, id_size, fixed = layout
+    size = fixed + 1 if flexible else fixed  # (a flexible entry's empty tag buffer)
+    end = len(frame)
+    runs: list[tuple[bytes, int, int]] = []
+    try:
+        topics, pos = array_count(frame, offset + head, flexible)
+        if topics < 0 or topics > end - pos:
+            return None
+        for _ in range(topics):
+            start, pos = pos, past_topic(frame, pos, flexible, id_size)
+            name = bytes(frame[start:pos])
+            count, pos = array_count(frame, pos, flexible)
+            stop = pos + count * size
+            if count < 0 or stop > end:
+                return None
+            if flexible:
+                if frame[pos + fixed : stop : size].count(0) != count:
+                    return None  # a partition's tagged fields
+                if stop >= end or frame[stop] != 0:
+                    return None  # the topic's tagged fields
+            runs.append((name, pos, stop))
+            pos = stop + 1 if flexible else stop
+        if pos > end:
+            return None
+    except (DecodeError, IndexError, ValueError):
+        return None
+    return TopicRuns(flexible, head, size, runs, pos)
+
+
+_FIRST = itemgetter(0)
+
+
+@cache
+def _cutter(size: int) -> Callable[[bytes | bytearray], Iterator[tuple[bytes]]]:
+    return struct.Struct(f"{size}s").iter_unpack
+
+
+def entries_in(frame: bytes | bytearray, start: int, stop: int, size: int) -> list[bytes]:
+    """The *size*-byte entries from *start* to *stop* in *frame*, cut in C."""
+    return list(map(_FIRST, _cutter(size)(frame[start:stop])))
+
+
 OrderFree = tuple[bytes, list[bytes]]
 """A Fetch request body without the order of its partitions: the bytes around
-``topics`` and, sorted, each partition's bytes after its topic's name (or id)."""
+``topics`` and, sorted, each partition's entry after its topic's name (or id)."""
 
 
 def order_free(version: int, frame: bytes | bytearray, offset: int) -> OrderFree | None:
@@ -152,40 +221,15 @@ def order_free(version: int, frame: bytes | bytearray, offset: int) -> OrderFree
     partition).  None when the layout has anything this walk does not follow (a tagged
     field in a topic or partition, an unknown version): the caller treats it as new.
     """
-    layout = fetch_layout(version)
-    if layout is None:
+    walk = topic_runs(version, frame, offset)
+    if walk is None:
         return None
-    flexible, head, id_size, fixed = layout
-    end = len(frame)
+    size = walk.entry_size
     entries: list[bytes] = []
-    try:
-        topics, pos = array_count(frame, offset + head, flexible)
-        if topics < 0 or topics > end - pos:
-            return None
-        for _ in range(topics):
-            start = pos
-            pos = past_topic(frame, pos, flexible, id_size)
-            topic = bytes(frame[start:pos])
-            count, pos = array_count(frame, pos, flexible)
-            if count < 0 or count * fixed > end - pos:
-                return None
-            for _ in range(count):
-                entries.append(topic + frame[pos : pos + fixed])
-                pos += fixed
-                if flexible:
-                    if pos >= end or frame[pos] != 0:
-                        return None  # a partition's tagged fields
-                    pos += 1
-            if flexible:
-                if pos >= end or frame[pos] != 0:
-                    return None  # the topic's tagged fields
-                pos += 1
-        if pos > end:
-            return None
-    except (DecodeError, IndexError, ValueError):
-        return None
+    for name, start, stop in walk.runs:
+        entries += map(name.__add__, entries_in(frame, start, stop, size))
     entries.sort()
-    return bytes(frame[offset : offset + head]) + bytes(frame[pos:]), entries
+    return bytes(frame[offset : offset + walk.head]) + bytes(frame[walk.end :]), entries
 
 
 def session_epoch_at(version: int) -> int | None:

@@ -4,7 +4,7 @@ A sessionless consumer (librdkafka, sarama, aiokafka) names every partition it r
 in every Fetch, and from one Fetch to the next only the offsets of the partitions it
 was given change (librdkafka also moves its first partition to the end).  The decode
 costs about a microsecond a partition in kio's reader; this one walks the request's
-structure (:mod:`.fetch_count`'s layout) and takes each partition's entry from the
+structure (:func:`.fetch_count.topic_runs`) and takes each partition's entry from the
 previous request when its bytes are the same, decoding only the entries that changed.
 
 - A partition's entry is its fixed fields, so equal bytes mean an equal
@@ -25,31 +25,19 @@ it is bounded by that request.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Generator
 from dataclasses import dataclass
-from functools import cache
-from operator import itemgetter
 from typing import Any
 
 from . import readers
 from .errors import DecodeError
-from .fetch_count import array_count, fetch_layout, past_topic
+from .fetch_count import entries_in, topic_runs
 from .messages import replaced, request_module
 
 _NO_TOPICS = {True: b"\x01", False: b"\x00\x00\x00\x00"}
 """An empty ``topics`` array, compact (flexible versions) or not."""
 _NO_PARTITIONS_NO_TAGS = {True: b"\x01\x00", False: b"\x00\x00\x00\x00"}
 """A topic entry's tail with no partitions (and, flexible, no tagged fields)."""
-
-
-_FIRST = itemgetter(0)
-
-
-@cache
-def _entries_of(size: int) -> struct.Struct:
-    """A layout of one *size*-byte string: ``iter_unpack`` cuts a run of entries (in C)."""
-    return struct.Struct(f"{size}s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,48 +66,33 @@ def decode_reusing(
     from *last* (the previous request's parts) what repeats; yields after every *every*
     partitions (0: never).  None when the walk cannot follow the bytes (decode them as
     usual)."""
-    layout = fetch_layout(version)
-    if layout is None:
-        return None
-    flexible, head, id_size, fixed = layout
-    mod = request_module(1, version)
-    same_version = last is not None and last.version == version
-    old_topics: dict[bytes, Any] = last.topics if last is not None and same_version else {}
-    old_entries: dict[bytes, Any] = last.entries if last is not None and same_version else {}
-    topics: dict[bytes, Any] = {}
-    entries: dict[bytes, Any] = {}
-    read_partition, topic_cls = readers.reader_for(mod.FetchPartition), mod.FetchTopic
-    entry_size = fixed + 1 if flexible else fixed
-    end = len(frame)
-    built: list[Any] = []
-    walked = named = fresh = 0
     if not isinstance(frame, bytes):
         frame = bytes(frame)  # slices that are keys
+    walk = topic_runs(version, frame, offset)
+    if walk is None:
+        return None
+    if last is not None and last.version != version:
+        last = None
+    old_topics: dict[bytes, Any] = {} if last is None else last.topics
+    old_entries: dict[bytes, Any] = {} if last is None else last.entries
     reuse = old_entries.get
-    cut = _entries_of(entry_size).iter_unpack
+    mod = request_module(1, version)
+    read_partition, topic_cls = readers.reader_for(mod.FetchPartition), mod.FetchTopic
+    flexible, size = walk.flexible, walk.entry_size
+    topics: dict[bytes, Any] = {}
+    entries: dict[bytes, Any] = {}
+    built: list[Any] = []
+    walked = named = fresh = 0
     try:
-        count, pos = array_count(frame, offset + head, flexible)
-        if count < 0 or count > end - pos:
-            return None
-        for _ in range(count):
-            start, pos = pos, past_topic(frame, pos, flexible, id_size)
-            name = frame[start:pos]
-            topic = topics.get(name)
+        for name, start, stop in walk.runs:
+            topic = topics.get(name) or old_topics.get(name)
             if topic is None:
-                topic = old_topics.get(name)
-                if topic is None:
-                    topic, _ = readers.read(topic_cls, name + _NO_PARTITIONS_NO_TAGS[flexible], 0)
-                topics[name] = topic
-            n, pos = array_count(frame, pos, flexible)
-            if n < 0 or n * entry_size > end - pos:
-                return None
-            stop = pos + n * entry_size
-            if flexible and frame[pos + fixed : stop : entry_size].count(0) != n:
-                return None  # a partition's tagged fields
+                topic, _ = readers.read(topic_cls, name + _NO_PARTITIONS_NO_TAGS[flexible], 0)
+            topics[name] = topic
             partitions: list[Any] = []
-            step = every * entry_size if every else max(stop - pos, 1)
-            for at in range(pos, stop, step):  # at most *every* entries at a time
-                keys = list(map(_FIRST, cut(frame[at : min(at + step, stop)])))
+            step = every * size if every else max(stop - start, 1)
+            for at in range(start, stop, step):  # at most *every* entries at a time
+                keys = entries_in(frame, at, min(at + step, stop), size)
                 got = list(map(reuse, keys))
                 if not all(got):  # (kio entities have no __bool__: only None is false)
                     for i, key in enumerate(keys):
@@ -132,20 +105,13 @@ def decode_reusing(
                 if every and walked >= every:
                     walked -= every
                     yield
-            pos = stop
-            named += n
-            if flexible:
-                if pos >= end or frame[pos] != 0:
-                    return None  # the topic's tagged fields
-                pos += 1
+            named += len(partitions)
             built.append(replaced(topic, partitions=tuple(partitions)))
-        if pos > end:
-            return None
-        around = bytes(frame[offset : offset + head]) + bytes(frame[pos:])
-        if last is not None and same_version and last.around == around:
+        around = frame[offset : offset + walk.head] + frame[walk.end :]
+        if last is not None and last.around == around:
             request = last.request
         else:
-            skeleton = around[:head] + _NO_TOPICS[flexible] + around[head:]
+            skeleton = around[: walk.head] + _NO_TOPICS[flexible] + around[walk.head :]
             request, _ = readers.read(mod.FetchRequest, skeleton, 0)
             if request.topics:
                 return None
