@@ -747,16 +747,15 @@ class FetchPathHandler:
             got = yield from fetch_reuse.decode_reusing(
                 version, request.frame, offset, prior, every
             )
-            if got is None or prior is None:
-                pass  # nothing to judge the reuse by (yet)
-            elif got[1].fresh * 2 > got[1].named:
-                # Most entries changed (a consumer given data in most partitions): the
-                # walk cost more than kio's reader; it is tried again after 1, 2, 4, ...
-                # 16 fetches decoded by kio, so such a consumer pays for it rarely.
-                self._reuse_backoff = min(2 * self._reuse_backoff or 1, REUSE_MAX_BACKOFF)
-                self._reuse_wait = self._reuse_backoff
-            else:
-                self._reuse_backoff = 0
+            if got is not None and prior is not None:  # (else nothing to judge it by yet)
+                if got[1].fresh * 2 > got[1].named:
+                    # Most entries changed (a consumer given data in most partitions): the
+                    # walk cost more than kio's reader; it is tried again after 1, 2, 4,
+                    # ... 16 fetches decoded by kio, so such a consumer pays for it rarely.
+                    self._reuse_backoff = min(2 * self._reuse_backoff or 1, REUSE_MAX_BACKOFF)
+                    self._reuse_wait = self._reuse_backoff
+                else:
+                    self._reuse_backoff = 0
         if got is None:  # small, changed, or bytes the walk does not follow: kio's reader
             decoded = yield from codec.decode_request_body_in_ranges(
                 h, request.frame, path=codec.FETCH_REQUEST_PARTITIONS, every=every
@@ -764,18 +763,17 @@ class FetchPathHandler:
             parts = None
         else:
             decoded, parts = got
+        if self.closed:
+            return decoded  # (closed between two slices of the decode: keeps nothing)
         # A fetch that took partitions from ``max_partitions_in_flight`` (``_claim``) keeps
         # its decode within the process's count of kept ones, which may make it forget it.
         kept = self.path.kept_decodes
-        if self.closed:
-            pass  # (closed between two slices of the decode: keeps nothing)
-        elif not self._claim:
-            kept.drop(self)
-            self._last_decoded = _Decoded(version, body, decoded, parts)
-        elif kept.keep(self, self._claim):
-            self._last_decoded = _Decoded(version, body, decoded, parts)
+        if self._claim:
+            keep = kept.keep(self, self._claim)
         else:
-            self._last_decoded = None
+            kept.drop(self)  # (the large one it may have kept is replaced)
+            keep = True
+        self._last_decoded = _Decoded(version, body, decoded, parts) if keep else None
         return decoded
 
     def forget_decode(self) -> None:

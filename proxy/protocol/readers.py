@@ -71,7 +71,7 @@ _I32 = struct.Struct(">i")
 _ERROR_CODES: dict[int, ErrorCode] = {int(c): c for c in ErrorCode}
 _BOOLS = {0: False, 1: True}
 
-_FAILURES = (
+READ_FAILURES = (
     struct.error,
     IndexError,
     KeyError,
@@ -79,9 +79,8 @@ _FAILURES = (
     OverflowError,
     SerialError,
 )
-"""What a truncated or malformed message makes the generated code raise (then a DecodeError)."""
-READ_FAILURES = _FAILURES
-"""The same, for a caller of ``reader_for``'s compiled readers."""
+"""What a truncated or malformed message makes the generated code raise (then a DecodeError;
+a caller of ``reader_for``'s compiled readers catches them itself)."""
 
 
 def read(
@@ -97,7 +96,7 @@ def read(
         return reader_for(cls, views)(data, offset)
     except DecodeError:
         raise
-    except _FAILURES as exc:
+    except READ_FAILURES as exc:
         if isinstance(exc, (struct.error, IndexError)):  # a read past the end of the frame
             raise DecodeError(f"{cls.__name__}: message truncated ({exc})") from exc
         raise DecodeError(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
@@ -367,7 +366,7 @@ def read_in_ranges(
         result: tuple[Any, int] = yield from ranged_reader_for(cls, views, path)(data, offset, tick)
     except DecodeError:
         raise
-    except _FAILURES as exc:
+    except READ_FAILURES as exc:
         if isinstance(exc, (struct.error, IndexError)):
             raise DecodeError(f"{cls.__name__}: message truncated ({exc})") from exc
         raise DecodeError(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
@@ -399,7 +398,7 @@ def reader_for(cls: type, views: frozenset[str] = NO_VIEWS) -> Reader:
     """The compiled reader of a kio entity class (bounded: one per class kio defines and *views*).
 
     It raises :class:`DecodeError` for what it refuses and may raise the errors in
-    ``_FAILURES`` on a truncated message; :func:`read` turns those into DecodeError too.
+    ``READ_FAILURES`` on a truncated message; :func:`read` turns those into DecodeError too.
     The entity is built as kio's native reader builds it, without ``__init__``: its
     slots are set directly (kio's classes are frozen, slotted, with no ``__post_init__``).
     """
