@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .run import in_turn
 from .stack import REPO, Arrangement, Stack, start_proxy, use_bench_jvm_opts
 
 WORKTREE = "WORKTREE"
@@ -137,8 +138,7 @@ def _check_runs_from(tree: Path) -> None:
 def alternating(reps: int, n: int) -> Iterator[tuple[int, int]]:
     """(repetition, revision index) in the order measured: forward, then backward, ..."""
     for rep in range(reps):
-        order = range(n) if rep % 2 == 0 else range(n - 1, -1, -1)
-        for i in order:
+        for i in in_turn(range(n), rep):
             yield rep, i
 
 

@@ -44,10 +44,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from .stack import REPO, Arrangement, Stack, use_bench_jvm_opts
+from .stack import REPO, Stack, use_bench_jvm_opts
+
+T = TypeVar("T")
 
 RESULTS = REPO / "bench" / "results"
 PLOTS = REPO / "bench" / "plots"
@@ -428,9 +431,9 @@ def rerender(args: argparse.Namespace, every_scenario: list[str]) -> int:
     return 0
 
 
-def in_turn(arrangements: list[Arrangement], rep: int) -> list[Arrangement]:
-    """The arrangements in the order repetition *rep* (from 0) measures them: as given,
-    reversed every other repetition.  Over a case a broker can slow down (its heap fills
+def in_turn(arrangements: Sequence[T], rep: int) -> list[T]:
+    """The arrangements (or revisions: ``bench.compare``) in the order repetition *rep*
+    (from 0) measures them: as given, reversed every other repetition.  Over a case a broker can slow down (its heap fills
     with the delayed fetches of 10,000 partitions: its CPU a round was 100-200 ms in six
     measurements of the idle_partitions scenario and 958 ms in the seventh, 2026-11-28),
     and in the same order every time the last arrangement would always get the slowest
