@@ -186,7 +186,9 @@ one; the proxy's own connections (broker discovery, ``proxy.server``) are not a
 client's and say ``kafka-fetch-proxy``.
 
 Running ahead (``run_ahead``, on by default): after an answer that delivered at
-least ``RUN_AHEAD_MIN_BYTES`` with no fetch of the client's queued, ``_run_ahead``
+least ``RUN_AHEAD_MIN_BYTES`` with no fetch of the client's queued, to a client that
+reads on (its fetch asked where its last answer with data left it, ``_reads_on``: one
+that seeks between fetches would only wait for a round it cannot use), ``_run_ahead``
 sends upstream, through the same upstream session, what the client will ask next
 (``FetchShaper.ahead_request``: its full fetch at the offsets that answer ended at,
 moved past what the buffer holds, max_wait 0, at most the fetch's budget share),
@@ -653,6 +655,9 @@ class FetchPathHandler:
         """Fetches answered as the last one again, with no stage but the upstream round."""
         self.ahead_rounds = 0
         """Upstream rounds run ahead of the client (``_run_ahead``)."""
+        self._ended_at: Mapping[PartitionKey, int] | None = None
+        """Where the last answer that delivered data left the client (its ``next_offsets``):
+        whether the client reads on from there decides running ahead (``_reads_on``)."""
         self._unchanged: tuple[tuple[int, int], bytes] | None = None
         """((version, session id), bytes) of the upstream answer that says nothing changed
         (``_unchanged_answer``)."""
@@ -1672,11 +1677,28 @@ class FetchPathHandler:
                 )
             )
         self._busy = False
+        reads_on = shaped is not None and exchange is not None and self._reads_on(exchange, shaped)
         self._serve(upstream)
-        if not self._busy and exchange is not None and shaped is not None:
+        if reads_on and not self._busy:
+            assert exchange is not None and shaped is not None
             self._run_ahead(exchange, shaped, upstream)
 
     # -- running ahead of the client ----------------------------------------------------
+
+    def _reads_on(self, exchange: _Exchange, shaped: ShapedResponse) -> bool:
+        """Whether the client reads on: its fetch asked, for some partition, the offset
+        where the last answer that delivered data left it (or it is the first such
+        answer).  A client that seeks elsewhere between fetches would find a run-ahead
+        round's data at the wrong offsets and wait for the round anyway (the upstream
+        connection answers in order), so it is not run ahead for until it reads on again.
+        Remembers this answer's ``next_offsets`` for the next fetch."""
+        if not shaped.next_offsets or exchange.prepared is None:
+            return False
+        asked = exchange.prepared.client_offsets
+        ended_at, self._ended_at = self._ended_at, shaped.next_offsets
+        if ended_at is None:
+            return True
+        return any(asked.get(key) == offset for key, offset in ended_at.items())
 
     def _run_ahead(self, exchange: _Exchange, shaped: ShapedResponse, upstream: Upstream) -> None:
         """After an answer that delivered at least ``RUN_AHEAD_MIN_BYTES``, with no fetch of

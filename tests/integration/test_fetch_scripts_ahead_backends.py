@@ -82,7 +82,7 @@ class AheadClient(ScriptedClient):
         super().close()
 
 
-@pytest.mark.parametrize("seed", [10, 28, 29])
+@pytest.mark.parametrize("seed", [10, 22, 29])
 def test_random_fetch_scripts_agree_with_the_broker_when_the_proxy_runs_ahead(
     stack: ProxyStack, seed: int
 ) -> None:
@@ -91,10 +91,10 @@ def test_random_fetch_scripts_agree_with_the_broker_when_the_proxy_runs_ahead(
     client = run_seeded(stack, seed, 70, deadline, "ahead", AheadClient, RECORD_SIZES)
     assert not client.problems, "\n".join(client.problems[:8])
     hits = reuse_hits(stack) - hits
-    # Exercised, not passed vacuously: on each backend these seeds gave 7-14 rounds run
-    # ahead and 3-6 runs of held batches served (most of seeds 1-30 served 0-3: a script
-    # often moves on to other partitions, another isolation level or a seek, which
-    # drops what ran ahead).
+    # Exercised, not passed vacuously: on each backend these seeds gave 7-13 rounds run
+    # ahead and 3-4 runs of held batches served (most of seeds 1-30 ran 1-8 rounds and
+    # served 0-3: a script often moves on to other partitions, another isolation level
+    # or a seek, which drops what ran ahead and, until it reads on, stops running ahead).
     assert client.rounds >= 3, client.rounds
     assert hits >= 2, hits
     assert client.seen["partitions with records"] >= 10, client.seen

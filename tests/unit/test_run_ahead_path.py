@@ -125,6 +125,40 @@ def test_a_seek_drops_what_ran_ahead_and_reads_from_the_new_offset() -> None:
     assert firsts and set(firsts) == {50}
 
 
+def _ended_at(response: Any, asked: dict[int, int]) -> dict[int, int]:
+    """*asked* moved past what *response* delivered: the client's next offsets."""
+    offsets = dict(asked)
+    for t in response.responses:
+        for pd in t.partitions:
+            for h in iter_batches(pd.records or b""):
+                offsets[int(pd.partition_index)] = h.next_offset
+    return offsets
+
+
+def test_a_client_that_seeks_between_fetches_is_not_run_ahead_for_until_it_reads_on() -> None:
+    w = _world(True)
+    c = Conn(w).with_edge()
+    asked = {p: 0 for p in range(PARTS)}
+    response = _fetch(c, 1, asked, 2000)
+    assert c.handler.ahead_rounds == 1  # a first answer: nothing says the client seeks
+    before = len(upstream_fetches(c))
+    for cid, at in enumerate((50, 20, 80, 35), start=2):
+        asked = {p: at for p in range(PARTS)}
+        response = _fetch(c, cid, asked, 2000)
+        assert _ended_at(response, asked) != asked  # each delivered data
+    # Each seek went upstream itself and nothing ran ahead of it: the client seeks.
+    assert c.handler.ahead_rounds == 1
+    assert len(upstream_fetches(c)) == before + 4
+    # Reading on from where the last answer left it, it is run ahead for again, and the
+    # fetch after that is answered from what ran ahead.
+    asked = _ended_at(response, asked)
+    response = _fetch(c, 6, asked, 2000)
+    assert c.handler.ahead_rounds == 2
+    held = c.handler.shaper.held_answers
+    _fetch(c, 7, _ended_at(response, asked), 2000)
+    assert c.handler.shaper.held_answers == held + 1
+
+
 def test_not_under_record_limits() -> None:
     w = World(FetchPathConfig(run_ahead=True, limits=config_limits(max_records=7)))
     for p in range(PARTS):
