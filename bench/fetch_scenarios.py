@@ -9,6 +9,9 @@ arrangement (direct, haproxy, proxy), alternating, ``repetitions`` times, every
   partitions through a proxy started with ``--max-records 500 --max-partition-bytes
   65536`` (``shaping_args``); direct and haproxy read it unshaped, which is the baseline
   the issue's ratios are against.  Broker CPU per GB is the broker's price of the caps.
+  ``direct_capped`` reads it directly with kcat asking no more per fetch than the
+  proxy's caps give (:func:`capped_kcat_options`): what responses of that size cost a
+  client and the broker with no proxy, the floor of any shaping proxy.
 - ``idle_consumers`` (h): N librdkafka consumers (confluent-kafka, one process) each
   assigned one partition of an empty topic, long-polling with librdkafka's default
   ``fetch.wait.max.ms`` (500 ms) through a proxy with the default memory budget.
@@ -80,6 +83,29 @@ BUDGET_WAITS = "kafka_fetch_proxy_memory_budget_waits_total"
 
 # -- (g) shaped consumption against partition count -------------------------------------------
 
+DIRECT_CAPPED = "direct_capped"
+"""Direct connections, kcat itself asking at most what the proxy's caps let through."""
+
+
+def capped_kcat_options(sizes: Sizes) -> tuple[str, ...]:
+    """librdkafka settings for responses no larger than ``shaping_args`` make them: the
+    partition cap as ``fetch.message.max.bytes`` (max.partition.fetch.bytes), the record
+    cap as ``fetch.max.bytes`` of that many records (librdkafka has no record cap; it
+    wants ``message.max.bytes`` no larger than ``fetch.max.bytes``)."""
+    args = list(sizes.shaping_args)
+
+    def value(flag: str) -> int:
+        if flag not in args:
+            raise ValueError(f"shaping_args {args} have no {flag}: no capped direct read")
+        return int(args[args.index(flag) + 1])
+
+    response = value("--max-records") * sizes.record_bytes
+    return (
+        "-X", f"fetch.message.max.bytes={value('--max-partition-bytes')}",
+        "-X", f"fetch.max.bytes={response}",
+        "-X", f"message.max.bytes={response}",
+    )  # fmt: skip
+
 
 class ShapedPartitions(Shaping):
     """(g) as ``shaping``, over 100 / 1,000 / 10,000 partitions and a smaller topic."""
@@ -91,12 +117,23 @@ class ShapedPartitions(Shaping):
         "records (uncompressed) over `shaped_partitions` partitions, from the beginning. The "
         "proxy is a second process started with `shaping_args` (`--max-records 500 "
         "--max-partition-bytes 65536`); direct and haproxy read unshaped: that is the baseline. "
+        "direct_capped: direct again, kcat asking per fetch no more than the caps let through "
+        "(fetch.max.bytes of `max-records` records, fetch.message.max.bytes the partition cap): "
+        "what responses of that size cost with no proxy. "
         "broker_cpu_s_per_gb: the broker's CPU seconds per GB of records delivered; "
         "upstream_over_delivered: record bytes from the broker over record bytes delivered."
     )
 
     def cases(self, sizes: Sizes) -> list[str]:
         return [f"{p} partitions" for p in sizes.shaped_partitions]
+
+    def arrangements(self, stack: Stack) -> list[Arrangement]:
+        direct, *relays, proxy = super().arrangements(stack)
+        capped = Arrangement(DIRECT_CAPPED, direct.bootstrap, None)
+        return [direct, *relays, capped, proxy]
+
+    def kcat_options(self, arr: Arrangement, sizes: Sizes) -> tuple[str, ...]:
+        return capped_kcat_options(sizes) if arr.name == DIRECT_CAPPED else ()
 
     def prepare(self, stack: Stack, sizes: Sizes) -> None:
         assert stack.cluster is not None

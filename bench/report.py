@@ -21,10 +21,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-ARRANGEMENTS = ("direct", "haproxy", "trio_relay", "proxy")
+ARRANGEMENTS = ("direct", "haproxy", "trio_relay", "direct_capped", "proxy")
 """In table order; ``trio_relay`` (``bench/trio_relay.py``, the runtime's floor) only in
-the scenarios that measure it (``fetch_cpu``, ``latency``)."""
-COLORS = {"direct": "#777777", "haproxy": "#4c72b0", "trio_relay": "#55a868", "proxy": "#dd8452"}
+the scenarios that measure it (``fetch_cpu``, ``latency``), ``direct_capped`` (the
+client asking no more per fetch than the proxy's caps give) only in
+``shaped_partitions``."""
+COLORS = {
+    "direct": "#777777",
+    "haproxy": "#4c72b0",
+    "trio_relay": "#55a868",
+    "direct_capped": "#bbbbbb",
+    "proxy": "#dd8452",
+}
 
 
 def summarize(runs: list[dict[str, float | None]]) -> dict[str, dict[str, float] | None]:
@@ -264,12 +272,19 @@ def fetch_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             add(name, sc, None, "missing numbers", case)
             continue
         ok = p >= want * d and (case != "1000 partitions" or pcpu <= 2 * dcpu)
+        capped = median(results, sc, case, "direct_capped", "mb_per_s")
+        floor = (
+            ""
+            if capped is None
+            else f"; direct asking the proxy's response sizes itself {capped:.1f} MB/s "
+            f"({capped / d:.3f}x direct; the proxy {p / capped:.2f}x that)"
+        )
         add(
             name,
             sc,
             ok,
             f"{p:.1f} MB/s = {p / d:.3f}x direct's {d:.1f}; broker {pcpu:.2f} CPU-s/GB "
-            f"against {dcpu:.2f} direct ({pcpu / dcpu:.1f}x)",
+            f"against {dcpu:.2f} direct ({pcpu / dcpu:.1f}x){floor}",
             case,
         )
 
@@ -419,7 +434,10 @@ def markdown(results: dict[str, Any], plot_dir: str, plotted: set[str]) -> str:
         "The CPU per small fetch and the latency scenarios also have **trio_relay** "
         "(`bench/trio_relay.py`, at a listener of the broker advertising its port): two trio "
         "tasks per connection copying bytes, the least any relay on the proxy's runtime "
-        'does. "relay" is the haproxy, trio_relay or proxy process, "broker" the Kafka JVM; CPU is '
+        "does. Shaped consumption against partition count also has **direct_capped**: "
+        "direct, with the client asking no more per fetch than the proxy's caps give, "
+        'what responses of that size cost with no proxy. "relay" is the haproxy, '
+        'trio_relay or proxy process, "broker" the Kafka JVM; CPU is '
         "the process's CPU time (utime+stime, read in ns from its CPU-time clock).",
         "",
         "## Versions and machine",

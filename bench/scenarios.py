@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,11 +239,14 @@ class Scenario:
         raise NotImplementedError
 
 
-def _kcat_drain(bootstrap: str, topic: str, records: int, timeout: float) -> float:
-    """Seconds kcat (librdkafka, C) takes to read *records* records from the beginning."""
+def _kcat_drain(
+    bootstrap: str, topic: str, records: int, timeout: float, options: Sequence[str] = ()
+) -> float:
+    """Seconds kcat (librdkafka, C) takes to read *records* records from the beginning
+    (*options*: more ``-X`` settings)."""
     cmd = [
         "kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning",
-        "-c", str(records), "-q", "-f", "", "-X", "log_level=0",
+        "-c", str(records), "-q", "-f", "", "-X", "log_level=0", *options,
     ]  # fmt: skip
     began = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -675,6 +678,10 @@ class Shaping(_KcatWarmUp):
     def arrangements(self, stack: Stack) -> list[Arrangement]:
         return stack.arrangements(self.proxy)
 
+    def kcat_options(self, arr: Arrangement, sizes: Sizes) -> tuple[str, ...]:
+        """kcat's settings beyond the defaults in *arr* (none here)."""
+        return ()
+
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         probe = Probe(arr, stack.broker_pid)
         before = probe.sample()
@@ -682,7 +689,11 @@ class Shaping(_KcatWarmUp):
         # round of 10,000 partitions costs more (the runs timed out at 85 s): the bound is
         # for a hang, not for a slow case (a slow case is a result)
         seconds = _kcat_drain(
-            arr.bootstrap, self.topics[case], self.records, 600 + self.records / 500
+            arr.bootstrap,
+            self.topics[case],
+            self.records,
+            600 + self.records / 500,
+            self.kcat_options(arr, sizes),
         )
         after = probe.sample()
         gb = self.records * sizes.record_bytes / 1e9

@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 ARRANGEMENTS = {"direct", "haproxy", "proxy"}
 WITH_TRIO_RELAY = {"fetch_cpu", "latency"}
 """The scenarios that also measure the bare trio relay (bench/trio_relay.py)."""
+WITH_DIRECT_CAPPED = {"shaped_partitions"}
+"""The scenarios that also read directly with the proxy's response sizes."""
 SCENARIOS = {"throughput", "latency", "fetch_cpu", "idle_partitions", "shaping", "rss"}
 FETCH_SCENARIOS = {"shaped_partitions", "idle_consumers", "budget_starvation", "kafka_tools"}
 """Issue 17's scenarios (bench/fetch_scenarios.py), in the same smoke run."""
@@ -84,7 +86,11 @@ def test_bench_smoke_run_measures_every_scenario_and_arrangement(smoke: SmokeRun
     for name, scenario in results["scenarios"].items():
         assert scenario["cases"], name
         for case, arrangements in scenario["cases"].items():
-            expected = ARRANGEMENTS | ({"trio_relay"} if name in WITH_TRIO_RELAY else set())
+            expected = (
+                ARRANGEMENTS
+                | ({"trio_relay"} if name in WITH_TRIO_RELAY else set())
+                | ({"direct_capped"} if name in WITH_DIRECT_CAPPED else set())
+            )
             assert set(arrangements) == expected, (name, case)
             for arr, data in arrangements.items():
                 (run,) = data["runs"]  # --smoke: one repetition
@@ -120,6 +126,7 @@ def test_shaped_partitions_smoke(smoke: SmokeRun) -> None:
         assert arrs["proxy"]["upstream_over_delivered"] is not None
         assert arrs["proxy"]["upstream_over_delivered"] >= 1.0
         assert arrs["direct"]["relay_cpu_s_per_gb"] is None
+        assert arrs["direct_capped"]["relay_cpu_s_per_gb"] is None
     names = {t["target"] for t in smoke.results["targets"] if t["scenario"] == "shaped_partitions"}
     assert not names  # the smoke size has neither 100 nor 1,000 partitions: nothing judged
 

@@ -151,3 +151,52 @@ def test_rerender_judges_a_finished_run_again_with_the_load_run_and_keeps_its_fl
     assert missed and all(t.get("flamegraph") == "flame-kept.svg" for t in missed)
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "p50 450.0 -> 500.0 ms (1.11x)" in text and "(./flame-load.svg)" in text
+
+
+def test_shaped_rows_name_a_direct_read_at_the_proxys_response_sizes(report: ModuleType) -> None:
+    cases = {
+        ("shaped_partitions", "1000 partitions", "direct"): {
+            "mb_per_s": 400.0,
+            "broker_cpu_s_per_gb": 1.0,
+        },
+        ("shaped_partitions", "1000 partitions", "proxy"): {
+            "mb_per_s": 48.0,
+            "broker_cpu_s_per_gb": 1.7,
+        },
+    }
+
+    def row() -> dict[str, Any]:
+        (out,) = [t for t in report.targets(_results(report, cases)) if "1000 part" in t["target"]]
+        return out
+
+    assert "response sizes" not in row()["numbers"]  # not measured: not named
+    assert row()["status"] == "missed"
+    cases["shaped_partitions", "1000 partitions", "direct_capped"] = {
+        "mb_per_s": 80.0,
+        "broker_cpu_s_per_gb": 10.0,
+    }
+    assert row()["numbers"] == (
+        "48.0 MB/s = 0.120x direct's 400.0; broker 1.70 CPU-s/GB against 1.00 direct (1.7x); "
+        "direct asking the proxy's response sizes itself 80.0 MB/s (0.200x direct; the proxy "
+        "0.60x that)"
+    )
+    assert row()["status"] == "missed"  # the floor is context, not a threshold
+    cases["shaped_partitions", "1000 partitions", "proxy"]["mb_per_s"] = 280.0
+    assert row()["status"] == "met"
+
+
+def test_a_capped_direct_read_asks_what_the_proxys_caps_let_through(
+    bench_module: Callable[[str], ModuleType],
+) -> None:
+    scenarios = bench_module("scenarios")
+    fetch_scenarios = bench_module("fetch_scenarios")
+    sizes = scenarios.Sizes()
+    assert fetch_scenarios.capped_kcat_options(sizes) == (
+        "-X", "fetch.message.max.bytes=65536",
+        "-X", "fetch.max.bytes=512000",
+        "-X", "message.max.bytes=512000",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="no --max-records"):
+        fetch_scenarios.capped_kcat_options(
+            scenarios.Sizes(shaping_args=("--max-partition-bytes", "65536"))
+        )
