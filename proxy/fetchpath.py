@@ -297,6 +297,19 @@ Slices = Generator[None, None, None]
 """One fetch's stages; each ``yield`` ends a slice (the rest runs in a later loop turn)."""
 
 
+def _reads_on(
+    asked: Mapping[PartitionKey, int], ended_at: Mapping[PartitionKey, int] | None
+) -> bool:
+    """Whether a client reads on: its fetch *asked*, for some partition, the offset where
+    its last answer with data left it (*ended_at*; None: it had none).  A client that
+    seeks between fetches would find a run-ahead round's data at the wrong offsets and
+    wait for the round anyway (the upstream connection answers in order), so it is not
+    run ahead for until it reads on again."""
+    if ended_at is None:
+        return True
+    return any(asked.get(key) == offset for key, offset in ended_at.items())
+
+
 def listener_name(node_id: int | None) -> str:
     """The listener name policies match: ``bootstrap`` or ``broker-<node id>``."""
     return "bootstrap" if node_id is None else f"broker-{node_id}"
@@ -1677,37 +1690,30 @@ class FetchPathHandler:
                 )
             )
         self._busy = False
-        reads_on = shaped is not None and exchange is not None and self._reads_on(exchange, shaped)
+        ended_at = self._ended_at
+        if shaped is not None and shaped.next_offsets:
+            self._ended_at = shaped.next_offsets
         self._serve(upstream)
-        if reads_on and not self._busy:
-            assert exchange is not None and shaped is not None
-            self._run_ahead(exchange, shaped, upstream)
+        if not self._busy and exchange is not None and shaped is not None:
+            self._run_ahead(exchange, shaped, upstream, ended_at)
 
     # -- running ahead of the client ----------------------------------------------------
 
-    def _reads_on(self, exchange: _Exchange, shaped: ShapedResponse) -> bool:
-        """Whether the client reads on: its fetch asked, for some partition, the offset
-        where the last answer that delivered data left it (or it is the first such
-        answer).  A client that seeks elsewhere between fetches would find a run-ahead
-        round's data at the wrong offsets and wait for the round anyway (the upstream
-        connection answers in order), so it is not run ahead for until it reads on again.
-        Remembers this answer's ``next_offsets`` for the next fetch."""
-        if not shaped.next_offsets or exchange.prepared is None:
-            return False
-        asked = exchange.prepared.client_offsets
-        ended_at, self._ended_at = self._ended_at, shaped.next_offsets
-        if ended_at is None:
-            return True
-        return any(asked.get(key) == offset for key, offset in ended_at.items())
-
-    def _run_ahead(self, exchange: _Exchange, shaped: ShapedResponse, upstream: Upstream) -> None:
+    def _run_ahead(
+        self,
+        exchange: _Exchange,
+        shaped: ShapedResponse,
+        upstream: Upstream,
+        ended_at: Mapping[PartitionKey, int] | None,
+    ) -> None:
         """After an answer that delivered at least ``RUN_AHEAD_MIN_BYTES``, with no fetch of
         the client's waiting: fetch what it will ask next (``FetchShaper.ahead_request``)
         into the reuse buffer, as the Java consumer fetches ahead of ``poll``; the client's
         next fetch is then answered from it with no upstream round
         (``FetchShaper._ahead_enough``).  Not for a fetch that follows redirects or names
         a rack, nor a large one, nor one under record limits (those run ahead by
-        trimming: ``FetchShaper._ahead``)."""
+        trimming: ``FetchShaper._ahead``), nor for a client that seeks (``_reads_on``:
+        *ended_at* is where the answer with data before this one left it)."""
         config = self.path.config
         opened = exchange.opened
         if (
@@ -1723,6 +1729,7 @@ class FetchPathHandler:
             or exchange.limits.max_records is not None
             or exchange.limits.max_partition_records is not None
             or bool(getattr(opened.request, "rack_id", None))
+            or not _reads_on(exchange.prepared.client_offsets, ended_at)
         ):
             return
         max_bytes = self._max_bytes_of(opened.request, exchange.limits)
