@@ -159,6 +159,39 @@ def test_a_client_that_seeks_between_fetches_is_not_run_ahead_for_until_it_reads
     assert c.handler.shaper.held_answers == held + 1
 
 
+def test_a_session_client_that_reads_on_is_run_ahead_for() -> None:
+    """A KIP-227 session client lists only the partitions whose offsets moved: it reads on
+    from where its answer left it all the same, and the rounds run ahead of it."""
+    w = _world(True)
+    c = Conn(w).with_edge()
+
+    class _Up:
+        state = c.world.state
+
+    def fetch(cid: int, offsets: dict[int, int], session: int, epoch: int) -> Any:
+        request = client_fetch(_Up(), 12, [("orders", p, o) for p, o in offsets.items()])  # type: ignore[arg-type]
+        request = dataclasses.replace(
+            request, max_bytes=2000, session_id=session, session_epoch=epoch
+        )
+        [out] = c.send(codec.encode_request(request, cid, c.client_id))
+        return codec.decode_response(1, 12, out)[1]
+
+    asked = {p: 0 for p in range(PARTS)}
+    response = fetch(1, asked, 0, 0)  # a full fetch that opens the session
+    session = int(response.session_id)
+    assert session != 0 and c.handler.ahead_rounds == 1
+    for epoch in range(1, 4):
+        moved = _ended_at(response, asked)
+        changed = {p: o for p, o in moved.items() if o != asked[p]}
+        assert changed
+        held = c.handler.shaper.held_answers
+        response = fetch(1 + epoch, changed, session, epoch)
+        assert int(response.error_code) == 0
+        assert c.handler.ahead_rounds == 1 + epoch
+        assert c.handler.shaper.held_answers == held + 1  # from what ran ahead
+        asked = moved
+
+
 def test_not_under_record_limits() -> None:
     w = World(FetchPathConfig(run_ahead=True, limits=config_limits(max_records=7)))
     for p in range(PARTS):
