@@ -33,6 +33,7 @@ arrangement (direct, haproxy, proxy), alternating, ``repetitions`` times, every
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import re
@@ -88,20 +89,26 @@ DIRECT_CAPPED = "direct_capped"
 
 
 def capped_kcat_options(sizes: Sizes) -> tuple[str, ...]:
-    """librdkafka settings for responses no larger than ``shaping_args`` make them: the
-    partition cap as ``fetch.message.max.bytes`` (max.partition.fetch.bytes), the record
-    cap as ``fetch.max.bytes`` of that many records (librdkafka has no record cap; it
-    wants ``message.max.bytes`` no larger than ``fetch.max.bytes``)."""
-    args = list(sizes.shaping_args)
+    """librdkafka settings for responses no larger than ``shaping_args`` make them (read
+    by the proxy's own parser): the partition cap as ``fetch.message.max.bytes``
+    (max.partition.fetch.bytes), the record cap as ``fetch.max.bytes`` of that many
+    records (librdkafka has no record cap; it wants ``message.max.bytes`` no larger than
+    ``fetch.max.bytes``)."""
+    from proxy import config
 
-    def value(flag: str) -> int:
-        if flag not in args:
-            raise ValueError(f"shaping_args {args} have no {flag}: no capped direct read")
-        return int(args[args.index(flag) + 1])
-
-    response = value("--max-records") * sizes.record_bytes
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    args = parser.parse_args(["--upstream", "127.0.0.1:9092", *sizes.shaping_args])
+    limits = config.FetchPathConfig.from_raw(config.from_args(args, {}).raw).limits
+    records, partition = limits.max_records, limits.max_partition_bytes
+    if records is None or partition is None:
+        flag = "--max-records" if records is None else "--max-partition-bytes"
+        raise ValueError(
+            f"shaping_args {list(sizes.shaping_args)} have no {flag}: no capped direct read"
+        )
+    response = records * sizes.record_bytes
     return (
-        "-X", f"fetch.message.max.bytes={value('--max-partition-bytes')}",
+        "-X", f"fetch.message.max.bytes={partition}",
         "-X", f"fetch.max.bytes={response}",
         "-X", f"message.max.bytes={response}",
     )  # fmt: skip
