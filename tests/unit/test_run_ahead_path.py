@@ -41,12 +41,14 @@ def _world(run_ahead: bool, metrics: Any = None) -> World:
     return w
 
 
-def _fetch(c: Conn, cid: int, offsets: dict[int, int], max_bytes: int) -> Any:
+def _fetch(c: Conn, cid: int, offsets: dict[int, int], max_bytes: int, **fields: int) -> Any:
+    """Fetch v12 of *offsets* (*fields*: more of the request's, e.g. its session's)."""
+
     class _Up:
         state = c.world.state
 
     request = client_fetch(_Up(), 12, [("orders", p, o) for p, o in offsets.items()])  # type: ignore[arg-type]
-    request = dataclasses.replace(request, max_bytes=max_bytes)
+    request = dataclasses.replace(request, max_bytes=max_bytes, **fields)
     [out] = c.send(codec.encode_request(request, cid, c.client_id))
     return codec.decode_response(1, 12, out)[1]
 
@@ -165,19 +167,8 @@ def test_a_session_client_that_reads_on_is_run_ahead_for() -> None:
     w = _world(True)
     c = Conn(w).with_edge()
 
-    class _Up:
-        state = c.world.state
-
-    def fetch(cid: int, offsets: dict[int, int], session: int, epoch: int) -> Any:
-        request = client_fetch(_Up(), 12, [("orders", p, o) for p, o in offsets.items()])  # type: ignore[arg-type]
-        request = dataclasses.replace(
-            request, max_bytes=2000, session_id=session, session_epoch=epoch
-        )
-        [out] = c.send(codec.encode_request(request, cid, c.client_id))
-        return codec.decode_response(1, 12, out)[1]
-
     asked = {p: 0 for p in range(PARTS)}
-    response = fetch(1, asked, 0, 0)  # a full fetch that opens the session
+    response = _fetch(c, 1, asked, 2000, session_id=0, session_epoch=0)  # opens the session
     session = int(response.session_id)
     assert session != 0 and c.handler.ahead_rounds == 1
     for epoch in range(1, 4):
@@ -185,7 +176,7 @@ def test_a_session_client_that_reads_on_is_run_ahead_for() -> None:
         changed = {p: o for p, o in moved.items() if o != asked[p]}
         assert changed
         held = c.handler.shaper.held_answers
-        response = fetch(1 + epoch, changed, session, epoch)
+        response = _fetch(c, 1 + epoch, changed, 2000, session_id=session, session_epoch=epoch)
         assert int(response.error_code) == 0
         assert c.handler.ahead_rounds == 1 + epoch
         assert c.handler.shaper.held_answers == held + 1  # from what ran ahead
