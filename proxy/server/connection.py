@@ -113,7 +113,7 @@ from ..protocol.framing import BodyPool, Buffer, FrameDecoder, Payload, frame_ch
 from ..relay.relay import FetchHandler, Relay
 from ..relay.request_memory import WAIT_OWN, WAIT_POOL, RequestMemory
 from .idle import IdleTimer, IdleWatch
-from .sockets import BODY_WAKE_BYTES, LeanSocketStream
+from .sockets import LeanSocketStream
 
 if TYPE_CHECKING:
     from ..observe.traffic import TrafficMeter
@@ -622,7 +622,7 @@ class Connection:
                 with into:
                     got = lean.receive_into_now(into) if again else None
                     if got is None:
-                        got = await lean.receive_into(into, BODY_WAKE_BYTES)
+                        got = await lean.receive_into(into)
                         again = got >= len(into)
                     else:
                         again = False

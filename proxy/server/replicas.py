@@ -40,7 +40,7 @@ from ..config import HostPort
 from ..protocol.codec import peek_correlation_id
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import BodyPool, Frame, FrameDecoder
-from .sockets import BODY_WAKE_BYTES, LeanSocketStream, lean
+from .sockets import LeanSocketStream, lean
 from .upstream import open_upstream
 
 log = structlog.get_logger("proxy.server")
@@ -242,7 +242,7 @@ class ReplicaLinks:
             into = decoder.body_view() if in_place is not None else None
             if in_place is not None and into is not None:
                 with into:
-                    got = await in_place.receive_into(into, BODY_WAKE_BYTES)
+                    got = await in_place.receive_into(into)
                 if not got:
                     raise trio.BrokenResourceError("the replica closed the connection")
                 decoder.received(got)

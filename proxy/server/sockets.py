@@ -14,14 +14,18 @@ relaying small requests pays two extra trips through the scheduler (each an
 - sends at once and waits only when the kernel's buffer is full (a send that
   went through does not yield: the loops that call it yield where they wait
   for the next input, so no loop runs without a checkpoint).
-- ``receive_into`` can wait for more than the first bytes (``wait_for``: the
-  socket's ``SO_RCVLOWAT``, at most a quarter of its receive buffer): a large
-  frame's body, whose size is known, is read in fewer and larger reads, each a
-  wait and a scheduler turn less (the kernel wakes the reader when that much is
-  there, or at the connection's end).
+- ``receive_into`` reads whatever has arrived into a caller's buffer (a large
+  frame's body, where it stays), as ``receive_some`` does.  It wakes at the first
+  byte, never later: a reader that waits for more (``SO_RCVLOWAT``) leaves what
+  arrived unread and, while that is less than a segment (64 KiB on loopback),
+  unacknowledged; a broker waiting for that acknowledgement sends again when its
+  tail-loss probe fires (about 8 ms later here).  A paced consumer's 64 KiB fetches
+  took 5-10 ms instead of 1-2, two in five of them, each after a spurious
+  retransmission (``nstat``: ``TCPLossProbes``, ``TCPDSACKRecv``; BENCHMARKS.md).
 - ``receive_now`` reads what has already arrived without waiting (None when
   nothing has): a caller that expects the bytes to be there already (a
-  frame's body right behind its length prefix) saves the wait's turn.  ``send_now`` writes what the kernel takes at once and says how much (a
+  frame's body right behind its length prefix) saves the wait's turn.
+- ``send_now`` writes what the kernel takes at once and says how much (a
   caller that must not wait for a slow reader hands the rest to a task that
   may).
 
@@ -35,52 +39,20 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 
 import trio
 
 _CLOSED_ERRNOS = (errno.EBADF, errno.ENOTSOCK)
-_RCVLOWAT = getattr(socket, "SO_RCVLOWAT", None)
-
-BODY_WAKE_BYTES = 1024 * 1024
-"""A large body's reads wait until this much of it has arrived (or its rest, when less
-is missing, or a quarter of the socket's receive buffer, when that is less): reads of up
-to 1 MiB where a read of whatever had arrived took about 250 KB, so a large response
-costs a third of the waits, each an ``epoll_wait`` and a scheduler turn.  The frame's end
-is never waited past (its rest always arrives), and its buffer is allocated already: this
-changes when it is read, not how much is held."""
 
 
 class LeanSocketStream(trio.abc.Stream):
     """``stream``'s data path with fewer scheduler turns (see the module docstring)."""
 
-    __slots__ = ("_low_water", "_socket", "stream")
+    __slots__ = ("_socket", "stream")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self._socket = stream.socket
-        self._low_water = 1 if _RCVLOWAT is not None else 0
-        """The socket's SO_RCVLOWAT as last set (1: the kernel's default; 0: never set,
-        where the platform has no such option or refused it)."""
-
-    def _wake_at(self, nbytes: int) -> None:
-        """Wake the next wait for readable when *nbytes* have arrived (or at the end), or
-        a quarter of what the socket's receive buffer holds, if that is less: the kernel
-        would otherwise grow the buffer for the mark and clamp the window the broker may
-        fill to it, so the broker would stop at each mark until this reads."""
-        if not self._low_water or nbytes == self._low_water == 1:
-            return
-        try:
-            if nbytes > 1:
-                room = self._socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
-                nbytes = max(1, min(nbytes, room))
-                if nbytes == self._low_water:
-                    return
-            self._socket.setsockopt(socket.SOL_SOCKET, _RCVLOWAT, nbytes)  # type: ignore[arg-type]
-        except OSError:
-            self._low_water = 0  # not on this socket: every wait wakes at the first byte
-            return
-        self._low_water = nbytes
 
     def _fd(self) -> int:
         # Read on every call, never kept: a closed socket reports -1, a kept number
@@ -97,8 +69,6 @@ class LeanSocketStream(trio.abc.Stream):
             raise ValueError("max_bytes must be >= 1")
         while True:
             self._fd()  # closed: ClosedResourceError, not a wait on no socket
-            if self._low_water > 1:  # a body's mark is still set: wake at the first byte
-                self._wake_at(1)
             await trio.lowlevel.wait_readable(self._socket)
             try:
                 return os.read(self._fd(), max_bytes)
@@ -111,8 +81,6 @@ class LeanSocketStream(trio.abc.Stream):
         """Until the socket has bytes (or its end) to read, which ``receive_now`` then reads:
         a caller that may decide not to read after the wait (``DrainableStream``)."""
         self._fd()  # closed: ClosedResourceError, not a wait on no socket
-        if self._low_water > 1:  # a body's mark is still set: wake at the first byte
-            self._wake_at(1)
         await trio.lowlevel.wait_readable(self._socket)
 
     def receive_now(self, max_bytes: int) -> bytes | None:
@@ -128,19 +96,14 @@ class LeanSocketStream(trio.abc.Stream):
         except OSError as exc:
             raise _stream_error(exc) from exc
 
-    async def receive_into(self, view: memoryview, wait_for: int = 1) -> int:
-        """Read into *view* what has arrived (waiting for some): how many bytes, 0 at the
-        socket's end.  A large frame's body is read where it stays (no copy, no join).
-
-        *wait_for*: wait until that many bytes are there (at most ``len(view)``), or the
-        socket's end, rather than for the first one: only for bytes that will come (the
-        rest of a frame whose length is known), or the wait would last until the end."""
+    async def receive_into(self, view: memoryview) -> int:
+        """Read into *view* what has arrived (waiting for the first byte): how many bytes,
+        0 at the socket's end.  A large frame's body is read where it stays (no copy, no
+        join)."""
         if not view:
             raise ValueError("an empty view takes nothing")
-        low = max(1, min(wait_for, len(view)))
         while True:
             self._fd()
-            self._wake_at(low)
             await trio.lowlevel.wait_readable(self._socket)
             try:
                 return os.readv(self._fd(), (view,))

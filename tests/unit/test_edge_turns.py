@@ -9,7 +9,10 @@ the socket); counted, never timed.
 
 from __future__ import annotations
 
+import fcntl
+import socket
 import struct
+import termios
 
 import pytest
 import trio
@@ -52,8 +55,8 @@ class CountingLean(LeanSocketStream):
             self.readers.append(trio.lowlevel.current_task())
         return data
 
-    async def receive_into(self, view: memoryview, wait_for: int = 1) -> int:
-        got = await super().receive_into(view, wait_for)
+    async def receive_into(self, view: memoryview) -> int:
+        got = await super().receive_into(view)
         self.waited += 1
         self.in_place += 1
         self.readers.append(trio.lowlevel.current_task())
@@ -105,6 +108,24 @@ def socket_pair() -> tuple[CountingLean, trio.SocketStream]:
     return CountingLean(trio.SocketStream(a)), trio.SocketStream(b)
 
 
+async def tcp_socket_pair() -> tuple[CountingLean, trio.SocketStream]:
+    """A TCP pair on loopback (``SO_RCVLOWAT`` is TCP's; a Unix socket's poll ignores it)."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    peer = trio.socket.socket()
+    await peer.connect(listener.getsockname())
+    ours, _ = await listener.accept()
+    listener.close()
+    return CountingLean(trio.SocketStream(ours)), trio.SocketStream(peer)
+
+
+def queued(stream: CountingLean) -> int:
+    """Bytes the kernel holds for *stream* to read (``FIONREAD``)."""
+    got = fcntl.ioctl(stream.stream.socket.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    return int(struct.unpack("i", got)[0])
+
+
 async def read_frame(stream: trio.SocketStream, decoder: FrameDecoder) -> bytes:
     while (frame := decoder.next_frame()) is None:
         data = await stream.receive_some(1 << 16)
@@ -152,6 +173,43 @@ async def test_a_fetch_response_is_read_behind_its_prefix_and_written_by_the_rea
             assert set(client_side.writers) == {reader}
             nursery.cancel_scope.cancel()
         assert budget.written_calls >= 1
+
+
+async def test_a_large_body_is_read_piece_by_piece_as_it_arrives() -> None:
+    """A body arriving in pieces is read piece by piece, each as soon as it is there: a
+    reader that left them unread until more came (a raised ``SO_RCVLOWAT``) left them
+    unacknowledged on loopback, and a broker writing a 64 KiB answer waited for its
+    tail-loss probe to send again (5-10 ms, two fetches in five; sockets.py)."""
+    with trio.fail_after(10):
+        client_side, client = socket_pair()
+        upstream_side, broker = await tcp_socket_pair()
+        conn = Connection(
+            client_side,
+            upstream_side,
+            Relay(lambda node, host, port: (host, port), fetch_handler=Budget()),
+            max_frame_bytes=1 << 20,
+        )
+        body = bytes(range(256)) * 800  # 200 KiB: read in place
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run)
+            await client.send_all(encode_frame(fetch_request(7)))
+            request = await read_frame(broker, FrameDecoder(1 << 20))
+            frame = encode_frame(request[4:8] + body)
+            sent = 0
+            for piece in (1000, 1000, 5000):
+                await broker.send_all(frame[sent : sent + piece])
+                sent += piece
+                while queued(upstream_side):  # until the proxy has read the piece
+                    await trio.testing.wait_all_tasks_blocked()
+                low_water = upstream_side.stream.socket.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_RCVLOWAT
+                )
+                assert low_water == 1  # its next wait wakes at the next byte
+            assert upstream_side.in_place >= 2
+            await broker.send_all(frame[sent:])
+            answer = await read_frame(client, FrameDecoder(1 << 21))
+            assert answer == struct.pack(">i", 7) + body
+            nursery.cancel_scope.cancel()
 
 
 async def test_what_other_tasks_answer_is_still_written_in_order() -> None:
