@@ -9,7 +9,9 @@
 port 0 (broker listeners too) and retrying a missing upstream quickly;
 :func:`request` sends one frame and waits for the next whole frame back;
 :func:`free_port` is a loopback port nothing listens on (yet), below the ports the
-kernel gives outgoing connections.
+kernel gives outgoing connections; :func:`tcp_stream_pair` is two connected TCP
+streams on loopback (socket options such as ``SO_RCVLOWAT`` are TCP's: a Unix
+socket pair ignores them).
 """
 
 from __future__ import annotations
@@ -123,3 +125,15 @@ async def request(stream: trio.abc.Stream, decoder: FrameDecoder, frame: bytes) 
         assert data, "proxy closed the connection"
         decoder.feed(data)
     return got
+
+
+async def tcp_stream_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    """(ours, peer): the two ends of one TCP connection on loopback."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    peer = trio.socket.socket()
+    await peer.connect(listener.getsockname())
+    ours, _ = await listener.accept()
+    listener.close()
+    return trio.SocketStream(ours), trio.SocketStream(peer)

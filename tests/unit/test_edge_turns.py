@@ -17,6 +17,7 @@ import termios
 import pytest
 import trio
 import trio.testing
+from support.loopback import tcp_stream_pair
 
 from proxy.protocol.apis import FETCH
 from proxy.protocol.framing import FrameDecoder, encode_frame
@@ -109,15 +110,8 @@ def socket_pair() -> tuple[CountingLean, trio.SocketStream]:
 
 
 async def tcp_socket_pair() -> tuple[CountingLean, trio.SocketStream]:
-    """A TCP pair on loopback (``SO_RCVLOWAT`` is TCP's; a Unix socket's poll ignores it)."""
-    listener = trio.socket.socket()
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    peer = trio.socket.socket()
-    await peer.connect(listener.getsockname())
-    ours, _ = await listener.accept()
-    listener.close()
-    return CountingLean(trio.SocketStream(ours)), trio.SocketStream(peer)
+    ours, peer = await tcp_stream_pair()
+    return CountingLean(ours), peer
 
 
 def queued(stream: CountingLean) -> int:

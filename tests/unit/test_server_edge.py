@@ -14,6 +14,7 @@ import weakref
 import pytest
 import trio
 import trio.testing
+from support.loopback import tcp_stream_pair
 
 from proxy.protocol.apis import SASL_AUTHENTICATE
 from proxy.protocol.framing import FrameDecoder, encode_frame
@@ -111,15 +112,8 @@ async def test_closing_the_socket_wakes_a_receive_waiting_on_it() -> None:
 
 
 async def tcp_lean_pair() -> tuple[LeanSocketStream, trio.SocketStream]:
-    """A TCP pair on loopback."""
-    listener = trio.socket.socket()
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    peer = trio.socket.socket()
-    await peer.connect(listener.getsockname())
-    ours, _ = await listener.accept()
-    listener.close()
-    return LeanSocketStream(trio.SocketStream(ours)), trio.SocketStream(peer)
+    ours, peer = await tcp_stream_pair()
+    return LeanSocketStream(ours), peer
 
 
 async def test_a_body_read_returns_what_has_arrived_and_empty_at_the_connection_end() -> None:
