@@ -155,12 +155,12 @@ class Prefix:
     log_start_offset: int = -1
 
 
-def is_legacy(data: bytes | None) -> bool:
+def is_legacy(data: Records | None) -> bool:
     """True when *data* starts with a message set older than RecordBatch v2 (magic 0/1)."""
     return data is not None and len(data) > 16 and data[16] in (0, 1)
 
 
-def parse_records(data: bytes | None, aborted: Aborted | None = None) -> tuple[Run, int]:
+def parse_records(data: Records | None, aborted: Aborted | None = None) -> tuple[Run, int]:
     """The whole batches of a partition's records field, and the partial bytes dropped.
 
     Raises :class:`~proxy.protocol.records.InvalidRecordBatch` (a
