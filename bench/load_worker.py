@@ -31,19 +31,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+# kafka-python 3.0.x leaves a group leader with no partitions when poll()'s timeout runs
+# out during a rejoin (README); with 200 ms, about one short load run in ten had a
+# consumer that fetched nothing.  poll returns as soon as records arrive.
+from support.kafka_python import GROUP_POLL_MS
 
 REPORT_MS = 500
 MAX_ERROR_SAMPLES = 20
 TICK = 0.05
 """Producers send what is due every TICK seconds."""
-KAFKA_PYTHON_POLL_MS = 5_000
-"""A kafka-python consumer's ``poll`` timeout.  kafka-python 3.0.x leaves a group leader
-with no partitions when ``poll()``'s timeout expires while a rejoin that a metadata
-change started is in flight (README, "kafka-python 3.0.12 has a bug of its own";
-``tests/support/kafka_python.py``); with 200 ms, one consumer in a short load run fetched
-nothing in about one run in ten through the proxy.  ``poll`` returns as soon as records
-arrive, so only a consumer with nothing to read waits this long (and its stop with it)."""
 
 
 @dataclass
@@ -254,7 +255,7 @@ def kafka_python_consumer(w: Worker, client_id: str, group: str) -> None:
             enable_auto_commit=True,
         )
         while w.running():
-            for records in consumer.poll(timeout_ms=KAFKA_PYTHON_POLL_MS).values():
+            for records in consumer.poll(timeout_ms=GROUP_POLL_MS).values():
                 for r in records:
                     size = max(r.serialized_key_size, 0) + max(r.serialized_value_size, 0)
                     w.consumed(counts, size, r.timestamp)
