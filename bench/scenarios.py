@@ -28,6 +28,9 @@ from .stack import Arrangement, ProxyProcess, Stack, cpu_seconds, rss_bytes, sto
 
 Numbers = dict[str, float | None]
 FETCH = 'kafka_fetch_proxy_client_to_proxy_requests_total{api="fetch"}'
+OPEN_CONNECTIONS = "kafka_fetch_proxy_client_connections_open"
+CLOSED_WITHIN_SECONDS = 30.0
+"""How long a measurement waits for the proxy to close the last one's connections."""
 
 
 @dataclass
@@ -125,6 +128,34 @@ class Probe:
 
     def scrape(self) -> dict[str, float]:
         return self.arr.proxy.scrape() if self.arr.proxy is not None else {}
+
+
+def wait_until_closed(
+    probe: Probe,
+    timeout: float = CLOSED_WITHIN_SECONDS,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> None:
+    """Until the proxy holds no client connection: the last measurement's are closed.
+
+    A client that closes while its long poll waits upstream has its connection closed
+    once that poll is answered (its upstream session is closed after it), about half a
+    second for fetch_cpu's 1,000 connections.  A measurement started at once (the same
+    arrangement back to back, when the order reverses between repetitions) would count
+    that closing work as its own, and its new connections beside the old ones reach
+    ``max_connections`` (default 1,000): the proxy refuses or displaces some of them and
+    the run fails with a reset connection.  No-op for an arrangement without the proxy."""
+    if probe.arr.proxy is None:
+        return
+    deadline = clock() + timeout
+    while (still := probe.scrape().get(OPEN_CONNECTIONS, 0.0)) > 0:
+        if clock() >= deadline:
+            raise RuntimeError(
+                f"the proxy still held {still:g} client connections {timeout:g} s after the"
+                " last measurement"
+            )
+        sleep(0.05)
 
 
 def _relay_cpu(a: Sample, b: Sample) -> float | None:
@@ -495,6 +526,7 @@ class FetchCpu(Scenario):
     def measure(self, stack: Stack, arr: Arrangement, case: str, sizes: Sizes) -> Numbers:
         connections = int(case.split()[0])
         probe = Probe(arr, stack.broker_pid)
+        wait_until_closed(probe)
         edges: list[Sample] = []
         result = asyncio.run(
             fetchloop.fetch_loops(
