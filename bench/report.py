@@ -646,9 +646,10 @@ def budget_advice(results: dict[str, Any]) -> str:
         "the proxy holds; a fetch's share is at most budget/16 (its partitions' max bytes plus "
         "one batch). Size it for the response data in flight at once: consumers receiving data "
         "at the same time x min(their fetch.max.bytes, budget/16), plus the reuse buffers "
-        "(`reuse_buffer_bytes` per connection that trims). Whether a long poll that returns "
-        "nothing holds budget depends on the version (README, `memory_budget_bytes`): the "
-        "idle-consumer and starvation scenarios show it for the revision measured."
+        "(`reuse_buffer_bytes` per connection that trims). A fetch waiting upstream holds "
+        "none of it: a response takes its size when its length prefix arrives and gives it "
+        "back once written to the client (README, `memory_budget_bytes`), so idle long polls "
+        "cost no budget; the idle-consumer and starvation scenarios measure that."
     )
     sc = results["scenarios"].get("idle_consumers", {}).get("cases", {})
     measured = []
@@ -666,9 +667,8 @@ def budget_advice(results: dict[str, Any]) -> str:
         text += (
             " Measured under the default budget (idle consumers): "
             + "; ".join(measured)
-            + ". When the proxy's rate falls below direct's, raise the budget to about "
-            "consumers x 1 MiB per partition they fetch (budget/16 at most each), or expect "
-            "that wait per fetch."
+            + ". When `kafka_fetch_proxy_memory_budget_waits_total` grows (responses waiting unread for "
+            "budget), raise the budget toward the responses in flight at once."
         )
     return text
 
