@@ -164,7 +164,8 @@ class BodyPool:
     proxy's CPU relaying uncompressed data.  So bodies are kept, at most
     *max_bodies*, and one is taken again for a frame at most 1/8 smaller than its
     allocated size (resized in place, so the memory budget, which counts the
-    frame, is short by at most an eighth of it) when nothing refers to it: its
+    frame, is short by at most an eighth of it), or else the largest one smaller
+    than the frame is grown to it (``take``), when nothing refers to it: its
     reference count says that no frame, view or record slice of it is alive (a
     response written to the client, its held batches dropped), so its old bytes are
     seen by no one when the next frame is read over them.
@@ -198,10 +199,17 @@ class BodyPool:
         return _idle_bytes(self._bodies)
 
     def take(self, size: int) -> bytearray:
-        """A body of *size* bytes (its content is not zeroed when it is one taken again)."""
+        """A body of *size* bytes (its content is not zeroed when it is one taken again).
+
+        An idle body at most an eighth larger is resized in place.  Failing that, the
+        largest idle body smaller than *size* is grown to it: the allocator extends its
+        mapping (``mremap``), so only the pages it adds are faulted in, and its
+        allocation is then *size* (or at most an eighth more, CPython's own rounding), as
+        the budget counts it.  Only when no idle body is either is a fresh one made."""
         bodies = self._bodies
         resize = _RESIZE
         found = -1
+        smaller = -1  # the largest idle body below size (grown if none fits)
         idle: list[int] = []
         for i in range(len(bodies)):
             if sys.getrefcount(bodies[i]) != _UNREFERENCED:
@@ -209,8 +217,13 @@ class BodyPool:
             alloc = bodies[i].__alloc__()
             if found < 0 and resize is not None and size < alloc <= size + size // 8 + 1:
                 found = i
-            else:
-                idle.append(i)
+                continue
+            if alloc <= size and (smaller < 0 or alloc > bodies[smaller].__alloc__()):
+                smaller = i
+            idle.append(i)
+        if found < 0 and resize is not None and smaller >= 0:
+            found = smaller
+            idle.remove(smaller)
         if found >= 0 and resize is not None:
             body = bodies[found]
             resize(body, size)  # (ctypes.pythonapi raises if it fails)

@@ -113,8 +113,27 @@ def test_idle_bodies_keep_at_most_the_room_they_are_given() -> None:
     assert pool.reused == 1
     assert pool.kept_bytes <= body.__alloc__() + room[0]
     room[0] = 0
-    other = pool.take(3 << 20)  # no idle body fits: a fresh one, the idle ones let go
+    other = pool.take(3 << 20)  # no idle body fits: one grows into it, the other is let go
+    assert pool.reused == 2
     assert pool.kept_bytes == body.__alloc__() + other.__alloc__()
+
+
+def test_a_larger_frame_grows_the_largest_idle_body_smaller_than_it() -> None:
+    """No idle body within an eighth above the frame: the largest one below it is grown (its
+    pages stay, only the added ones are new), never one far above it, which would hold
+    more than the budget counts."""
+    pool = BodyPool(max_bodies=4)
+    small, middle, large = pool.take(1 << 18), pool.take(1 << 19), pool.take(4 << 20)
+    middle[:4] = b"kept"
+    ids = id(small), id(middle), id(large)
+    del small, middle, large
+    grown = pool.take(1 << 20)
+    assert id(grown) == ids[1] and pool.reused == 1
+    assert len(grown) == 1 << 20
+    assert (1 << 20) < grown.__alloc__() <= (1 << 20) + (1 << 17) + 6  # as the budget counts
+    assert grown[:4] == b"kept"  # grown in place or moved whole: nothing is zeroed
+    again = pool.take(3 << 20)  # the large one is too large, the small one grows
+    assert id(again) == ids[0] and pool.reused == 2
 
 
 def test_at_most_max_bodies_are_kept() -> None:
