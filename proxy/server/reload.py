@@ -37,6 +37,7 @@ RELOADABLE_KEYS = frozenset(
         "reuse_buffer_bytes",
         "max_upstream_wait_ms",
         "run_ahead",
+        "max_partitions_in_flight",
         "policies",
         "fetch_sessions",
     }

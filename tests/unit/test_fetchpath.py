@@ -239,6 +239,31 @@ def test_reloader_applies_or_keeps_the_old_config_and_counts() -> None:
     assert value(f"{PREFIX}config_reload_failures_total") == 2
 
 
+def test_a_reload_logs_as_applied_exactly_the_keys_it_applies() -> None:
+    """``run_ahead`` and ``max_partitions_in_flight`` change live connections' next fetches,
+    so the ``config_reloaded`` line lists them as applied, not as needing a restart."""
+    from structlog.testing import capture_logs
+
+    from proxy.server.reload import Reloader
+
+    start = config.validate({"upstream": ["k:1"]})
+    path = FetchPath(FetchPathConfig.from_raw(start.raw))
+    raw: dict[str, Any] = {
+        "upstream": ["k:1"],
+        "run_ahead": False,
+        "max_partitions_in_flight": 700,
+        "max_frame_bytes": 1 << 20,
+    }
+    reloader = Reloader(lambda: config.validate(raw), path, start)
+    with capture_logs() as logs:
+        assert reloader.reload("SIGHUP")
+    assert path.config.run_ahead is False
+    assert path.in_flight.limit == 700 and path.kept_decodes.limit == 700
+    (event,) = [e for e in logs if e["event"] == "config_reloaded"]
+    assert event["config_keys"] == ["max_partitions_in_flight", "run_ahead"]
+    assert event["restart_keys"] == ["max_frame_bytes"]
+
+
 def test_responses_waiting_for_budget_are_read_oldest_first() -> None:
     w = World(FetchPathConfig(memory_budget_bytes=1 << 20))
     budget = w.path.budget
