@@ -156,7 +156,7 @@ DEFAULT_MAX_UPSTREAM_WAIT_MS = 500
 DEFAULT_MAX_CACHED_SESSION_PARTITIONS = 100_000
 DEFAULT_MAX_FETCH_PARTITIONS = 20_000
 DEFAULT_MAX_PARTITIONS_IN_FLIGHT = 20_000
-"""About 56 MiB of per-partition fetch state at about 1.4 KiB a partition."""
+"""About 28 MiB of per-partition fetch state at about 1.4 KiB a partition."""
 
 
 class InvalidFetchConfig(ValueError):

@@ -160,10 +160,11 @@ connection's fair share), else the connection joins the admission's FIFO of
 waiters and the edge stops reading that upstream connection (back-pressure; what
 the broker sends meanwhile waits in its socket).  A release of budget wakes
 waiters through the waker the trio edge bound (``bind_waker``); its task asks
-again.  A response that arrives within one read of the edge is in memory before
-it can be asked about: the grant is then sized after the fact (the shaper resizes
-it to the records in memory), so that much (one read, 64 KiB) can exceed the
-budget per connection.  The grant is released when the edge says the response
+again.  A response read together with the answer before it (the edge reads a
+Fetch response's length prefix alone, so this is at most one read past a
+non-Fetch answer) is in memory before it can be asked about: the grant is then
+sized after the fact (the shaper resizes it to the records in memory), so that
+much (one read, 64 KiB) can exceed the budget per connection.  The grant is released when the edge says the response
 was written (``written()``).  Before a response is made to wait, every
 connection's reuse buffer is dropped (it is a cache, and the budget must never
 be held by data nobody is fetching while responses wait).  Other traffic never

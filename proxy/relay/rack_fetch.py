@@ -12,7 +12,8 @@ it; Metadata's addresses are rewritten already).  A sidecar knows its zone (the
   empty one becomes the proxy's.  Only for a client on Fetch v11+: an older
   client cannot receive ``preferred_read_replica`` (its response version has no
   such field), so a leader's redirect would reach it as an empty partition, for
-  ever.  Those clients need the proxy to follow the redirect itself (not built).
+  ever.  For those clients the proxy follows the redirect itself
+  (:mod:`.read_replica`, ``proxy.server.replicas``).
 - :func:`patch_request`: the same for a Fetch the relay forwards as bytes
   (``relay.PassThroughFetch``): the body is decoded and encoded again only when
   the rack changes, the client's header bytes are kept.

@@ -1,8 +1,8 @@
 """Which side a fetch session is on, and why one ended: the values session metrics count by.
 
 The proxy holds fetch sessions on two sides: with the brokers, as their client
-(``Side.UPSTREAM``, :mod:`.upstream` and :mod:`.upstream_session`), and with clients, as their broker
-(``Side.DOWNSTREAM``, :mod:`.downstream`).  Both are small fixed sets, so
+(``Side.UPSTREAM``, :mod:`.as_client` and :mod:`.as_client_session`), and with clients, as their broker
+(``Side.DOWNSTREAM``, :mod:`.as_broker`).  Both are small fixed sets, so
 :mod:`proxy.observe` uses them as Prometheus label values as they are.
 """
 

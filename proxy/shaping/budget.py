@@ -27,9 +27,10 @@ request's size from its length prefix and mutes the channel while it cannot
    connection holds more than its share while others wait.  A response larger
    than the budget can ever have room for is let in when nothing else is held.
 3. When the response has been decoded, ``grant.resize(actual_record_bytes)``:
-   a response that arrived whole within one read of the edge was never asked
-   about, so this may exceed the budget (by at most one read per
-   connection); ``overshoot_bytes`` records by how much.
+   a response read together with the answer before it (the edge reads a Fetch
+   response's length prefix alone, so only one read past a non-Fetch answer)
+   was never asked about, so this may exceed the budget (by at most one read
+   per connection); ``overshoot_bytes`` records by how much.
 4. After trimming, the trimmed-away batches the reuse buffer keeps move to
    their own reservations (``split``), the rest shrinks to what waits to be
    written to the client, and ``release()`` once the response is written.
