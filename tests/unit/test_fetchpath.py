@@ -240,8 +240,9 @@ def test_reloader_applies_or_keeps_the_old_config_and_counts() -> None:
 
 
 def test_a_reload_logs_as_applied_exactly_the_keys_it_applies() -> None:
-    """``run_ahead`` and ``max_partitions_in_flight`` change live connections' next fetches,
-    so the ``config_reloaded`` line lists them as applied, not as needing a restart."""
+    """``run_ahead``, ``max_partitions_in_flight`` and ``rack`` (also read again from
+    ``rack_file`` at each reload) change live connections' next fetches, so the
+    ``config_reloaded`` line lists them as applied, not as needing a restart."""
     from structlog.testing import capture_logs
 
     from proxy.server.reload import Reloader
@@ -252,6 +253,7 @@ def test_a_reload_logs_as_applied_exactly_the_keys_it_applies() -> None:
         "upstream": ["k:1"],
         "run_ahead": False,
         "max_partitions_in_flight": 700,
+        "rack": "zone-b",
         "max_frame_bytes": 1 << 20,
     }
     reloader = Reloader(lambda: config.validate(raw), path, start)
@@ -259,8 +261,9 @@ def test_a_reload_logs_as_applied_exactly_the_keys_it_applies() -> None:
         assert reloader.reload("SIGHUP")
     assert path.config.run_ahead is False
     assert path.in_flight.limit == 700 and path.kept_decodes.limit == 700
+    assert path.racks.rack == "zone-b"
     (event,) = [e for e in logs if e["event"] == "config_reloaded"]
-    assert event["config_keys"] == ["max_partitions_in_flight", "run_ahead"]
+    assert event["config_keys"] == ["max_partitions_in_flight", "rack", "run_ahead"]
     assert event["restart_keys"] == ["max_frame_bytes"]
 
 
