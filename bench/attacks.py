@@ -810,6 +810,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
+def _probed_until(w: Watch, start: float, end: float) -> float:
+    """The end of the window the round trips are judged over: the attack's, or, when no
+    round trip began within it (a window shorter than ``PROBE_INTERVAL``: a fetch refused
+    at once), the start of the first one after it began, as ``/healthz`` is judged.  A
+    proxy that answers nothing after the attack began still has none."""
+    if any(start <= t <= end for t, _ in w.probes):
+        return end
+    return min((t for t, _ in w.probes if t >= start), default=end)
+
+
 def summarize(
     attack: Attack,
     w: Watch,
@@ -820,9 +830,10 @@ def summarize(
     proxy_exit: int | None,
 ) -> dict[str, Any]:
     start, end = window
-    rtts = corrected_rtts(w, start, end)
+    probed = _probed_until(w, start, end)
+    rtts = corrected_rtts(w, start, probed)
     # judged: the round trip the proxy answers alone (the relayed one is reported beside it)
-    own = corrected_rtts(w.own, start, end) if w.own is not None else rtts
+    own = corrected_rtts(w.own, start, probed) if w.own is not None else rtts
     quiet = corrected_rtts(w, start - 1.0, start)
     before = [r for t, r in w.rss if t < start]
     baseline = sorted(before)[len(before) // 2] if before else 0
@@ -864,13 +875,13 @@ def summarize(
             "p50_ms": round(percentile(rtts, 0.50) * 1000, 1),
             "p99_ms": round(percentile(rtts, 0.99) * 1000, 1),
             "max_ms": round(max(rtts, default=math.nan) * 1000, 1),
-            **_others(w, start, end),
-            "answered": sum(1 for t, _ in w.probes if start <= t <= end),
+            **_others(w, start, probed),
+            "answered": sum(1 for t, _ in w.probes if start <= t <= probed),
             # when the slowest round trips began, in seconds from the attack's start
             "slowest": [
                 [round(t - start, 2), round(r * 1000, 1)]
                 for t, r in sorted(
-                    ((t, r) for t, r in w.probes if start <= t <= end), key=lambda p: -p[1]
+                    ((t, r) for t, r in w.probes if start <= t <= probed), key=lambda p: -p[1]
                 )[:3]
             ],
             "errors": [e for t, e in w.probe_errors if start <= t <= end][:5],
