@@ -396,6 +396,7 @@ class FetchPath:
         self._policy_cache.clear()
         for h in list(self.handlers):
             h.shaper.buffer.capacity = config.reuse_buffer_bytes
+            h.downstream.max_fetch_partitions = config.max_fetch_partitions
             h.set_rack(config.rack)
         self.racks.rack = config.rack or None
         self.admission.wake_waiters()  # room may have appeared: let waiting fetches try again

@@ -38,6 +38,7 @@ RELOADABLE_KEYS = frozenset(
         "max_upstream_wait_ms",
         "run_ahead",
         "max_partitions_in_flight",
+        "max_fetch_partitions",
         "rack",
         "policies",
         "fetch_sessions",

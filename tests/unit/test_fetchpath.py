@@ -240,19 +240,22 @@ def test_reloader_applies_or_keeps_the_old_config_and_counts() -> None:
 
 
 def test_a_reload_logs_as_applied_exactly_the_keys_it_applies() -> None:
-    """``run_ahead``, ``max_partitions_in_flight`` and ``rack`` (also read again from
-    ``rack_file`` at each reload) change live connections' next fetches, so the
-    ``config_reloaded`` line lists them as applied, not as needing a restart."""
+    """``run_ahead``, ``max_partitions_in_flight``, ``max_fetch_partitions`` and ``rack``
+    (also read again from ``rack_file`` at each reload) change live connections' next
+    fetches, so the ``config_reloaded`` line lists them as applied, not as needing a
+    restart."""
     from structlog.testing import capture_logs
 
     from proxy.server.reload import Reloader
 
     start = config.validate({"upstream": ["k:1"]})
     path = FetchPath(FetchPathConfig.from_raw(start.raw))
+    live = path.handler(1)
     raw: dict[str, Any] = {
         "upstream": ["k:1"],
         "run_ahead": False,
         "max_partitions_in_flight": 700,
+        "max_fetch_partitions": 600,
         "rack": "zone-b",
         "max_frame_bytes": 1 << 20,
     }
@@ -262,8 +265,14 @@ def test_a_reload_logs_as_applied_exactly_the_keys_it_applies() -> None:
     assert path.config.run_ahead is False
     assert path.in_flight.limit == 700 and path.kept_decodes.limit == 700
     assert path.racks.rack == "zone-b"
+    assert live.downstream.max_fetch_partitions == 600  # a connection opened before it
     (event,) = [e for e in logs if e["event"] == "config_reloaded"]
-    assert event["config_keys"] == ["max_partitions_in_flight", "rack", "run_ahead"]
+    assert event["config_keys"] == [
+        "max_fetch_partitions",
+        "max_partitions_in_flight",
+        "rack",
+        "run_ahead",
+    ]
     assert event["restart_keys"] == ["max_frame_bytes"]
 
 
