@@ -810,14 +810,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def _probed_until(w: Watch, start: float, end: float) -> float:
-    """The end of the window the round trips are judged over: the attack's, or, when no
-    round trip began within it (a window shorter than ``PROBE_INTERVAL``: a fetch refused
-    at once), the start of the first one after it began, as ``/healthz`` is judged.  A
-    proxy that answers nothing after the attack began still has none."""
-    if any(start <= t <= end for t, _ in w.probes):
+def _judged_until(samples: Sequence[tuple[float, Any]], start: float, end: float) -> float:
+    """The end of the window a watcher's *samples* are judged over: the attack's, or, when
+    none was taken within it (a window shorter than the watcher's interval: a fetch
+    refused at once), the time of the first one after it began.  A proxy that answers
+    nothing after the attack began still has none."""
+    if any(start <= t <= end for t, _ in samples):
         return end
-    return min((t for t, _ in w.probes if t >= start), default=end)
+    return min((t for t, _ in samples if t >= start), default=end)
 
 
 def summarize(
@@ -830,7 +830,7 @@ def summarize(
     proxy_exit: int | None,
 ) -> dict[str, Any]:
     start, end = window
-    probed = _probed_until(w, start, end)
+    probed = _judged_until(w.probes, start, end)
     rtts = corrected_rtts(w, start, probed)
     # judged: the round trip the proxy answers alone (the relayed one is reported beside it)
     own = corrected_rtts(w.own, start, probed) if w.own is not None else rtts
@@ -841,9 +841,8 @@ def summarize(
     after = [r for t, r in w.rss if end < t <= settle_end]
     rss_max = max(during + after) if during or after else 0
     held = (after[-1] if after else rss_max) - baseline
-    health = [s for t, s in w.healthz if start <= t <= end]
-    if not health:  # a window shorter than the poll: the first answer after it started
-        health = [s for t, s in w.healthz if t >= start][:1]
+    polled = _judged_until(w.healthz, start, end)
+    health = [s for t, s in w.healthz if start <= t <= polled]
     health_counts: dict[str, int] = {}
     for s in health:
         health_counts[s] = health_counts.get(s, 0) + 1
@@ -884,7 +883,7 @@ def summarize(
                     ((t, r) for t, r in w.probes if start <= t <= probed), key=lambda p: -p[1]
                 )[:3]
             ],
-            "errors": [e for t, e in w.probe_errors if start <= t <= end][:5],
+            "errors": [e for t, e in w.probe_errors if start <= t <= probed][:5],
         },
         "rss": {
             "baseline_mib": round(baseline / MIB, 1),

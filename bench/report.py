@@ -667,8 +667,8 @@ def budget_advice(results: dict[str, Any]) -> str:
         text += (
             " Measured under the default budget (idle consumers): "
             + "; ".join(measured)
-            + ". When `kafka_fetch_proxy_memory_budget_waits_total` grows (responses waiting unread for "
-            "budget), raise the budget toward the responses in flight at once."
+            + ". When `kafka_fetch_proxy_memory_budget_waits_total` grows (responses waiting "
+            "unread for budget), raise the budget toward the responses in flight at once."
         )
     return text
 

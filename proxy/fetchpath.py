@@ -164,8 +164,8 @@ again.  A response read together with the answer before it (the edge reads a
 Fetch response's length prefix alone, so this is at most one read past a
 non-Fetch answer) is in memory before it can be asked about: the grant is then
 sized after the fact (the shaper resizes it to the records in memory), so that
-much (one read, 64 KiB) can exceed the budget per connection.  The grant is released when the edge says the response
-was written (``written()``).  Before a response is made to wait, every
+much (one read, 64 KiB) can exceed the budget per connection.  The grant is
+released when the edge says the response was written (``written()``).  Before a response is made to wait, every
 connection's reuse buffer is dropped (it is a cache, and the budget must never
 be held by data nobody is fetching while responses wait).  Other traffic never
 asks the budget; answers leave a connection in request order, so a request a
